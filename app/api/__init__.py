@@ -1,0 +1,3 @@
+"""api layer."""
+
+__all__: list[str] = []

@@ -1,0 +1,158 @@
+"""The one error tree of ToolForge.
+
+Every error the gateway reports carries a stable ``code`` (the SSE ``error`` frame's
+``code`` and the HTTP error body's ``code``), a human ``message`` that says what was wrong
+and what to do, whether retrying can help, and the HTTP status to use when the error
+happens before response headers are sent. Library exceptions are mapped onto this tree at
+the boundary where they occur (``raise Ours(...) from exc``), so callers only ever catch
+``ToolForgeError``.
+
+    ToolForgeError
+    ├── ModelBehaviorError        the model broke the emission contract (HTTP 502)
+    │   ├── SentinelError         framing: END without BEGIN, nesting, bad attributes, ...
+    │   └── JSONError             strict RFC 8259 syntax, depth and size limits
+    ├── UpstreamError             the upstream is unreachable, slow or speaks bad SSE
+    └── RequestError              the caller misused us (4xx): bad body, too large, ...
+
+The split between "the model misbehaved" and "the caller misused us" follows
+openai-agents' ModelBehaviorError / UserError: the first is worth a repair or a retry of
+the model, the second never is.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+__all__ = [
+    "ErrorCode",
+    "JSONError",
+    "ModelBehaviorError",
+    "RequestError",
+    "SentinelError",
+    "ToolForgeError",
+    "UpstreamError",
+]
+
+
+class ErrorCode(StrEnum):
+    """Stable error codes. Never renumber or rename: clients match on these strings."""
+
+    # Sentinel framing (SPEC §3). docs/protocol.md explains each one.
+    END_WITHOUT_BEGIN = "END_WITHOUT_BEGIN"
+    END_ID_MISMATCH = "END_ID_MISMATCH"
+    END_KIND_MISMATCH = "END_KIND_MISMATCH"
+    NESTED_BEGIN = "NESTED_BEGIN"
+    DUPLICATE_FRAME_ID = "DUPLICATE_FRAME_ID"
+    UNKNOWN_FRAME_KIND = "UNKNOWN_FRAME_KIND"
+    MALFORMED_SENTINEL = "MALFORMED_SENTINEL"
+    FRAME_UNCLOSED = "FRAME_UNCLOSED"
+    FRAME_TOO_LARGE = "FRAME_TOO_LARGE"
+    # Strict JSON (RFC 8259) and its limits.
+    JSON_SYNTAX = "JSON_SYNTAX"
+    JSON_INCOMPLETE = "JSON_INCOMPLETE"
+    JSON_TRAILING_DATA = "JSON_TRAILING_DATA"
+    JSON_TOO_DEEP = "JSON_TOO_DEEP"
+    JSON_TOO_LARGE = "JSON_TOO_LARGE"
+    JSON_NUMBER_OUT_OF_RANGE = "JSON_NUMBER_OUT_OF_RANGE"
+    JSON_INVALID_UNICODE = "JSON_INVALID_UNICODE"
+    # Upstream.
+    UPSTREAM_UNAVAILABLE = "UPSTREAM_UNAVAILABLE"
+    UPSTREAM_TIMEOUT = "UPSTREAM_TIMEOUT"
+    UPSTREAM_PROTOCOL = "UPSTREAM_PROTOCOL"
+    UPSTREAM_HTTP_ERROR = "UPSTREAM_HTTP_ERROR"
+    # Caller.
+    BAD_REQUEST = "BAD_REQUEST"
+    BODY_TOO_LARGE = "BODY_TOO_LARGE"
+    NOT_FOUND = "NOT_FOUND"
+    CONFLICT = "CONFLICT"
+    # Ours.
+    INTERNAL = "INTERNAL"
+
+
+class ToolForgeError(Exception):
+    """Base of every error ToolForge raises on purpose."""
+
+    http_status: int = 500
+    retryable: bool = False
+
+    def __init__(self, code: ErrorCode, message: str, *, frame_id: str | None = None) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+        self.frame_id = frame_id
+
+    def to_dict(self) -> dict[str, object]:
+        """The ``error`` frame payload (SPEC §3): code, message, retryable."""
+        out: dict[str, object] = {
+            "code": str(self.code),
+            "message": self.message,
+            "retryable": self.retryable,
+        }
+        if self.frame_id is not None:
+            out["frame_id"] = self.frame_id
+        return out
+
+    def __eq__(self, other: object) -> bool:
+        # Errors are compared as values in tests of chunking invariance.
+        if not isinstance(other, ToolForgeError):
+            return NotImplemented
+        return (type(self), self.code, self.message, self.frame_id) == (
+            type(other),
+            other.code,
+            other.message,
+            other.frame_id,
+        )
+
+    def __hash__(self) -> int:
+        return hash((type(self), self.code, self.message, self.frame_id))
+
+
+class ModelBehaviorError(ToolForgeError):
+    """The model's output broke the contract; a repair or a new generation may help."""
+
+    http_status = 502
+    retryable = True
+
+
+class SentinelError(ModelBehaviorError):
+    """A violation of the sentinel framing grammar (SPEC §3)."""
+
+
+class JSONError(ModelBehaviorError):
+    """Strict-JSON violation or limit, with the character offset where it was found."""
+
+    def __init__(
+        self,
+        code: ErrorCode,
+        message: str,
+        *,
+        offset: int,
+        frame_id: str | None = None,
+    ) -> None:
+        super().__init__(code, f"{message} (at character {offset})", frame_id=frame_id)
+        self.offset = offset
+
+
+class UpstreamError(ToolForgeError):
+    """The upstream model server failed us: connect, timeouts, HTTP status, bad SSE."""
+
+    http_status = 502
+    retryable = True
+
+
+class RequestError(ToolForgeError):
+    """The caller misused the API; retrying the same request cannot help."""
+
+    http_status = 400
+    retryable = False
+
+    def __init__(
+        self,
+        code: ErrorCode,
+        message: str,
+        *,
+        http_status: int = 400,
+        frame_id: str | None = None,
+    ) -> None:
+        super().__init__(code, message, frame_id=frame_id)
+        self.http_status = http_status

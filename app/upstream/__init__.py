@@ -1,0 +1,3 @@
+"""upstream layer."""
+
+__all__: list[str] = []

@@ -1,0 +1,49 @@
+"""Test-wide fixtures.
+
+The autouse ``loopback_only`` guard fails any test that opens a connection to anything
+but this machine: tests talk to real servers, but only on 127.0.0.0/8 or ::1 (the
+openai-agents suite bans real model calls the same way).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+
+def _is_local(address: Any) -> bool:
+    if not isinstance(address, tuple):  # AF_UNIX paths and the like
+        return True
+    host = address[0]
+    if host in ("localhost", ""):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a host name: resolving it would already leave the machine
+
+
+@pytest.fixture(autouse=True)
+def loopback_only(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    real_connect = socket.socket.connect
+    real_connect_ex = socket.socket.connect_ex
+
+    def guard(address: Any) -> None:
+        if not _is_local(address):
+            pytest.fail(f"test tried to reach {address!r}: tests stay on loopback")
+
+    def connect(self: socket.socket, address: Any) -> None:
+        guard(address)
+        real_connect(self, address)
+
+    def connect_ex(self: socket.socket, address: Any) -> int:
+        guard(address)
+        return real_connect_ex(self, address)
+
+    monkeypatch.setattr(socket.socket, "connect", connect)
+    monkeypatch.setattr(socket.socket, "connect_ex", connect_ex)
+    yield
