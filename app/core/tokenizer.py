@@ -4,7 +4,7 @@ Theory of operation
 -------------------
 The model writes free text with frames in it::
 
-    Looking that up. ⟦BEGIN_TOOL_CALL id=t1 name=places.search⟧{"query":"pizza"}⟦END_TOOL_CALL id=t1⟧
+    Sure. ⟦BEGIN_TOOL_CALL id=t1 name=places.search⟧{"q":"pizza"}⟦END_TOOL_CALL id=t1⟧
 
 ``feed(text)`` takes whatever the upstream delivered, however it was split, and returns
 the events it now knows for certain: ``Text`` for free text, ``FrameBegin`` /
@@ -168,6 +168,25 @@ class SentinelTokenizer:
 
     def feed(self, text: str) -> list[Event]:
         """Consume ``text`` and return every event it completes, in order."""
+        # Fast paths for the two common chunks (one upstream token each): free text with
+        # no ⟦, and body text with no ⟦ and no backslash. In the latter every quote toggles
+        # the in-string state, so the parity of the quote count is all there is to track.
+        # Both are C-level scans; everything else takes the general path below.
+        state = self._state
+        if OPEN not in text:
+            if state is _State.TEXT:
+                return [Text(text)] if text else []
+            if state is _State.BODY and not self._escape and "\\" not in text:
+                frame = self._frame
+                assert frame is not None
+                size = frame.size + (
+                    len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+                )
+                if size <= self._max_frame_bytes:
+                    if text.count('"') & 1:
+                        self._in_string = not self._in_string
+                    frame.size = size
+                    return [FrameDelta(frame.id, text)] if text else []
         self._check_usable()
         out: list[Event] = []
         try:

@@ -4,6 +4,7 @@ properties (chunking invariance, round trip, minimal hold-back, only our own err
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from itertools import pairwise
 from typing import Any
 
 import pytest
@@ -14,16 +15,16 @@ from app.core.events import Event, FrameBegin, FrameDelta, FrameEnd, FrameKind, 
 from app.core.tokenizer import MAX_SENTINEL_CHARS, SentinelTokenizer
 from app.errors import ErrorCode, SentinelError
 
-O, C = "\u27e6", "\u27e7"
+LB, RB = "\u27e6", "\u27e7"
 OBJ, TOOL, RES = FrameKind.OBJECT, FrameKind.TOOL_CALL, FrameKind.RESULT
 
 
 def begin(kind: FrameKind, fid: str, name: str) -> str:
-    return f"{O}BEGIN_{kind} id={fid} {kind.name_attribute}={name}{C}"
+    return f"{LB}BEGIN_{kind} id={fid} {kind.name_attribute}={name}{RB}"
 
 
 def end(kind: FrameKind, fid: str) -> str:
-    return f"{O}END_{kind} id={fid}{C}"
+    return f"{LB}END_{kind} id={fid}{RB}"
 
 
 # -- helpers ------------------------------------------------------------------------------
@@ -57,7 +58,7 @@ def run(chunks: Iterable[str], **kwargs: Any) -> list[Event]:
 def split(text: str, points: Sequence[int]) -> list[str]:
     cuts = sorted({p for p in points if 0 < p < len(text)})
     bounds = [0, *cuts, len(text)]
-    return [text[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
+    return [text[a:b] for a, b in pairwise(bounds)]
 
 
 def three_ways(text: str, **kwargs: Any) -> list[Event]:
@@ -74,7 +75,9 @@ def V(code: ErrorCode, frame_id: str | None) -> tuple[ErrorCode, str | None]:
 
 def shape(events: list[Event]) -> list[object]:
     """Events with violations reduced to (code, frame_id), for readable expectations."""
-    return [(ev.error.code, ev.error.frame_id) if isinstance(ev, Violation) else ev for ev in events]
+    return [
+        (ev.error.code, ev.error.frame_id) if isinstance(ev, Violation) else ev for ev in events
+    ]
 
 
 # -- the case table ----------------------------------------------------------------------
@@ -88,97 +91,140 @@ CASES: list[tuple[str, str, list[object]]] = [
     (
         "object frame between text",
         f"a{B_O1}" + '{"x":1}' + f"{E_O1}b",
-        [Text("a"), FrameBegin(OBJ, "o1", "Action"), FrameDelta("o1", '{"x":1}'),
-         FrameEnd(OBJ, "o1"), Text("b")],
+        [
+            Text("a"),
+            FrameBegin(OBJ, "o1", "Action"),
+            FrameDelta("o1", '{"x":1}'),
+            FrameEnd(OBJ, "o1"),
+            Text("b"),
+        ],
     ),
     (
         "tool call with a dotted name",
         begin(TOOL, "t1", "places.search") + '{"query":"pizza"}' + end(TOOL, "t1"),
-        [FrameBegin(TOOL, "t1", "places.search"), FrameDelta("t1", '{"query":"pizza"}'),
-         FrameEnd(TOOL, "t1")],
+        [
+            FrameBegin(TOOL, "t1", "places.search"),
+            FrameDelta("t1", '{"query":"pizza"}'),
+            FrameEnd(TOOL, "t1"),
+        ],
     ),
     (
         "result frame",
         begin(RES, "r1", "AssistantReply") + '{"answer":"ok"}' + end(RES, "r1"),
-        [FrameBegin(RES, "r1", "AssistantReply"), FrameDelta("r1", '{"answer":"ok"}'),
-         FrameEnd(RES, "r1")],
+        [
+            FrameBegin(RES, "r1", "AssistantReply"),
+            FrameDelta("r1", '{"answer":"ok"}'),
+            FrameEnd(RES, "r1"),
+        ],
     ),
     ("empty frame", B_O1 + E_O1, [FrameBegin(OBJ, "o1", "Action"), FrameEnd(OBJ, "o1")]),
     (
         "two frames in a row",
         B_O1 + "[]" + E_O1 + begin(TOOL, "t2", "x") + "{}" + end(TOOL, "t2"),
-        [FrameBegin(OBJ, "o1", "Action"), FrameDelta("o1", "[]"), FrameEnd(OBJ, "o1"),
-         FrameBegin(TOOL, "t2", "x"), FrameDelta("t2", "{}"), FrameEnd(TOOL, "t2")],
+        [
+            FrameBegin(OBJ, "o1", "Action"),
+            FrameDelta("o1", "[]"),
+            FrameEnd(OBJ, "o1"),
+            FrameBegin(TOOL, "t2", "x"),
+            FrameDelta("t2", "{}"),
+            FrameEnd(TOOL, "t2"),
+        ],
     ),
     (
         "sentinel inside a JSON string is content",
         B_O1 + '{"s":"' + E_O1 + '"}' + E_O1,
-        [FrameBegin(OBJ, "o1", "Action"), FrameDelta("o1", '{"s":"' + E_O1 + '"}'),
-         FrameEnd(OBJ, "o1")],
+        [
+            FrameBegin(OBJ, "o1", "Action"),
+            FrameDelta("o1", '{"s":"' + E_O1 + '"}'),
+            FrameEnd(OBJ, "o1"),
+        ],
     ),
     (
         "escaped quote keeps the string open",
         B_O1 + '{"s":"a\\"' + E_O1 + '"}' + E_O1,
-        [FrameBegin(OBJ, "o1", "Action"), FrameDelta("o1", '{"s":"a\\"' + E_O1 + '"}'),
-         FrameEnd(OBJ, "o1")],
+        [
+            FrameBegin(OBJ, "o1", "Action"),
+            FrameDelta("o1", '{"s":"a\\"' + E_O1 + '"}'),
+            FrameEnd(OBJ, "o1"),
+        ],
     ),
     (
         "escaped backslash closes the string",
         B_O1 + '{"s":"a\\\\"}' + E_O1,
-        [FrameBegin(OBJ, "o1", "Action"), FrameDelta("o1", '{"s":"a\\\\"}'),
-         FrameEnd(OBJ, "o1")],
+        [FrameBegin(OBJ, "o1", "Action"), FrameDelta("o1", '{"s":"a\\\\"}'), FrameEnd(OBJ, "o1")],
     ),
     (
         "nested BEGIN inside a string is content",
         B_O1 + '["' + begin(TOOL, "t", "x") + '"]' + E_O1,
-        [FrameBegin(OBJ, "o1", "Action"), FrameDelta("o1", '["' + begin(TOOL, "t", "x") + '"]'),
-         FrameEnd(OBJ, "o1")],
+        [
+            FrameBegin(OBJ, "o1", "Action"),
+            FrameDelta("o1", '["' + begin(TOOL, "t", "x") + '"]'),
+            FrameEnd(OBJ, "o1"),
+        ],
     ),
     (
         "unicode escapes are plain content",
         B_O1 + '{"s":"\\u27E6END_OBJECT id=o1\\u27E7"}' + E_O1,
-        [FrameBegin(OBJ, "o1", "Action"),
-         FrameDelta("o1", '{"s":"\\u27E6END_OBJECT id=o1\\u27E7"}'), FrameEnd(OBJ, "o1")],
+        [
+            FrameBegin(OBJ, "o1", "Action"),
+            FrameDelta("o1", '{"s":"\\u27E6END_OBJECT id=o1\\u27E7"}'),
+            FrameEnd(OBJ, "o1"),
+        ],
     ),
     (
         "emoji and combining text pass through",
         "héllo 👩‍💻 " + B_O1 + '{"e":"👍🏽"}' + E_O1 + " ✓",
-        [Text("héllo 👩‍💻 "), FrameBegin(OBJ, "o1", "Action"), FrameDelta("o1", '{"e":"👍🏽"}'),
-         FrameEnd(OBJ, "o1"), Text(" ✓")],
+        [
+            Text("héllo 👩‍💻 "),
+            FrameBegin(OBJ, "o1", "Action"),
+            FrameDelta("o1", '{"e":"👍🏽"}'),
+            FrameEnd(OBJ, "o1"),
+            Text(" ✓"),
+        ],
     ),
     # Lookalikes: a run that goes wrong before ⟦BEGIN_ / ⟦END_ is plain text.
-    ("lone open bracket", f"a{O}b", [Text(f"a{O}b")]),
-    ("lone open bracket at the end", f"a{O}", [Text(f"a{O}")]),
-    ("lone close bracket", f"a{C}b", [Text(f"a{C}b")]),
-    ("empty brackets", f"{O}{C}", [Text(f"{O}{C}")]),
-    ("partial keyword at the end", f"x{O}BEGIN", [Text(f"x{O}BEGIN")]),
-    ("BEGINNING", f"{O}BEGINNING{C}", [Text(f"{O}BEGINNING{C}")]),
-    ("ENDING", f"{O}ENDING{C}", [Text(f"{O}ENDING{C}")]),
-    ("lowercase", f"{O}begin_object id=a schema=S{C}", [Text(f"{O}begin_object id=a schema=S{C}")]),
-    ("space after the bracket", f"{O} BEGIN_OBJECT{C}", [Text(f"{O} BEGIN_OBJECT{C}")]),
+    ("lone open bracket", f"a{LB}b", [Text(f"a{LB}b")]),
+    ("lone open bracket at the end", f"a{LB}", [Text(f"a{LB}")]),
+    ("lone close bracket", f"a{RB}b", [Text(f"a{RB}b")]),
+    ("empty brackets", f"{LB}{RB}", [Text(f"{LB}{RB}")]),
+    ("partial keyword at the end", f"x{LB}BEGIN", [Text(f"x{LB}BEGIN")]),
+    ("BEGINNING", f"{LB}BEGINNING{RB}", [Text(f"{LB}BEGINNING{RB}")]),
+    ("ENDING", f"{LB}ENDING{RB}", [Text(f"{LB}ENDING{RB}")]),
+    (
+        "lowercase",
+        f"{LB}begin_object id=a schema=S{RB}",
+        [Text(f"{LB}begin_object id=a schema=S{RB}")],
+    ),
+    ("space after the bracket", f"{LB} BEGIN_OBJECT{RB}", [Text(f"{LB} BEGIN_OBJECT{RB}")]),
     (
         "doubled open bracket before a real sentinel",
-        O + B_O1 + "1" + E_O1,
-        [Text(O), FrameBegin(OBJ, "o1", "Action"), FrameDelta("o1", "1"), FrameEnd(OBJ, "o1")],
+        LB + B_O1 + "1" + E_O1,
+        [Text(LB), FrameBegin(OBJ, "o1", "Action"), FrameDelta("o1", "1"), FrameEnd(OBJ, "o1")],
     ),
     (
         "lookalike inside a body is body content",
-        B_O1 + f"[1]{O}x{O}EN" + E_O1,
-        [FrameBegin(OBJ, "o1", "Action"), FrameDelta("o1", f"[1]{O}x{O}EN"), FrameEnd(OBJ, "o1")],
+        B_O1 + f"[1]{LB}x{LB}EN" + E_O1,
+        [FrameBegin(OBJ, "o1", "Action"), FrameDelta("o1", f"[1]{LB}x{LB}EN"), FrameEnd(OBJ, "o1")],
     ),
     # Violations: typed, with the offending frame id, after everything before them.
     ("END without BEGIN", "hi " + E_O1, [Text("hi "), V(ErrorCode.END_WITHOUT_BEGIN, "o1")]),
     (
         "END id mismatch",
         B_O1 + "{}" + end(OBJ, "o2"),
-        [FrameBegin(OBJ, "o1", "Action"), FrameDelta("o1", "{}"),
-         V(ErrorCode.END_ID_MISMATCH, "o1")],
+        [
+            FrameBegin(OBJ, "o1", "Action"),
+            FrameDelta("o1", "{}"),
+            V(ErrorCode.END_ID_MISMATCH, "o1"),
+        ],
     ),
     (
         "END kind mismatch",
         B_O1 + "{}" + end(TOOL, "o1"),
-        [FrameBegin(OBJ, "o1", "Action"), FrameDelta("o1", "{}"),
-         V(ErrorCode.END_KIND_MISMATCH, "o1")],
+        [
+            FrameBegin(OBJ, "o1", "Action"),
+            FrameDelta("o1", "{}"),
+            V(ErrorCode.END_KIND_MISMATCH, "o1"),
+        ],
     ),
     (
         "nested BEGIN",
@@ -188,37 +234,92 @@ CASES: list[tuple[str, str, list[object]]] = [
     (
         "duplicate id",
         B_O1 + "1" + E_O1 + begin(TOOL, "o1", "x"),
-        [FrameBegin(OBJ, "o1", "Action"), FrameDelta("o1", "1"), FrameEnd(OBJ, "o1"),
-         V(ErrorCode.DUPLICATE_FRAME_ID, "o1")],
+        [
+            FrameBegin(OBJ, "o1", "Action"),
+            FrameDelta("o1", "1"),
+            FrameEnd(OBJ, "o1"),
+            V(ErrorCode.DUPLICATE_FRAME_ID, "o1"),
+        ],
     ),
-    ("unknown frame kind", f"{O}BEGIN_FOO id=f1 schema=S{C}", [V(ErrorCode.UNKNOWN_FRAME_KIND, "f1")]),
-    ("unknown END kind", f"{O}END_THING id=f1{C}", [V(ErrorCode.UNKNOWN_FRAME_KIND, "f1")]),
-    ("empty kind", f"{O}BEGIN_ id=a{C}", [V(ErrorCode.UNKNOWN_FRAME_KIND, "a")]),
-    ("missing schema", f"{O}BEGIN_OBJECT id=a{C}", [V(ErrorCode.MALFORMED_SENTINEL, "a")]),
-    ("name on an object", f"{O}BEGIN_OBJECT id=a name=S{C}", [V(ErrorCode.MALFORMED_SENTINEL, "a")]),
-    ("schema on a tool", f"{O}BEGIN_TOOL_CALL id=a schema=S{C}", [V(ErrorCode.MALFORMED_SENTINEL, "a")]),
-    ("attributes swapped", f"{O}BEGIN_OBJECT schema=S id=a{C}", [V(ErrorCode.MALFORMED_SENTINEL, "a")]),
-    ("extra attribute", f"{O}BEGIN_OBJECT id=a schema=S x=1{C}", [V(ErrorCode.MALFORMED_SENTINEL, "a")]),
-    ("double space", f"{O}BEGIN_OBJECT id=a  schema=S{C}", [V(ErrorCode.MALFORMED_SENTINEL, "a")]),
-    ("trailing space", f"{O}END_OBJECT id=a {C}", [V(ErrorCode.MALFORMED_SENTINEL, "a")]),
-    ("empty id", f"{O}END_OBJECT id={C}", [V(ErrorCode.MALFORMED_SENTINEL, None)]),
-    ("bad id characters", f"{O}BEGIN_OBJECT id=a/b schema=S{C}", [V(ErrorCode.MALFORMED_SENTINEL, "a/b")]),
-    ("id too long", f"{O}END_OBJECT id={'a' * 65}{C}", [V(ErrorCode.MALFORMED_SENTINEL, "a" * 65)]),
-    ("bad schema name", f"{O}BEGIN_OBJECT id=a schema=S\"{C}", [V(ErrorCode.MALFORMED_SENTINEL, "a")]),
-    ("no attributes", f"{O}END_OBJECT{C}", [V(ErrorCode.MALFORMED_SENTINEL, None)]),
-    ("newline inside a sentinel", f"{O}BEGIN_OBJECT id=a\n", [V(ErrorCode.MALFORMED_SENTINEL, None)]),
-    ("open bracket inside a sentinel", f"{O}END_OBJECT {O}", [V(ErrorCode.MALFORMED_SENTINEL, None)]),
     (
-        "sentinel too long",
-        f"{O}BEGIN_OBJECT id=a schema=" + "S" * MAX_SENTINEL_CHARS,
+        "unknown frame kind",
+        f"{LB}BEGIN_FOO id=f1 schema=S{RB}",
+        [V(ErrorCode.UNKNOWN_FRAME_KIND, "f1")],
+    ),
+    ("unknown END kind", f"{LB}END_THING id=f1{RB}", [V(ErrorCode.UNKNOWN_FRAME_KIND, "f1")]),
+    ("empty kind", f"{LB}BEGIN_ id=a{RB}", [V(ErrorCode.UNKNOWN_FRAME_KIND, "a")]),
+    ("missing schema", f"{LB}BEGIN_OBJECT id=a{RB}", [V(ErrorCode.MALFORMED_SENTINEL, "a")]),
+    (
+        "name on an object",
+        f"{LB}BEGIN_OBJECT id=a name=S{RB}",
+        [V(ErrorCode.MALFORMED_SENTINEL, "a")],
+    ),
+    (
+        "schema on a tool",
+        f"{LB}BEGIN_TOOL_CALL id=a schema=S{RB}",
+        [V(ErrorCode.MALFORMED_SENTINEL, "a")],
+    ),
+    (
+        "attributes swapped",
+        f"{LB}BEGIN_OBJECT schema=S id=a{RB}",
+        [V(ErrorCode.MALFORMED_SENTINEL, "a")],
+    ),
+    (
+        "extra attribute",
+        f"{LB}BEGIN_OBJECT id=a schema=S x=1{RB}",
+        [V(ErrorCode.MALFORMED_SENTINEL, "a")],
+    ),
+    (
+        "double space",
+        f"{LB}BEGIN_OBJECT id=a  schema=S{RB}",
+        [V(ErrorCode.MALFORMED_SENTINEL, "a")],
+    ),
+    ("trailing space", f"{LB}END_OBJECT id=a {RB}", [V(ErrorCode.MALFORMED_SENTINEL, "a")]),
+    ("empty id", f"{LB}END_OBJECT id={RB}", [V(ErrorCode.MALFORMED_SENTINEL, None)]),
+    (
+        "bad id characters",
+        f"{LB}BEGIN_OBJECT id=a/b schema=S{RB}",
+        [V(ErrorCode.MALFORMED_SENTINEL, "a/b")],
+    ),
+    (
+        "id too long",
+        f"{LB}END_OBJECT id={'a' * 65}{RB}",
+        [V(ErrorCode.MALFORMED_SENTINEL, "a" * 65)],
+    ),
+    (
+        "bad schema name",
+        f'{LB}BEGIN_OBJECT id=a schema=S"{RB}',
+        [V(ErrorCode.MALFORMED_SENTINEL, "a")],
+    ),
+    ("no attributes", f"{LB}END_OBJECT{RB}", [V(ErrorCode.MALFORMED_SENTINEL, None)]),
+    (
+        "newline inside a sentinel",
+        f"{LB}BEGIN_OBJECT id=a\n",
         [V(ErrorCode.MALFORMED_SENTINEL, None)],
     ),
-    ("stream ends inside a sentinel", f"ok {O}END_OBJ", [Text("ok "), V(ErrorCode.MALFORMED_SENTINEL, None)]),
+    (
+        "open bracket inside a sentinel",
+        f"{LB}END_OBJECT {LB}",
+        [V(ErrorCode.MALFORMED_SENTINEL, None)],
+    ),
+    (
+        "sentinel too long",
+        f"{LB}BEGIN_OBJECT id=a schema=" + "S" * MAX_SENTINEL_CHARS,
+        [V(ErrorCode.MALFORMED_SENTINEL, None)],
+    ),
+    (
+        "stream ends inside a sentinel",
+        f"ok {LB}END_OBJ",
+        [Text("ok "), V(ErrorCode.MALFORMED_SENTINEL, None)],
+    ),
     (
         "stream ends inside a frame",
         B_O1 + '{"a":',
-        [FrameBegin(OBJ, "o1", "Action"), FrameDelta("o1", '{"a":'),
-         V(ErrorCode.FRAME_UNCLOSED, "o1")],
+        [
+            FrameBegin(OBJ, "o1", "Action"),
+            FrameDelta("o1", '{"a":'),
+            V(ErrorCode.FRAME_UNCLOSED, "o1"),
+        ],
     ),
     (
         "stream ends inside an END sentinel",
@@ -227,15 +328,21 @@ CASES: list[tuple[str, str, list[object]]] = [
     ),
     (
         "stream ends on a held lookalike inside a frame",
-        B_O1 + f"1{O}EN",
-        [FrameBegin(OBJ, "o1", "Action"), FrameDelta("o1", f"1{O}EN"),
-         V(ErrorCode.FRAME_UNCLOSED, "o1")],
+        B_O1 + f"1{LB}EN",
+        [
+            FrameBegin(OBJ, "o1", "Action"),
+            FrameDelta("o1", f"1{LB}EN"),
+            V(ErrorCode.FRAME_UNCLOSED, "o1"),
+        ],
     ),
     (
         "an unterminated string swallows the END",
         B_O1 + '{"a":"b' + E_O1,
-        [FrameBegin(OBJ, "o1", "Action"), FrameDelta("o1", '{"a":"b' + E_O1),
-         V(ErrorCode.FRAME_UNCLOSED, "o1")],
+        [
+            FrameBegin(OBJ, "o1", "Action"),
+            FrameDelta("o1", '{"a":"b' + E_O1),
+            V(ErrorCode.FRAME_UNCLOSED, "o1"),
+        ],
     ),
 ]
 
@@ -329,36 +436,36 @@ def test_open_frame_id() -> None:
 
 def test_holds_back_only_a_possible_sentinel() -> None:
     tok = SentinelTokenizer()
-    assert tok.feed(f"abc{O}BEG") == [Text("abc")]
-    assert tok.feed("x") == [Text(f"{O}BEGx")]
-    assert tok.feed(f"{O}") == []
-    assert tok.feed(f"{O}") == [Text(O)]  # the first ⟦ can no longer be a sentinel
+    assert tok.feed(f"abc{LB}BEG") == [Text("abc")]
+    assert tok.feed("x") == [Text(f"{LB}BEGx")]
+    assert tok.feed(f"{LB}") == []
+    assert tok.feed(f"{LB}") == [Text(LB)]  # the first ⟦ can no longer be a sentinel
     assert tok.feed("BEGIN_OBJECT id=o schema=S") == []  # committed: sentinel or error
-    assert tok.feed(f"{C}") == [FrameBegin(OBJ, "o", "S")]
+    assert tok.feed(f"{RB}") == [FrameBegin(OBJ, "o", "S")]
 
 
 def test_body_inside_a_string_is_never_held() -> None:
     tok = SentinelTokenizer()
     tok.feed(B_O1)
-    assert tok.feed(f'{{"a":"{O}END_OBJ') == [FrameDelta("o1", f'{{"a":"{O}END_OBJ')]
-    assert tok.feed(f'"}}{O}END') == [FrameDelta("o1", '"}')]
-    assert tok.feed("_OBJECT id=o1" + C) == [FrameEnd(OBJ, "o1")]
+    assert tok.feed(f'{{"a":"{LB}END_OBJ') == [FrameDelta("o1", f'{{"a":"{LB}END_OBJ')]
+    assert tok.feed(f'"}}{LB}END') == [FrameDelta("o1", '"}')]
+    assert tok.feed("_OBJECT id=o1" + RB) == [FrameEnd(OBJ, "o1")]
 
 
-_HOLDABLE = (O + "BEGIN_", O + "END_")
+_HOLDABLE = (LB + "BEGIN_", LB + "END_")
 
 
 def _expected_held(fed: str) -> str:
     """The longest suffix of ``fed`` that could still become a commit prefix."""
     for start in range(max(0, len(fed) - 7), len(fed)):
         suffix = fed[start:]
-        if suffix.startswith(O) and any(p.startswith(suffix) and p != suffix for p in _HOLDABLE):
+        if suffix.startswith(LB) and any(p.startswith(suffix) and p != suffix for p in _HOLDABLE):
             return suffix
     return ""
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.text(alphabet=f"{O}{C}BEGINDO_ x", max_size=40))
+@given(st.text(alphabet=f"{LB}{RB}BEGINDO_ x", max_size=40))
 def test_text_emitted_at_once_except_the_possible_sentinel(text: str) -> None:
     tok = SentinelTokenizer()
     emitted = ""
@@ -368,7 +475,7 @@ def test_text_emitted_at_once_except_the_possible_sentinel(text: str) -> None:
             return  # a committed sentinel: covered by the case table
         emitted += "".join(e.text for e in events if isinstance(e, Text))
         fed = text[: i + 1]
-        if fed.endswith(_HOLDABLE) or O + "BEGIN_" in fed or O + "END_" in fed:
+        if fed.endswith(_HOLDABLE) or LB + "BEGIN_" in fed or LB + "END_" in fed:
             return
         assert emitted + _expected_held(fed) == fed
 
@@ -379,14 +486,18 @@ _json_scalar = st.one_of(
     st.none(),
     st.booleans(),
     st.integers(-(10**6), 10**6),
-    st.text(alphabet=st.sampled_from(list('ab "\\' + O + C + "⟦END_OBJECT id=é👍\n"))),
+    st.text(alphabet=st.sampled_from(list('ab "\\' + LB + RB + "⟦END_OBJECT id=é👍\n"))),
 )
 _json_value = st.recursive(
     _json_scalar,
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner, max_size=3),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner, max_size=3)
+    ),
     max_leaves=8,
 )
-_free_text = st.text(alphabet=st.sampled_from(list("ab \n\"\\{}" + O + C + "BEGIN_ENDOX")), max_size=12)
+_free_text = st.text(
+    alphabet=st.sampled_from(list('ab \n"\\{}' + LB + RB + "BEGIN_ENDOX")), max_size=12
+)
 _ids = st.from_regex(r"[a-z][a-z0-9]{0,3}", fullmatch=True)
 
 
@@ -399,8 +510,8 @@ def valid_streams(draw: st.DrawFn) -> str:
     for _ in range(draw(st.integers(0, 4))):
         text = draw(_free_text)
         # Free text must not itself commit to a sentinel, or the stream is not valid.
-        if O + "BEGIN_" in text or O + "END_" in text:
-            text = text.replace(O, "[")
+        if LB + "BEGIN_" in text or LB + "END_" in text:
+            text = text.replace(LB, "[")
         parts.append(text)
         fid = draw(_ids.filter(lambda i: i not in used))
         used.add(fid)
@@ -408,7 +519,7 @@ def valid_streams(draw: st.DrawFn) -> str:
         body = json.dumps(draw(_json_value), ensure_ascii=False)
         parts.append(begin(kind, fid, "Name.x") + body + end(kind, fid))
     tail = draw(_free_text)
-    parts.append(tail.replace(O, "["))
+    parts.append(tail.replace(LB, "["))
     return "".join(parts)
 
 
@@ -441,7 +552,10 @@ def test_valid_streams_round_trip_under_any_chunking(stream: str, data: st.DataO
 
 @settings(max_examples=300, deadline=None)
 @given(
-    noise=st.text(alphabet=st.sampled_from(list(f'{O}{C}BEGIN_ENDOBJECTTOOLRESULT id=sch"\\{{}}:\n')), max_size=80),
+    noise=st.text(
+        alphabet=st.sampled_from(list(f'{LB}{RB}BEGIN_ENDOBJECTTOOLRESULT id=sch"\\{{}}:\n')),
+        max_size=80,
+    ),
     data=st.data(),
 )
 def test_arbitrary_text_gives_events_or_our_error_and_is_chunk_invariant(
