@@ -1,0 +1,90 @@
+"""The model seam: what the runtime asks of an upstream, and what it gets back.
+
+Every adapter (OpenAI-compatible, llama-server, Ollama, ...) turns a dialect-neutral
+:class:`ChatRequest` into its own wire format and yields :class:`UpstreamDelta` values, so
+the runtime never sees HTTP, SSE or a dialect's JSON (STYLE.md: a small ``Model`` seam, as
+in openai-agents). Scripted fakes for tests implement the same :class:`Upstream` protocol.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import AsyncGenerator, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Final, Protocol
+
+__all__ = ["PROFILES", "ChatRequest", "SamplingProfile", "Upstream", "UpstreamDelta"]
+
+
+@dataclass(frozen=True, slots=True)
+class ChatRequest:
+    """One chat-completion request, independent of any upstream dialect.
+
+    ``None`` means "not sent; the upstream's default applies". ``extra`` is merged last
+    into the wire body (e.g. llama-server's ``grammar``/``cache_prompt``), so it can also
+    override what the adapter would send.
+    """
+
+    model: str
+    messages: Sequence[Mapping[str, Any]]
+    temperature: float | None = None
+    seed: int | None = None
+    max_tokens: int | None = None
+    top_p: float | None = None
+    stop: Sequence[str] | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class UpstreamDelta:
+    """One step of the model's output: new text, and at the end the finish reason/usage.
+
+    ``text`` may be empty (a usage-only or finish-only chunk). ``usage`` is the upstream's
+    token accounting as sent (``prompt_tokens``, ``completion_tokens``, ...).
+    """
+
+    text: str
+    finish_reason: str | None = None
+    usage: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingProfile:
+    """Named sampling settings a caller can pick with ``profile`` (SPEC §2)."""
+
+    temperature: float | None = None
+    seed: int | None = None
+    max_tokens: int | None = None
+    top_p: float | None = None
+
+    def apply(self, request: ChatRequest) -> ChatRequest:
+        """``request`` with this profile's settings where the profile sets them."""
+        changes = {
+            f.name: getattr(self, f.name)
+            for f in dataclasses.fields(self)
+            if getattr(self, f.name) is not None
+        }
+        return dataclasses.replace(request, **changes)
+
+
+PROFILES: Final[Mapping[str, SamplingProfile]] = MappingProxyType(
+    {
+        # SPEC §2: low temperature and a fixed seed make the demo repeatable on small
+        # models; 384 tokens is enough for a tool call plus a short answer.
+        "demo": SamplingProfile(temperature=0.2, seed=42, max_tokens=384),
+    }
+)
+
+
+class Upstream(Protocol):
+    """A model server that streams a chat completion.
+
+    ``stream`` is an async generator: iterate it, and close it (``aclose()`` or cancel the
+    task) to stop the generation; implementations release the connection promptly. Errors
+    are :class:`app.errors.UpstreamError`.
+    """
+
+    def stream(self, request: ChatRequest) -> AsyncGenerator[UpstreamDelta, None]:
+        """Yield the model's output for ``request`` until it finishes."""
+        ...
