@@ -1,0 +1,318 @@
+"""Secret redaction for logs and artifacts (SPEC §4: "secrets redacted everywhere").
+
+Two rules, applied to any JSON-like value:
+
+* **By key.** A mapping entry whose key is a known secret name (``api_key``,
+  ``authorization``, ``password``, ...) or one of the caller's ``extra_keys`` (a tool's
+  redaction list, SPEC §5) has its whole value replaced by ``"[REDACTED]"``, whatever
+  its type: a nested object under ``token`` is as secret as a string. Keys compare
+  case-insensitively with ``-`` and ``_`` treated alike, so ``X-Api-Key``, ``x_api_key``
+  and ``X-API-KEY`` are one name. Names match whole, never as substrings: ``max_tokens``
+  and ``prompt_tokens`` are usage figures, not secrets.
+* **By shape.** Any string (values *and* keys, free text included) has OpenAI/Groq/Stripe
+  style keys (``sk-…``, ``sk_…``, ``gsk_…``), ``Bearer …`` credentials and
+  ``api_key=…``-style assignments (query strings, env dumps) replaced in place.
+
+Redaction is *total*: it never raises, whatever it is given, because it runs inside the
+logging pipeline and the artifact writer, where an exception would turn a diagnostic into
+an outage. That is why the walk is iterative (a 10,000-deep document must not hit the
+recursion limit), why repeated or cyclic references are memoised rather than followed
+forever, and why values that are not JSON-like are turned into their redacted ``str()``:
+a secret must not slip out later through an object's ``repr``.
+
+Redaction is idempotent (``redact(redact(x)) == redact(x)``), and a value with no secrets
+comes back equal to what went in (as a fresh copy: containers are never shared with the
+input, so callers may mutate either side).
+
+This module is sans-IO (``app/core``): stdlib only, no logging, clock or OS access.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import re
+import uuid
+from collections.abc import Iterable, Mapping
+from typing import Final
+
+__all__ = ["REDACTED", "SENSITIVE_KEYS", "normalize_key", "redact", "redact_text"]
+
+REDACTED: Final = "[REDACTED]"
+"""What every secret is replaced with."""
+
+SENSITIVE_KEYS: Final = frozenset(
+    {
+        "access_token",
+        "api_key",
+        "apikey",
+        "authorization",
+        "client_secret",
+        "cookie",
+        "password",
+        "proxy_authorization",
+        "refresh_token",
+        "secret",
+        "set_cookie",
+        "token",
+        "x_api_key",
+    }
+)
+"""Key names (normalised by :func:`normalize_key`) whose values are always secret.
+
+The brief's list plus the obvious siblings (``set-cookie``, ``proxy-authorization``,
+``refresh_token``, ``client_secret``) that carry the same credentials under another name.
+"""
+
+# Characters that may sit right before a key for it to count as one: a key glued to a word
+# ("task-list" contains "sk-list", "disk_sk_x" contains "sk_x") is an identifier, not a key.
+_NOT_WORD_BEFORE = r"(?<![A-Za-z0-9_\-])"
+# sk-… (OpenAI, incl. sk-proj-…), sk_… (Stripe-style, named in SPEC §4), gsk_… (Groq).
+# Four characters minimum so "sk-" in prose survives; the body is OpenAI's alphabet.
+_API_KEY = rf"{_NOT_WORD_BEFORE}(?:sk-|sk_|gsk_)[A-Za-z0-9_\-]{{4,}}"
+# RFC 6750 b64token after the scheme; the scheme word is kept so a reader can still see
+# which kind of credential was there. "Bearer"/"BEARER" take any token, but a lowercase
+# "bearer" needs a token-like run of 16+ characters: "the bearer of bad news" is prose.
+_B64TOKEN = r"[A-Za-z0-9\-._~+/]"
+_BEARER = (
+    rf"{_NOT_WORD_BEFORE}"
+    rf"(?:(?:Bearer|BEARER)[ \t]+{_B64TOKEN}+|bearer[ \t]+{_B64TOKEN}{{16,}})=*"
+)
+# The secret key names as they appear in text, "-" and "_" alike ("passwd" too).
+_NAMES = "|".join(
+    # Longest first (then by name): a fixed order in which no name shadows a longer one.
+    sorted(
+        (k.replace("_", "[-_]") for k in (*SENSITIVE_KEYS, "passwd")), key=lambda k: (-len(k), k)
+    )
+)
+# name=value: ?api_key=… in URLs, TOKEN=… in env dumps, api_key='…' in a repr. Only "=",
+# not ":", so that prose like "token: 12" is left alone...
+_ASSIGNMENT = rf"{_NOT_WORD_BEFORE}(?i:{_NAMES})[ \t]*=[ \t]*['\"]?"
+# ...except in JSON text, where a quoted secret name before ":" is unambiguous. The value
+# runs to the closing quote, or to the end of a truncated document.
+_JSON_MEMBER = rf"\"(?i:{_NAMES})\"[ \t\r\n]*:[ \t\r\n]*\""
+_PATTERN: Final = re.compile(
+    rf"(?P<key>{_API_KEY})"
+    rf"|(?P<bearer>{_BEARER})"
+    rf"|(?P<assign>{_ASSIGNMENT})(?:(?i:bearer|basic)[ \t]+)?[^\s&,;\"'<>]+"
+    rf"|(?P<member>{_JSON_MEMBER})(?:[^\"\\]|\\.)*"
+)
+
+# A substring of every possible match, case-folded: what redact_text checks before the
+# regex. casefold() covers what the regex's IGNORECASE matches (the Kelvin sign is a "k").
+_TRIGGERS: Final = (
+    "sk-",
+    "sk_",
+    "bearer",
+    "api",
+    "token",
+    "secret",
+    "passw",  # password, passwd
+    "cookie",
+    "authorization",
+)
+
+# Scalars that cannot carry a secret and that serialisers (orjson) handle natively: kept
+# as they are rather than turned into strings.
+_OPAQUE_SAFE = (bool, int, float, type(None), _dt.datetime, _dt.date, _dt.time, uuid.UUID)
+
+
+def _replace(match: re.Match[str]) -> str:
+    if match.group("key") is not None:
+        return REDACTED
+    if match.group("bearer") is not None:
+        scheme = match.group("bearer").split(None, 1)[0]
+        return f"{scheme} {REDACTED}"
+    prefix = match.group("assign")
+    if prefix is None:
+        prefix = match.group("member")
+    return f"{prefix}{REDACTED}"
+
+
+def redact_text(s: str) -> str:
+    """Return ``s`` with every API key, Bearer credential and ``secret=…`` replaced.
+
+    For free text: log messages, error strings, tool output, model text, raw JSON bodies
+    (``"password": "…"``). Only :data:`SENSITIVE_KEYS` are recognised as names in text;
+    a tool's extra keys apply to mapping keys in :func:`redact`. Linear time in
+    ``len(s)``; never raises on any ``str`` (lone surrogates included).
+    """
+    if not s:
+        return s
+    # Most text holds no secret: a few substring scans (C speed) on the case-folded text
+    # rule that out far faster than running the regex over every position.
+    folded = s.casefold()
+    for trigger in _TRIGGERS:  # a plain loop: any() over a generator costs more here
+        if trigger in folded:
+            return _PATTERN.sub(_replace, s)
+    return s
+
+
+def normalize_key(key: str) -> str:
+    """The form in which key names are compared: case-folded, ``-`` read as ``_``."""
+    return key.strip().lower().replace("-", "_")
+
+
+def _redact_bytes(data: bytes | bytearray) -> bytes | bytearray:
+    # Latin-1 maps every byte to one code point and back, so the ASCII patterns find keys
+    # inside any byte string (UTF-8 or not) and everything else round-trips untouched.
+    text = bytes(data).decode("latin-1")
+    cleaned = redact_text(text)
+    if cleaned == text:
+        return type(data)(data)
+    out = cleaned.encode("latin-1")
+    return bytearray(out) if isinstance(data, bytearray) else out
+
+
+def _redact_opaque(value: object) -> object:
+    # Anything else is reduced to its redacted text, so that a later default=str in a
+    # serialiser cannot reveal what this pass did not look into.
+    try:
+        text = str(value)
+    except Exception:  # a broken __str__ must not break redaction
+        return f"<unprintable {type(value).__name__}>"
+    return redact_text(text)
+
+
+# id(source container) -> (source, its copy). The source is held so that its id cannot be
+# reused by another object during the walk (a Mapping may build its values on the fly).
+_Memo = dict[int, tuple[object, object]]
+# Where a copy goes: a list index or a dict key of the output under construction.
+_Target = list[object] | dict[object, object]
+# One step of the walk: copy ``source`` into ``target[slot]``...
+_Visit = tuple[object, _Target, object]
+
+
+class _Finish:
+    """...or, post-order, turn a finished scratch list into a tuple, set or frozenset."""
+
+    __slots__ = ("kind", "memo_key", "scratch", "slot", "target")
+
+    def __init__(
+        self, kind: type, scratch: list[object], memo_key: int, target: _Target, slot: object
+    ) -> None:
+        self.kind = kind
+        self.scratch = scratch
+        self.memo_key = memo_key
+        self.target = target
+        self.slot = slot
+
+    def run(self, memo: _Memo) -> None:
+        done: object
+        try:
+            done = self.kind(self.scratch)
+        except TypeError:  # an unhashable member: impossible for real sets, but be total
+            done = tuple(self.scratch)
+        memo[self.memo_key] = (memo[self.memo_key][0], done)
+        _store(self.target, self.slot, done)
+
+
+_IN_PROGRESS: Final = object()
+
+
+def _store(target: _Target, slot: object, value: object) -> None:
+    if isinstance(target, list):
+        assert isinstance(slot, int)
+        target[slot] = value
+    else:
+        target[slot] = value
+
+
+def redact(value: object, *, extra_keys: Iterable[str] = ()) -> object:
+    """Return a deep copy of ``value`` with every secret replaced by ``"[REDACTED]"``.
+
+    ``extra_keys`` adds key names to :data:`SENSITIVE_KEYS` for this call (a tool's
+    redaction list). Mappings come back as ``dict``, lists as ``list``, tuples, sets and
+    frozensets as their own type; strings and bytes through :func:`redact_text`; bools,
+    numbers, ``None``, dates and UUIDs as they are; anything else as its redacted
+    ``str()``. A ``None`` under a secret key stays ``None``: that a credential was absent
+    is not a secret, and it is what one debugs. String keys are redacted like any string;
+    should two keys become equal that way, the later entry wins.
+    """
+    try:
+        extra = {normalize_key(k) for k in extra_keys if isinstance(k, str)}
+    except Exception:  # a broken iterable of extra keys must not stop redaction
+        extra = set()
+    sensitive = SENSITIVE_KEYS | extra
+    # An explicit LIFO work list instead of recursion, so depth costs heap, not stack.
+    # ``memo`` maps id(source container) to its copy, as copy.deepcopy does: shared
+    # references stay shared and cycles end. Only a tuple or set reached again while its
+    # own members are still being copied (a cycle through an immutable container) cannot
+    # be linked to its copy; it becomes "[CIRCULAR]".
+    root: list[object] = [None]
+    memo: _Memo = {}
+    work: list[_Visit | _Finish] = [(value, root, 0)]
+    while work:
+        item = work.pop()
+        if isinstance(item, _Finish):
+            item.run(memo)
+        else:
+            _visit(*item, sensitive=sensitive, memo=memo, work=work)
+    return root[0]
+
+
+def _visit(
+    source: object,
+    target: _Target,
+    slot: object,
+    *,
+    sensitive: frozenset[str],
+    memo: _Memo,
+    work: list[_Visit | _Finish],
+) -> None:
+    """Store a leaf's copy now, or a container's and schedule its members."""
+    if isinstance(source, str):
+        _store(target, slot, redact_text(source))
+        return
+    if isinstance(source, _OPAQUE_SAFE):
+        _store(target, slot, source)
+        return
+    if isinstance(source, bytes | bytearray):
+        _store(target, slot, _redact_bytes(source))
+        return
+    seen = memo.get(id(source))
+    if seen is not None:
+        copied = seen[1]
+        _store(target, slot, "[CIRCULAR]" if copied is _IN_PROGRESS else copied)
+        return
+    if isinstance(source, Mapping):
+        try:
+            items = list(source.items())
+        except Exception:  # a Mapping whose items() fails is just an opaque object
+            _store(target, slot, _redact_opaque(source))
+            return
+        out: dict[object, object] = {}
+        memo[id(source)] = (source, out)
+        _store(target, slot, out)
+        members: list[_Visit] = []
+        for key, child in items:
+            new_key = redact_text(key) if isinstance(key, str) else key
+            if isinstance(key, str) and normalize_key(key) in sensitive:
+                out[new_key] = None if child is None else REDACTED
+            else:
+                out[new_key] = None  # reserves the slot, so key order is kept
+                members.append((child, out, new_key))
+        # Reversed onto the LIFO, so members are copied in order (a later key wins).
+        work.extend(reversed(members))
+        return
+    if isinstance(source, list):
+        copy: list[object] = [None] * len(source)
+        memo[id(source)] = (source, copy)
+        _store(target, slot, copy)
+        work.extend((source[i], copy, i) for i in range(len(source) - 1, -1, -1))
+        return
+    if isinstance(source, tuple | set | frozenset):
+        elements = list(source)
+        scratch: list[object] = [None] * len(elements)
+        memo[id(source)] = (source, _IN_PROGRESS)
+        kind: type = (
+            tuple
+            if isinstance(source, tuple)
+            else frozenset
+            if isinstance(source, frozenset)
+            else set
+        )
+        # The _Finish goes on the stack below the members, so it runs after all of them.
+        work.append(_Finish(kind, scratch, id(source), target, slot))
+        work.extend((elements[i], scratch, i) for i in range(len(elements) - 1, -1, -1))
+        return
+    _store(target, slot, _redact_opaque(source))

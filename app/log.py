@@ -1,0 +1,223 @@
+"""Structured logging: one JSON object per line on stderr, secrets redacted.
+
+Why these choices:
+
+* **structlog's native filtering logger**, not the stdlib bridge. The gateway's own events
+  need no ``logging`` handlers, and ``make_filtering_bound_logger`` turns calls below the
+  level into a bare ``return None``. :func:`get_logger` therefore returns
+  ``structlog.typing.FilteringBoundLogger`` (which also has ``await log.ainfo(...)``).
+  uvicorn and httpx keep logging through the stdlib as they were configured.
+* **orjson** renders each event as one compact line, written whole under a lock.
+* **Redaction is a processor**, the last one before rendering, so nothing a caller binds,
+  passes or raises reaches the output unredacted (SPEC §4: "secrets redacted
+  everywhere"). ``exc_info`` becomes a structured traceback first, without local
+  variables: a password in a local named ``pw`` matches no redaction rule.
+* **No logger caching.** :func:`configure_logging` runs once per ``create_app``, and tests
+  call it many times with different levels and captured streams; a cached logger would
+  keep the first configuration. Logging happens per stream and per tool call, never per
+  frame, so the small cost of an uncached bind does not matter.
+* **stderr is looked up at write time**, so pytest's capsys/capfd and any later
+  redirection see the output.
+* **A log call never raises.** An event orjson cannot encode (an integer past 64 bits, a
+  lone surrogate) goes through the stdlib encoder; one neither can (nesting past the
+  recursion limit) becomes a stub line that says so. Never an exception mid-stream.
+
+Event names are the module's constants (``STREAM_STARTED = "stream.started"``, ...),
+collected in :data:`EVENT_NAMES`.
+"""
+
+from __future__ import annotations
+
+import json as _stdlib_json
+import logging
+import sys
+import threading
+from typing import Any, Final, cast
+
+import orjson
+import structlog
+from structlog.typing import EventDict, FilteringBoundLogger, Processor, WrappedLogger
+
+from app.core.redact import redact
+
+__all__ = [
+    "ARTIFACTS_WRITE_FAILED",
+    "ARTIFACTS_WRITTEN",
+    "CLIENT_DISCONNECTED",
+    "EVENT_NAMES",
+    "FRAME_DEGRADED",
+    "FRAME_REPAIRED",
+    "MODE_SELECTED",
+    "SERVER_DECISION",
+    "STREAM_CANCELLED",
+    "STREAM_FINISHED",
+    "STREAM_INTERNAL_ERROR",
+    "STREAM_STARTED",
+    "TOOL_ATTEMPT",
+    "TOOL_FINISHED",
+    "TOOL_QUEUED",
+    "UPSTREAM_ERROR",
+    "configure_logging",
+    "get_logger",
+]
+
+
+# Event names: ``subject.what_happened``, stable, because dashboards and alerts match on
+# them. ``log.info(STREAM_STARTED, stream_id=...)``.
+STREAM_STARTED: Final = "stream.started"
+STREAM_FINISHED: Final = "stream.finished"
+STREAM_CANCELLED: Final = "stream.cancelled"
+STREAM_INTERNAL_ERROR: Final = "stream.internal_error"
+CLIENT_DISCONNECTED: Final = "client.disconnected"
+UPSTREAM_ERROR: Final = "upstream.error"
+MODE_SELECTED: Final = "mode.selected"  # SPEC §4: auto mode probes once and logs it
+FRAME_REPAIRED: Final = "frame.repaired"
+FRAME_DEGRADED: Final = "frame.degraded"
+TOOL_QUEUED: Final = "tool.queued"  # SPEC §5: queue depth and wait are logged
+TOOL_ATTEMPT: Final = "tool.attempt"  # SPEC §5: each attempt is logged
+TOOL_FINISHED: Final = "tool.finished"
+SERVER_DECISION: Final = "server.decision"  # SPEC §6: every budget decision is logged
+ARTIFACTS_WRITTEN: Final = "artifacts.written"
+ARTIFACTS_WRITE_FAILED: Final = "artifacts.write_failed"
+
+EVENT_NAMES: Final = frozenset(
+    {
+        STREAM_STARTED,
+        STREAM_FINISHED,
+        STREAM_CANCELLED,
+        STREAM_INTERNAL_ERROR,
+        CLIENT_DISCONNECTED,
+        UPSTREAM_ERROR,
+        MODE_SELECTED,
+        FRAME_REPAIRED,
+        FRAME_DEGRADED,
+        TOOL_QUEUED,
+        TOOL_ATTEMPT,
+        TOOL_FINISHED,
+        SERVER_DECISION,
+        ARTIFACTS_WRITTEN,
+        ARTIFACTS_WRITE_FAILED,
+    }
+)
+"""Every event name above, for tests and for tooling that checks dashboards."""
+
+_LEVELS = logging.getLevelNamesMapping()
+
+# Structured tracebacks without locals: a local variable holding a raw password under an
+# innocent name ("pw") is a secret that no redaction rule can recognise.
+_DICT_TRACEBACKS: Final = structlog.processors.ExceptionRenderer(
+    structlog.tracebacks.ExceptionDictTransformer(show_locals=False)
+)
+
+
+def configure_logging(*, level: str = "INFO", json: bool = True) -> None:
+    """Configure structlog for the whole process. Safe to call any number of times.
+
+    ``level`` is a stdlib level name (``"DEBUG"``, ``"info"``, ...; ``ValueError``
+    otherwise). ``json=False`` renders key=value lines for a developer's terminal
+    instead of JSON; redaction applies either way.
+    """
+    try:
+        min_level = _LEVELS[level.strip().upper()]
+    except KeyError:
+        raise ValueError(f"unknown log level {level!r}; use one of {sorted(_LEVELS)}") from None
+    exceptions: Processor
+    renderer: Processor
+    if json:
+        exceptions = _DICT_TRACEBACKS
+        renderer = structlog.processors.JSONRenderer(serializer=_dumps)
+    else:
+        # Tracebacks become text before redaction, so they are redacted too.
+        exceptions = structlog.processors.format_exc_info
+        renderer = structlog.dev.ConsoleRenderer(colors=_stderr_is_a_terminal())
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            _add_logger_name,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            structlog.processors.StackInfoRenderer(),
+            exceptions,
+            _redact_event,
+            renderer,
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(min_level),
+        logger_factory=_StderrLoggerFactory(),
+        cache_logger_on_first_use=False,
+    )
+
+
+def get_logger(name: str) -> FilteringBoundLogger:
+    """A logger whose events carry ``logger=name`` (the module's ``__name__``, by convention).
+
+    Cheap and configuration-independent: module-level ``log = get_logger(__name__)`` is
+    fine, and follows later :func:`configure_logging` calls.
+    """
+    # The name travels as the logger factory's argument (a ``logger=`` initial value would
+    # collide with structlog's own parameter) and _add_logger_name puts it in the event.
+    return cast(FilteringBoundLogger, structlog.get_logger(name))
+
+
+def _add_logger_name(logger: WrappedLogger, _method: str, event_dict: EventDict) -> EventDict:
+    name = getattr(logger, "name", None)
+    if name is not None:
+        event_dict.setdefault("logger", name)
+    return event_dict
+
+
+def _redact_event(_logger: WrappedLogger, _method: str, event_dict: EventDict) -> EventDict:
+    """The processor that runs :func:`app.core.redact.redact` over every event."""
+    return cast(EventDict, redact(event_dict))
+
+
+def _dumps(obj: Any, **kwargs: Any) -> bytes:
+    """orjson first; then the stdlib (big integers, lone surrogates); then a stub line."""
+    try:
+        # OPT_NON_STR_KEYS: redaction keeps non-string keys (ints, tuples) as they are.
+        return orjson.dumps(obj, option=orjson.OPT_NON_STR_KEYS, **kwargs)
+    except TypeError:  # orjson.JSONEncodeError is a TypeError
+        pass
+    try:
+        return _stdlib_json.dumps(
+            obj, default=repr, skipkeys=True, allow_nan=False, separators=(",", ":")
+        ).encode("utf-8")
+    except (TypeError, ValueError, RecursionError) as exc:
+        head = obj if isinstance(obj, dict) else {}
+        stub = {k: str(head[k]) for k in ("timestamp", "level", "logger", "event") if k in head}
+        stub["log_error"] = f"event not serialisable: {type(exc).__name__}"
+        return orjson.dumps(stub, default=str)
+
+
+def _stderr_is_a_terminal() -> bool:
+    try:
+        return sys.stderr is not None and sys.stderr.isatty()
+    except (AttributeError, ValueError):  # replaced or closed stream
+        return False
+
+
+class _StderrLogger:
+    """Writes each rendered line to whatever ``sys.stderr`` is at the time of the call."""
+
+    _lock = threading.Lock()  # one whole line per event, even from worker threads
+
+    def __init__(self, name: str | None = None) -> None:
+        self.name = name
+
+    def msg(self, message: str | bytes) -> None:
+        text = message.decode("utf-8", "replace") if isinstance(message, bytes) else message
+        with self._lock:
+            stream = sys.stderr
+            if stream is None:  # pythonw, or a daemon that closed it
+                return
+            try:
+                stream.write(text + "\n")
+                stream.flush()
+            except (OSError, ValueError):  # closed or broken stream: logging must not raise
+                pass
+
+    log = debug = info = warn = warning = error = err = critical = exception = fatal = msg
+
+
+class _StderrLoggerFactory:
+    def __call__(self, *args: Any) -> _StderrLogger:
+        return _StderrLogger(args[0] if args and isinstance(args[0], str) else None)

@@ -1,0 +1,199 @@
+"""Per-stream artifacts (SPEC §4): what happened in one stream, on disk, secrets redacted.
+
+Layout, under ``<root>/runs/<stream_id>/``::
+
+    frames.ndjson   every frame as sent, one compact JSON object per line, in order
+    prompt.json     what the model was asked
+    result.json     the final result
+    tool_logs.json  tool invocation records
+    metrics.json    latency stats, TTFT, tokens/s, repairs, tool timings, queue high-water
+
+Why it is built this way:
+
+* **Everything goes through** :func:`app.core.redact.redact`, with the tools' redaction
+  lists added, before it is serialised: artifacts are the place secrets leak from.
+* **Each file is written atomically** (a temp file in the same directory, then
+  ``os.replace``), so a reader (the demo UI, an eval harness, ``tail``) never sees a torn
+  file, and a rerun for the same stream replaces files whole. There is no fsync:
+  artifacts are diagnostics, and five disk flushes per stream buy only survival of a
+  power cut. Files are owner-only (``mkstemp``'s 0600): prompts and tool output are
+  user data.
+* **Blocking work runs in** ``asyncio.to_thread``: redaction, encoding and disk I/O of a
+  long stream must not stall the event loop that is serving other streams.
+* **Writing never fails on content.** Sets become arrays, other objects orjson does not
+  know their ``str()``. A document orjson refuses (an integer past 64 bits, nesting past
+  its 254 levels, a lone surrogate, a tuple key) is made strict JSON on a slow path
+  (keys as strings, NaN as null, U+FFFD for lone surrogates, nesting cut off at 200 with
+  a marker) and the stdlib writes big integers. One odd value never costs its file, let
+  alone the others. Only the file system can make :meth:`RunArtifacts.write` raise, and
+  then only after every file has been attempted.
+* **The stream id is validated** although we generate it: it becomes a path component,
+  and resume/cancel routes take it from the URL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import os
+import re
+import tempfile
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Final
+
+import orjson
+
+from app.core.redact import redact
+from app.errors import ErrorCode, RequestError
+
+__all__ = ["ARTIFACT_FILES", "RunArtifacts"]
+
+ARTIFACT_FILES: Final = (
+    "frames.ndjson",
+    "prompt.json",
+    "result.json",
+    "tool_logs.json",
+    "metrics.json",
+)
+"""The files every run directory holds once :meth:`RunArtifacts.write` has returned."""
+
+# One plain path component: starts with a letter or digit (so never "." or ".."), no
+# separators, no NUL, bounded well below any file system's name limit.
+_STREAM_ID: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
+class RunArtifacts:
+    """The artifact directory of one stream: ``<root>/runs/<stream_id>/``.
+
+    Construction only validates; nothing touches the disk until :meth:`write`.
+    """
+
+    def __init__(self, root: Path, stream_id: str, *, redact_keys: Iterable[str] = ()) -> None:
+        if not _STREAM_ID.fullmatch(stream_id) or ".." in stream_id:
+            raise RequestError(
+                ErrorCode.BAD_REQUEST,
+                f"invalid stream id {stream_id!r}: use 1-128 letters, digits, '.', '_' or '-'",
+            )
+        self.stream_id = stream_id
+        self.directory = Path(root) / "runs" / stream_id
+        self._redact_keys = tuple(redact_keys)
+
+    async def write(
+        self,
+        *,
+        frames: Sequence[Mapping[str, object]],
+        prompt: object,
+        result: object,
+        tool_logs: object,
+        metrics: Mapping[str, object],
+    ) -> Path:
+        """Write the five files (redacted, each atomically) and return the directory.
+
+        The frame list is copied before the worker thread starts, so the caller may keep
+        appending to its own. Raises ``OSError`` only if the file system refuses (the
+        directory cannot be made, or a file cannot be written: then after attempting
+        every file). Cancelling the caller does not stop a write already handed to the
+        thread; it completes, file by file, atomically.
+        """
+        documents: dict[str, object] = {
+            "prompt.json": prompt,
+            "result.json": result,
+            "tool_logs.json": tool_logs,
+            "metrics.json": metrics,
+        }
+        await asyncio.to_thread(self._write_all, list(frames), documents)
+        return self.directory
+
+    def _write_all(self, frames: list[Mapping[str, object]], documents: dict[str, object]) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        contents: dict[str, bytes] = {
+            # One line per frame, each encoded on its own: an odd frame cannot spoil
+            # its neighbours, and line i is always frame i.
+            "frames.ndjson": b"".join(
+                _encode(redact(frame, extra_keys=self._redact_keys)) + b"\n" for frame in frames
+            ),
+        }
+        for name, value in documents.items():
+            encoded = _encode(redact(value, extra_keys=self._redact_keys), indent=True)
+            contents[name] = encoded + b"\n"
+        failures: list[OSError] = []
+        for name in ARTIFACT_FILES:
+            try:
+                _replace_atomically(self.directory / name, contents[name])
+            except OSError as exc:
+                failures.append(exc)
+        if failures:
+            raise failures[0]
+
+
+def _encode(value: object, *, indent: bool = False) -> bytes:
+    """JSON for any value; never raises."""
+    option = orjson.OPT_NON_STR_KEYS | (orjson.OPT_INDENT_2 if indent else 0)
+    try:
+        return orjson.dumps(value, default=_default, option=option)
+    except TypeError:  # orjson.JSONEncodeError: big integers, depth, surrogates, odd keys
+        pass
+    plain = _jsonable(value, _MAX_DEPTH)
+    try:
+        return orjson.dumps(plain, option=option)
+    except TypeError:  # integers past 64 bits: the stdlib writes them exactly
+        pass
+    try:
+        text = json.dumps(
+            plain, allow_nan=False, indent=2 if indent else None, separators=_SEPARATORS[indent]
+        )
+        return text.encode("utf-8")
+    except (TypeError, ValueError, RecursionError) as exc:  # unreachable, but never raise
+        placeholder = {"unserialisable": type(value).__name__, "reason": type(exc).__name__}
+        return orjson.dumps(placeholder, option=option)
+
+
+def _default(value: object) -> object:
+    # Sets are arrays (redaction keeps them sets); everything else orjson lacks is text.
+    if isinstance(value, set | frozenset):
+        return list(value)
+    return str(value)
+
+
+# Below orjson's own limit (254), far below Python's recursion limit.
+_MAX_DEPTH: Final = 200
+_SEPARATORS: Final = {False: (",", ":"), True: (",", ": ")}
+
+
+def _jsonable(value: object, depth: int) -> object:
+    """Strict-JSON data for the slow path: keys as strings, NaN/Infinity as null, lone
+    surrogates as U+FFFD, nesting past ``_MAX_DEPTH`` cut off with a marker."""
+    if isinstance(value, str):
+        # Round-trip through UTF-16 turns each lone surrogate into U+FFFD and nothing else.
+        return value.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+    if isinstance(value, bool | int) or value is None:
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, Mapping | list | tuple | set | frozenset) and depth <= 0:
+        return f"[truncated: nested deeper than {_MAX_DEPTH}]"
+    if isinstance(value, Mapping):
+        return {
+            (k if isinstance(k, str) else str(k)): _jsonable(v, depth - 1) for k, v in value.items()
+        }
+    if isinstance(value, list | tuple | set | frozenset):
+        return [_jsonable(v, depth - 1) for v in value]
+    return _jsonable(str(value), depth)
+
+
+def _replace_atomically(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` so that readers see the old file or the new, never half."""
+    fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(temp, path)
+    except BaseException:
+        # Leave nothing behind, whatever interrupted us.
+        try:
+            os.unlink(temp)
+        except OSError:
+            pass
+        raise
