@@ -47,6 +47,7 @@ class ErrorCode(StrEnum):
     MALFORMED_SENTINEL = "MALFORMED_SENTINEL"
     FRAME_UNCLOSED = "FRAME_UNCLOSED"
     FRAME_TOO_LARGE = "FRAME_TOO_LARGE"
+    FRAME_TIMEOUT = "FRAME_TIMEOUT"
     # Strict JSON (RFC 8259) and its limits.
     JSON_SYNTAX = "JSON_SYNTAX"
     JSON_INCOMPLETE = "JSON_INCOMPLETE"
@@ -62,9 +63,12 @@ class ErrorCode(StrEnum):
     UPSTREAM_HTTP_ERROR = "UPSTREAM_HTTP_ERROR"
     # Caller.
     BAD_REQUEST = "BAD_REQUEST"
+    MODE_UNAVAILABLE = "MODE_UNAVAILABLE"
     BODY_TOO_LARGE = "BODY_TOO_LARGE"
     NOT_FOUND = "NOT_FOUND"
     CONFLICT = "CONFLICT"
+    IDEMPOTENCY_IN_FLIGHT = "IDEMPOTENCY_IN_FLIGHT"
+    IDEMPOTENCY_KEY_REUSED = "IDEMPOTENCY_KEY_REUSED"
     # Ours.
     INTERNAL = "INTERNAL"
 
@@ -75,11 +79,19 @@ class ToolForgeError(Exception):
     http_status: int = 500
     retryable: bool = False
 
-    def __init__(self, code: ErrorCode, message: str, *, frame_id: str | None = None) -> None:
+    def __init__(
+        self,
+        code: ErrorCode,
+        message: str,
+        *,
+        frame_id: str | None = None,
+        details: list[dict[str, str]] | None = None,
+    ) -> None:
         super().__init__(f"{code}: {message}")
         self.code = code
         self.message = message
         self.frame_id = frame_id
+        self.details = details
 
     def to_dict(self) -> dict[str, object]:
         """The ``error`` frame payload (SPEC §3): code, message, retryable."""
@@ -90,6 +102,8 @@ class ToolForgeError(Exception):
         }
         if self.frame_id is not None:
             out["frame_id"] = self.frame_id
+        if self.details is not None:
+            out["details"] = self.details
         return out
 
     def __eq__(self, other: object) -> bool:
@@ -153,6 +167,7 @@ class RequestError(ToolForgeError):
         *,
         http_status: int = 400,
         frame_id: str | None = None,
+        details: list[dict[str, str]] | None = None,
     ) -> None:
-        super().__init__(code, message, frame_id=frame_id)
+        super().__init__(code, message, frame_id=frame_id, details=details)
         self.http_status = http_status

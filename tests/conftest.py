@@ -12,7 +12,12 @@ import socket
 from collections.abc import Iterator
 from typing import Any
 
+import hypothesis  # noqa: F401  (see below)
 import pytest
+
+# Imported here, at collection, on purpose: otherwise the hypothesis pytest plugin imports
+# it lazily in pytest_terminal_summary, where CPython 3.11.7's AST constructor can fail
+# with "SystemError: AST constructor recursion depth mismatch" (python/cpython#106905).
 
 
 def _is_local(address: Any) -> bool:

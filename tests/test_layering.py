@@ -14,17 +14,31 @@ APP = Path(__file__).resolve().parents[1] / "app"
 # What app/core may never import: anything that does I/O, owns an event loop or reads
 # the clock. Time comes in as an argument.
 CORE_BANNED = {
-    "asyncio", "anyio", "httpx", "httpx_sse", "fastapi", "starlette", "sse_starlette",
-    "uvicorn", "structlog", "logging", "time", "socket", "subprocess", "threading",
-    "os", "pynvml",
+    "asyncio",
+    "anyio",
+    "httpx",
+    "httpx_sse",
+    "fastapi",
+    "starlette",
+    "sse_starlette",
+    "uvicorn",
+    "structlog",
+    "logging",
+    "time",
+    "socket",
+    "subprocess",
+    "threading",
+    "os",
+    "pynvml",
 }
-# Which of our own layers each layer may import (a layer may always import itself,
-# app.errors and app.core).
+# Which of our own modules each layer may import, besides itself, app.errors and
+# app.core. Data flows one way: api -> runtime -> upstream -> core.
 ALLOWED_LAYERS = {
     "core": set(),
-    "upstream": set(),
-    "runtime": {"upstream"},
-    "api": {"upstream", "runtime"},
+    "upstream": {"log"},
+    "runtime": {"upstream", "log"},
+    "api": {"upstream", "runtime", "log", "settings"},
+    "eval": {"upstream", "runtime", "api", "log", "settings"},
 }
 
 

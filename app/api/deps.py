@@ -1,0 +1,36 @@
+"""What routes depend on: the ``Gateway`` built by ``create_app``, as an ``Annotated`` alias."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated
+
+import httpx
+from fastapi import Depends, Request
+
+from app.runtime.metrics import GatewayMetrics
+from app.runtime.streams import StreamRegistry
+from app.settings import Settings
+from app.upstream.base import Upstream
+
+__all__ = ["Gateway", "GatewayDep", "get_gateway"]
+
+
+@dataclass(slots=True)
+class Gateway:
+    """Everything the app owns for its lifetime (built in the lifespan, closed there)."""
+
+    settings: Settings
+    upstream: Upstream
+    client: httpx.AsyncClient
+    registry: StreamRegistry
+    metrics: GatewayMetrics
+    system_template: str
+
+
+def get_gateway(request: Request) -> Gateway:
+    gateway: Gateway = request.app.state.gateway
+    return gateway
+
+
+GatewayDep = Annotated[Gateway, Depends(get_gateway)]

@@ -1,0 +1,51 @@
+"""The sentinel-mode system prompt and the message list sent upstream. Pure functions.
+
+The template (``prompts/system.txt``) is read by the caller and passed in, so this module
+does no I/O; ``string.Template`` keeps the template readable and free of brace escaping
+(JSON examples in it would fight ``str.format``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from string import Template
+from typing import Any
+
+import orjson
+
+__all__ = ["build_messages", "render_system_prompt"]
+
+
+def render_system_prompt(
+    template: str,
+    *,
+    result_schema: str,
+    schemas: Mapping[str, Mapping[str, Any]] | None = None,
+    tools: Sequence[Mapping[str, Any]] = (),
+) -> str:
+    """Fill ``template`` with the result schema, the object schemas and the tools."""
+    schemas_section = ""
+    if schemas:
+        lines = ["", "Schemas (each OBJECT and RESULT frame's JSON must match its schema):"]
+        for name, schema in schemas.items():
+            lines.append(f"- {name}: {orjson.dumps(schema).decode()}")
+        schemas_section = "\n".join(lines) + "\n"
+    tools_section = ""
+    if tools:
+        lines = ["", "Tools you may call (arguments must match input_schema):"]
+        for tool in tools:
+            lines.append(
+                f"- {tool['name']}: {tool.get('description', '')} "
+                f"input_schema={orjson.dumps(tool.get('input_schema', {})).decode()}"
+            )
+        tools_section = "\n".join(lines) + "\n"
+    return Template(template).safe_substitute(
+        result_schema=result_schema,
+        schemas_section=schemas_section,
+        tools_section=tools_section,
+    )
+
+
+def build_messages(system: str, messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Our system prompt first, then the caller's messages unchanged (theirs included)."""
+    return [{"role": "system", "content": system}, *(dict(m) for m in messages)]

@@ -1,0 +1,152 @@
+"""The frame log: the backpressure queue, the replay buffer and the artifact source at once.
+
+Every frame of a stream is encoded once (``app.core.wire``) and appended here. Readers
+follow the log with a cursor:
+
+- the *primary* reader is the client that started the stream. The log is the bounded
+  queue of SPEC §4 between the upstream reader and that client's SSE writer: once
+  ``max_pending`` frames are appended but not yet written to it, ``wait_for_room`` blocks
+  the producer, which therefore stops reading the upstream, and TCP throttles the model
+  server. It resumes as soon as the writer catches up.
+- a *resuming* reader (``GET /v1/streams/{id}`` with ``Last-Event-ID``) or an idempotent
+  replay starts after any id, gets every frame it missed, then follows live frames. It
+  never throttles the producer: only the client that asked for the stream does.
+
+A reader takes everything already appended in one batch and writes it at once: frames
+that are buffered are coalesced into one write, and a lone frame is written immediately,
+without waiting for company.
+
+Why one structure rather than an ``asyncio.Queue`` plus a replay list: the two would hold
+the same frames twice and could disagree about ids; here an id is an index.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+
+from app.core.wire import Frame, encode_frame
+
+__all__ = ["FrameLog"]
+
+
+class FrameLog:
+    """Append-only, numbered, encoded frames of one stream, with waiting readers."""
+
+    def __init__(
+        self,
+        *,
+        max_pending: int,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.frames: list[Frame] = []
+        self._encoded: list[bytes] = []
+        self._max_pending = max_pending
+        self._clock = clock
+        self._closed = False
+        self._grew: asyncio.Event | None = None  # set when frames are appended or closed
+        self._drained: asyncio.Event | None = None  # set when the primary reader advances
+        self._primary_cursor: int | None = None  # None: no primary reader attached
+        self.high_water = 0  # the most frames ever waiting for the primary reader
+        self.paused_s = 0.0  # total time the producer waited for room
+        self.bytes_written = 0
+
+    # -- producer side -----------------------------------------------------------------
+
+    @property
+    def last_id(self) -> int:
+        return len(self._encoded)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def pending(self) -> int:
+        """Frames appended but not yet written to the primary reader."""
+        cursor = self._primary_cursor
+        return 0 if cursor is None else len(self._encoded) - cursor
+
+    async def wait_for_room(self) -> None:
+        """Block while the primary reader has ``max_pending`` frames left to write."""
+        if self.pending() < self._max_pending:
+            return
+        started = self._clock()
+        try:
+            while self.pending() >= self._max_pending:
+                if self._drained is None:
+                    self._drained = asyncio.Event()
+                await self._drained.wait()
+        finally:
+            self.paused_s += self._clock() - started
+
+    def append(self, frame: Frame) -> int:
+        """Number, encode and store ``frame``; wake readers. Returns its id."""
+        if self._closed:
+            raise RuntimeError("append() after close(): a stream has exactly one end")
+        seq = len(self._encoded) + 1
+        self._encoded.append(encode_frame(seq, frame))
+        self.frames.append(frame)
+        pending = self.pending()
+        if pending > self.high_water:
+            self.high_water = pending
+        self._wake_readers()
+        return seq
+
+    def close(self) -> None:
+        """No more frames: readers return once they have written everything."""
+        self._closed = True
+        self._wake_readers()
+
+    def _wake_readers(self) -> None:
+        grew = self._grew
+        if grew is not None:
+            self._grew = None
+            grew.set()
+
+    # -- reader side -------------------------------------------------------------------
+
+    def attach_primary(self) -> None:
+        self._primary_cursor = 0
+
+    def detach_primary(self) -> None:
+        """The primary reader left: it no longer throttles the producer."""
+        self._primary_cursor = None
+        self._wake_producer()
+
+    def _wake_producer(self) -> None:
+        drained = self._drained
+        if drained is not None:
+            self._drained = None
+            drained.set()
+
+    def encoded_after(self, after: int) -> list[bytes]:
+        return self._encoded[after:]
+
+    async def follow(self, after: int = 0, *, primary: bool = False) -> AsyncIterator[bytes]:
+        """Yield the frames after id ``after`` in coalesced batches until the log closes.
+
+        The caller writes each batch before asking for the next, so a primary reader's
+        cursor only advances once its bytes have been handed to the server.
+        """
+        cursor = max(0, min(after, len(self._encoded)))
+        while True:
+            end = len(self._encoded)
+            if cursor < end:
+                batch = (
+                    self._encoded[cursor]
+                    if end - cursor == 1
+                    else b"".join(self._encoded[cursor:end])
+                )
+                yield batch
+                self.bytes_written += len(batch)
+                cursor = end
+                if primary and self._primary_cursor is not None:
+                    self._primary_cursor = cursor
+                    self._wake_producer()
+                continue
+            if self._closed:
+                return
+            if self._grew is None:
+                self._grew = asyncio.Event()
+            await self._grew.wait()

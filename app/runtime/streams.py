@@ -1,0 +1,121 @@
+"""Live and recent streams: lookup for resume and cancel, and idempotency records.
+
+In memory, per process (the default of SPEC §9; a Redis-backed store is the multi-replica
+option). A finished stream stays for ``resume_ttl_s`` so a client can resume it or replay
+it by idempotency key; after that it is forgotten, and so is its key.
+
+Idempotency (IETF draft-ietf-httpapi-idempotency-key-header, SPEC §5):
+same key + same body -> the stored stream, replayed with the same frames and ids;
+same key while that stream still runs -> 409; same key + a different body -> 422.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from app.errors import ErrorCode, RequestError
+from app.runtime.session import StreamSession
+
+__all__ = ["StreamRegistry"]
+
+
+@dataclass(frozen=True, slots=True)
+class _IdempotencyRecord:
+    body_hash: str
+    stream_id: str
+
+
+class StreamRegistry:
+    """Owns every session's lifetime: started here, cancelled here at shutdown."""
+
+    def __init__(
+        self,
+        *,
+        resume_ttl_s: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._ttl = resume_ttl_s
+        self._clock = clock
+        self._sessions: dict[str, StreamSession] = {}
+        self._keys: dict[str, _IdempotencyRecord] = {}
+
+    def __len__(self) -> int:
+        return len(self._sessions)
+
+    @property
+    def active(self) -> int:
+        return sum(1 for s in self._sessions.values() if s.running)
+
+    def get(self, stream_id: str) -> StreamSession:
+        self.sweep()
+        session = self._sessions.get(stream_id)
+        if session is None:
+            raise RequestError(
+                ErrorCode.NOT_FOUND,
+                f"no stream {stream_id!r}: it never existed or ended more than "
+                f"{self._ttl:.0f} s ago (RESUME_TTL_S)",
+                http_status=404,
+            )
+        return session
+
+    def replay_for(self, key: str, body_hash: str) -> StreamSession | None:
+        """The stored stream for ``key``, or None if the key is new. 409 / 422 as above."""
+        self.sweep()
+        record = self._keys.get(key)
+        if record is None:
+            return None
+        if record.body_hash != body_hash:
+            raise RequestError(
+                ErrorCode.IDEMPOTENCY_KEY_REUSED,
+                "this Idempotency-Key was used with a different request body; "
+                "use a new key for a new request",
+                http_status=422,
+            )
+        session = self._sessions[record.stream_id]
+        if session.running:
+            raise RequestError(
+                ErrorCode.IDEMPOTENCY_IN_FLIGHT,
+                f"the request with this Idempotency-Key is still streaming as "
+                f"{session.id!r}; resume it with GET /v1/streams/{session.id}",
+                http_status=409,
+            )
+        return session
+
+    def start(
+        self,
+        session: StreamSession,
+        *,
+        idempotency_key: str | None = None,
+        body_hash: str = "",
+    ) -> None:
+        self.sweep()
+        self._sessions[session.id] = session
+        if idempotency_key is not None:
+            self._keys[idempotency_key] = _IdempotencyRecord(body_hash, session.id)
+        session.start()
+
+    def sweep(self) -> None:
+        """Forget streams that ended more than the TTL ago (and their keys)."""
+        now = self._clock()
+        expired = {
+            sid
+            for sid, s in self._sessions.items()
+            if s.finished_at is not None and now - s.finished_at > self._ttl
+        }
+        if not expired:
+            return
+        for sid in expired:
+            del self._sessions[sid]
+        for key in [k for k, r in self._keys.items() if r.stream_id in expired]:
+            del self._keys[key]
+
+    async def aclose(self) -> None:
+        """Shutdown: cancel every running stream and wait until each has ended cleanly."""
+        running = [s for s in self._sessions.values() if s.running]
+        for session in running:
+            session.cancel("shutdown")
+        if running:
+            await asyncio.gather(*(s.wait() for s in running))

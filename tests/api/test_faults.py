@@ -1,0 +1,201 @@
+"""Upstream faults and client disconnects: every case ends with a defined terminal frame,
+releases the upstream connection and leaves nothing running."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+
+import orjson
+import pytest
+
+from app.eval.scripted_upstream import Script, Step
+from tests.api.conftest import Harness, HarnessFactory, assert_well_formed, frames
+
+
+async def _error_of(gw: Harness) -> tuple[dict[str, object], str]:
+    events = await gw.stream()
+    assert_well_formed(events)
+    numbered = frames(events)
+    assert numbered[-2].event == "error"
+    return numbered[-2].data, numbered[-1].data["reason"]
+
+
+@pytest.mark.parametrize(
+    ("script", "code", "words"),
+    [
+        (
+            Script(steps=(Step(text="partial"),), end="rst"),
+            "UPSTREAM_PROTOCOL",
+            "closed the stream early",
+        ),
+        (
+            Script(steps=(Step(text="partial"),), end="fin"),
+            "UPSTREAM_PROTOCOL",
+            "closed the stream early",
+        ),
+        (Script(steps=(Step(text="partial"),), end="eof"), "UPSTREAM_PROTOCOL", "early"),
+        (Script(steps=(Step(raw="data: {not json\n\n"),)), "UPSTREAM_PROTOCOL", "non-JSON"),
+        (Script(end="hang_before_headers"), "UPSTREAM_TIMEOUT", "first-byte"),
+        (Script(steps=(Step(text="a"),), end="hang"), "UPSTREAM_TIMEOUT", "idle"),
+        (
+            Script(end="status", status=500, body='{"error":{"message":"boom"}}'),
+            "UPSTREAM_HTTP_ERROR",
+            "500",
+        ),
+        (
+            Script(end="status", status=401, body='{"error":{"message":"bad key"}}'),
+            "UPSTREAM_HTTP_ERROR",
+            "401",
+        ),
+    ],
+    ids=[
+        "rst",
+        "fin",
+        "eof-without-done",
+        "malformed-sse",
+        "hang-before-headers",
+        "hang-mid-stream",
+        "http-500",
+        "http-401",
+    ],
+)
+async def test_upstream_faults_become_typed_errors(
+    make_gateway: HarnessFactory, script: Script, code: str, words: str
+) -> None:
+    gw = await make_gateway([script], first_byte_s=0.3, idle_s=0.3)
+    error, reason = await _error_of(gw)
+    assert error["code"] == code
+    assert words in str(error["message"])
+    assert reason == "error"
+    await gw.settle(upstream_closed=script.end not in ("status", "eof"))  # clean ends pool
+
+
+def _dead_url() -> str:
+    with socket.socket() as probe:  # a port nobody listens on once the probe closes
+        probe.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{probe.getsockname()[1]}/v1"
+
+
+async def test_dead_upstream_is_unavailable(make_gateway: HarnessFactory) -> None:
+    gw = await make_gateway(upstream_base_url=_dead_url())
+    error, _ = await _error_of(gw)
+    assert error["code"] == "UPSTREAM_UNAVAILABLE" and error["retryable"] is True
+
+
+async def test_readyz_reports_the_upstream(make_gateway: HarnessFactory) -> None:
+    gw = await make_gateway([Script(end="status", status=200, body='{"data":[]}')])
+    assert (await gw.client.get(f"{gw.url}/readyz")).json()["status"] == "ready"
+    assert (await gw.client.get(f"{gw.url}/healthz")).json() == {"status": "ok"}
+    dead = await make_gateway(upstream_base_url=_dead_url())
+    response = await dead.client.get(f"{dead.url}/readyz")
+    assert response.status_code == 503 and response.json()["status"] == "unavailable"
+
+
+async def _open_raw_stream(
+    gw: Harness, body: dict[str, object], rcvbuf: int | None = None
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    host, port = gw.url.removeprefix("http://").split(":")
+    sock = socket.socket()
+    if rcvbuf is not None:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+    sock.setblocking(False)
+    await asyncio.get_running_loop().sock_connect(sock, (host, int(port)))
+    reader, writer = await asyncio.open_connection(sock=sock, limit=1 << 20)
+    payload = orjson.dumps(body)
+    writer.write(
+        b"POST /v1/stream HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n%s" % (len(payload), payload)
+    )
+    await writer.drain()
+    return reader, writer
+
+
+async def _upstream_closed_within(gw: Harness, seconds: float) -> float:
+    started = time.perf_counter()
+    async with asyncio.timeout(seconds):
+        await gw.upstream.wait_connections_closed()
+    return time.perf_counter() - started
+
+
+async def test_client_disconnect_mid_token_cancels_the_upstream_fast(
+    make_gateway: HarnessFactory,
+) -> None:
+    # The upstream keeps streaming slowly; the client reads a little, then hangs up.
+    script = Script.from_tokens([f"t{i} " for i in range(1000)], delay_ms=5)
+    gw = await make_gateway([script])
+    reader, writer = await _open_raw_stream(gw, {"input": "x"})
+    await reader.readuntil(b"event: text.delta")
+    assert gw.upstream.open_connections == 1
+    writer.transport.abort()
+    elapsed = await _upstream_closed_within(gw, 1.0)
+    assert elapsed < 0.05, f"upstream still open {elapsed * 1000:.1f} ms after the client left"
+    await gw.settle()
+    session = next(iter(gw.gateway.registry._sessions.values()))
+    assert session.reason == "client_disconnected"
+    assert session.log.frames[-1].event == "done"
+
+
+async def test_client_disconnect_during_an_upstream_stall(make_gateway: HarnessFactory) -> None:
+    gw = await make_gateway([Script(steps=(Step(text="a"),), end="hang")], idle_s=30)
+    reader, writer = await _open_raw_stream(gw, {"input": "x"})
+    await reader.readuntil(b"event: text.delta")
+    writer.close()
+    assert await _upstream_closed_within(gw, 1.0) < 0.05
+    await gw.settle()
+
+
+async def test_client_gone_right_after_sending(make_gateway: HarnessFactory) -> None:
+    gw = await make_gateway([Script(end="hang_before_headers")] * 2, first_byte_s=30)
+    _, writer = await _open_raw_stream(gw, {"input": "x"})
+    writer.transport.abort()  # gone before reading a single byte of the answer
+    await asyncio.sleep(0.1)
+    await _upstream_closed_within(gw, 1.0)
+    await gw.settle()
+    assert all(s.reason == "client_disconnected" for s in gw.gateway.registry._sessions.values())
+
+
+async def test_client_gone_before_the_upstream_answered(make_gateway: HarnessFactory) -> None:
+    gw = await make_gateway([Script(end="hang_before_headers")], first_byte_s=30)
+    _, writer = await _open_raw_stream(gw, {"input": "x"})
+    async with asyncio.timeout(2):
+        await gw.upstream.wait_for_requests(1)
+    writer.transport.abort()
+    assert await _upstream_closed_within(gw, 1.0) < 0.05
+    await gw.settle()
+    (session,) = gw.gateway.registry._sessions.values()
+    assert session.reason == "client_disconnected"
+    assert [f.event for f in session.log.frames] == ["stream.begin", "done"]
+
+
+async def test_slow_client_pauses_the_upstream_and_loses_nothing(
+    make_gateway: HarnessFactory,
+) -> None:
+    # 2,000 frames of 10 KB: far more than the kernel's socket buffers hold (up to 4 MB
+    # each way on loopback), so a client that stops reading must stop the gateway, and
+    # the gateway must stop reading the upstream.
+    token = "x" * 10_000
+    script = Script.from_tokens([token] * 2000)
+    gw = await make_gateway([script], queue_max_frames=8)
+    reader, writer = await _open_raw_stream(gw, {"input": "x"}, rcvbuf=4096)
+    await reader.readuntil(b"event: stream.begin")
+    await asyncio.sleep(0.5)  # the client stalls
+    session = next(iter(gw.gateway.registry._sessions.values()))
+    assert session.running, "the stream finished although the client read nothing"
+    assert session.log.pending() <= 8
+    assert session.log.paused_s > 0
+    stalled_at = session.log.last_id
+    await asyncio.sleep(0.2)
+    assert session.log.last_id == stalled_at, "the producer kept going while the queue was full"
+    # Now read everything: all 2,000 tokens arrive, in order, exactly once.
+    body = b""
+    while b"event: done" not in body[-4096:]:
+        chunk = await reader.read(1 << 16)
+        assert chunk, "the stream ended without done"
+        body += chunk
+    writer.close()
+    assert body.count(b"event: text.delta") == 2000
+    await gw.settle()
+    assert session.log.high_water <= 8
+    assert session.reason == "stop"

@@ -1,0 +1,174 @@
+"""POST /v1/stream end to end: frames, ids, done, pings, chunk boundaries, artifacts."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import orjson
+
+from app.core.wire import PING_BYTES
+from app.eval.scripted_upstream import Script, Step
+from tests.api.conftest import LB, RB, HarnessFactory, assert_well_formed, frames, sentinel_reply
+
+
+def tokens(text: str, size: int = 3) -> list[str]:
+    return [text[i : i + size] for i in range(0, len(text), size)]
+
+
+async def test_happy_path_text_object_and_result(make_gateway: HarnessFactory) -> None:
+    action = '{"mode":"search","target":{"kind":"place","id":"p1"}}'
+    obj = f"{LB}BEGIN_OBJECT id=o1 schema=Action{RB}{action}{LB}END_OBJECT id=o1{RB}"
+    text = "Looking. " + obj + " " + sentinel_reply()
+    gw = await make_gateway(
+        [Script.from_tokens(tokens(text), usage={"prompt_tokens": 10, "completion_tokens": 42})]
+    )
+    events = await gw.stream({"input": "Find pizza near me", "model": "tiny"})
+    assert_well_formed(events)
+    by_event = {e.event: e.data for e in frames(events)}
+    assert by_event["stream.begin"]["model"] == "tiny"
+    assert by_event["stream.begin"]["mode"] == "sentinel"
+    assert by_event["stream.begin"]["stream_id"].startswith("s_")
+    assert by_event["json.begin"] == {"id": "o1", "schema": "Action"}
+    assert by_event["json.end"]["value"] == {
+        "mode": "search",
+        "target": {"kind": "place", "id": "p1"},
+    }
+    assert by_event["json.end"]["repaired"] is False and by_event["json.end"]["degraded"] is False
+    assert by_event["result.end"]["value"] == {"answer": "Two places are open."}
+    assert by_event["done"]["reason"] == "stop"
+    assert by_event["done"]["usage"] == {"prompt_tokens": 10, "completion_tokens": 42}
+    text_out = "".join(e.data["chunk"] for e in frames(events) if e.event == "text.delta")
+    assert text_out == "Looking.  Here you go. "
+    deltas = "".join(e.data["chunk"] for e in frames(events) if e.event == "json.delta")
+    assert json.loads(deltas) == by_event["json.end"]["value"]
+    assert by_event["json.end"]["length"] == len(deltas.encode())
+    # What the gateway sent upstream: our system prompt first, the user's input, streaming.
+    sent = gw.upstream.requests[0].json
+    assert sent["stream"] is True and sent["model"] == "tiny"
+    assert (
+        sent["messages"][0]["role"] == "system" and "BEGIN_RESULT" in sent["messages"][0]["content"]
+    )
+    assert sent["messages"][1] == {"role": "user", "content": "Find pizza near me"}
+    await gw.settle()
+
+
+async def test_text_only_stream(make_gateway: HarnessFactory) -> None:
+    gw = await make_gateway([Script.from_tokens(["Hello", ", ", "world", "!"])])
+    events = await gw.stream()
+    assert_well_formed(events)
+    assert [e.event for e in frames(events)] == ["stream.begin"] + ["text.delta"] * 4 + ["done"]
+    assert "".join(e.data["chunk"] for e in frames(events)[1:-1]) == "Hello, world!"
+
+
+async def test_sentinels_split_across_upstream_chunks_and_inside_utf8(
+    make_gateway: HarnessFactory,
+) -> None:
+    text = "Résumé 👩‍💻 " + sentinel_reply("Ça marche ⟦ok⟧ 👍")
+    # One character per upstream event, and every event's bytes cut in two, which splits
+    # each multi-byte character (⟦ is 3 bytes in UTF-8) across TCP writes.
+    steps = [Step(text=ch, split=(7,)) for ch in text]
+    gw = await make_gateway([Script(steps=(*steps, Step(finish="stop")))])
+    events = await gw.stream()
+    assert_well_formed(events)
+    result = next(e.data for e in frames(events) if e.event == "result.end")
+    assert result["value"] == {"answer": "Ça marche ⟦ok⟧ 👍"}
+    text_out = "".join(e.data["chunk"] for e in frames(events) if e.event == "text.delta")
+    assert text_out == "Résumé 👩‍💻 Here you go. "
+
+
+async def test_finish_reason_length_is_reported(make_gateway: HarnessFactory) -> None:
+    gw = await make_gateway([Script.from_tokens(["a", "b"], finish="length")])
+    events = await gw.stream({"input": "x", "sampling": {"max_tokens": 2}})
+    assert frames(events)[-1].data["reason"] == "length"
+    assert gw.upstream.requests[0].json["max_tokens"] == 2
+
+
+async def test_demo_profile_and_explicit_sampling(make_gateway: HarnessFactory) -> None:
+    gw = await make_gateway([Script.from_tokens(["x"]), Script.from_tokens(["y"])])
+    await gw.stream({"input": "x", "profile": "demo"})
+    await gw.stream({"input": "x", "profile": "demo", "sampling": {"temperature": 0}})
+    first, second = (r.json for r in gw.upstream.requests)
+    assert (first["temperature"], first["seed"], first["max_tokens"]) == (0.2, 42, 384)
+    assert (second["temperature"], second["seed"]) == (0, 42)
+
+
+async def test_pings_flow_while_the_upstream_is_silent(make_gateway: HarnessFactory) -> None:
+    script = Script(steps=(Step(text="a"), Step(text="b", delay_ms=400), Step(finish="stop")))
+    gw = await make_gateway([script], ping_interval_s=0.05)
+    _, body = await gw.raw("POST", "/v1/stream", json={"input": "x"})
+    # A ping has no id line: it never moves the client's Last-Event-ID (SSE semantics).
+    assert body.count(b"\n\n" + PING_BYTES) >= 4
+    assert b"id: 2\nevent: text.delta" in body and b"id: 3\nevent: text.delta" in body
+
+
+async def test_headers_for_proxies_and_resume(make_gateway: HarnessFactory) -> None:
+    gw = await make_gateway([Script.from_tokens(["x"])])
+    response, body = await gw.raw("POST", "/v1/stream", json={"input": "x"})
+    assert response.headers["content-type"].startswith("text/event-stream")
+    assert response.headers["x-accel-buffering"] == "no"
+    assert response.headers["cache-control"] == "no-store"
+    assert response.headers["x-stream-id"].startswith("s_")
+    assert body.startswith(b"id: 1\nevent: stream.begin\ndata: {")
+
+
+async def test_protocol_violation_ends_with_error_then_done(make_gateway: HarnessFactory) -> None:
+    text = f"hi {LB}END_OBJECT id=x{RB} never shown"
+    gw = await make_gateway([Script.from_tokens(tokens(text, 4))])
+    events = await gw.stream()
+    assert_well_formed(events)
+    names = [e.event for e in frames(events)]
+    assert names[-2:] == ["error", "done"]
+    error = frames(events)[-2].data
+    assert error["code"] == "END_WITHOUT_BEGIN" and error["frame_id"] == "x"
+    assert error["retryable"] is True
+    assert frames(events)[-1].data["reason"] == "error"
+    assert "never shown" not in "".join(
+        e.data.get("chunk", "") for e in frames(events) if e.event == "text.delta"
+    )
+    await gw.settle(upstream_closed=True)  # abandoned midway: the connection is closed
+
+
+async def test_invalid_json_in_a_frame_is_a_typed_error(make_gateway: HarnessFactory) -> None:
+    text = f'{LB}BEGIN_OBJECT id=o1 schema=Action{RB}{{"a": NaN}}{LB}END_OBJECT id=o1{RB}'
+    gw = await make_gateway([Script.from_tokens(tokens(text))])
+    events = await gw.stream()
+    assert_well_formed(events)
+    error = next(e.data for e in frames(events) if e.event == "error")
+    assert error["code"] == "JSON_SYNTAX" and error["frame_id"] == "o1"
+
+
+async def test_artifacts_are_complete_and_match_the_stream(make_gateway: HarnessFactory) -> None:
+    gw = await make_gateway([Script.from_tokens(tokens(sentinel_reply()))])
+    events = await gw.stream({"input": "my key is sk-abcdef1234567890abcdef"})
+    stream_id = frames(events)[0].data["stream_id"]
+    await gw.settle()
+    run = gw.artifacts / "runs" / stream_id
+    assert sorted(p.name for p in run.iterdir()) == [
+        "frames.ndjson", "metrics.json", "prompt.json", "result.json", "tool_logs.json",
+    ]  # fmt: skip
+    written = [orjson.loads(line) for line in (run / "frames.ndjson").read_bytes().splitlines()]
+    received = [{"id": int(e.id), "event": e.event, "data": e.data} for e in frames(events)]
+    assert written == received
+    metrics = orjson.loads((run / "metrics.json").read_bytes())
+    assert metrics["reason"] == "stop"
+    assert metrics["ttft_ms"] is not None and metrics["ttft_ms"] >= 0
+    assert metrics["frames"] == len(received)
+    assert metrics["queue_high_water"] <= metrics["queue_max_frames"]
+    prompt = (run / "prompt.json").read_text()
+    assert "sk-abcdef1234567890abcdef" not in prompt  # secrets redacted
+    result = orjson.loads((run / "result.json").read_bytes())
+    assert result["results"][0]["value"] == {"answer": "Two places are open."}
+
+
+async def test_concurrent_streams_are_independent(make_gateway: HarnessFactory) -> None:
+    scripts = [Script.from_tokens([f"s{i}-", "x", "y"], delay_ms=5) for i in range(20)]
+    gw = await make_gateway(scripts)
+    results = await asyncio.gather(*(gw.stream() for _ in range(20)))
+    texts = sorted(
+        "".join(e.data["chunk"] for e in frames(ev) if e.event == "text.delta") for ev in results
+    )
+    assert texts == sorted(f"s{i}-xy" for i in range(20))
+    for events in results:
+        assert_well_formed(events)
+    await gw.settle()
