@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test check lint typecheck bench clean
+.PHONY: install run test check lint typecheck bench clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -14,6 +14,12 @@ $(STAMP): pyproject.toml
 	@touch $(STAMP)
 
 install: $(STAMP)
+
+# Serves the gateway on 127.0.0.1:8000 in front of UPSTREAM_BASE_URL (see README).
+HOST ?= 127.0.0.1
+PORT ?= 8000
+run: $(STAMP)
+	$(BIN)/toolforge serve --host $(HOST) --port $(PORT)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import hashlib
 import secrets
+from collections.abc import Mapping
 from typing import Annotated, Any
 
 import httpx
@@ -14,7 +16,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 
 from app.api.deps import Gateway, GatewayDep
-from app.api.models import StreamRequest
+from app.api.models import Sampling, StreamRequest
 from app.api.sse import FrameStreamResponse
 from app.core.prompt import build_messages, render_system_prompt
 from app.errors import ErrorCode, RequestError
@@ -58,9 +60,28 @@ def _parse(body: bytes) -> StreamRequest:
         raise _validation_error(exc) from exc
 
 
+def _known_fields() -> dict[str, str]:
+    """Every request field name -> where it lives, for 'did you mean' hints."""
+    known = {name: name for name in StreamRequest.model_fields}
+    known.update({name: f"sampling.{name}" for name in Sampling.model_fields})
+    return known
+
+
+_KNOWN_FIELDS = _known_fields()
+
+
+def _explain(err: Mapping[str, Any]) -> str:
+    if err["type"] != "extra_forbidden":
+        return str(err["msg"])
+    name = str(err["loc"][-1]) if err["loc"] else ""
+    hint = difflib.get_close_matches(name, _KNOWN_FIELDS, n=1)
+    suggestion = f"; did you mean '{_KNOWN_FIELDS[hint[0]]}'?" if hint else ""
+    return f"unknown field{suggestion} (fields: docs/protocol.md)"
+
+
 def _validation_error(exc: ValidationError) -> RequestError:
     details = [
-        {"field": ".".join(str(p) for p in err["loc"]) or "(body)", "message": err["msg"]}
+        {"field": ".".join(str(p) for p in err["loc"]) or "(body)", "message": _explain(err)}
         for err in exc.errors(include_url=False, include_input=False)
     ]
     first = details[0]

@@ -154,6 +154,13 @@ async def test_bad_bodies_are_422_naming_the_field(
     assert not gw.upstream.requests
 
 
+async def test_a_misspelt_field_gets_a_suggestion(make_gateway: HarnessFactory) -> None:
+    gw = await make_gateway()
+    response = await gw.client.post(f"{gw.url}/v1/stream", json={"input": "x", "temprature": 1})
+    message = response.json()["error"]["message"]
+    assert "unknown field" in message and "did you mean 'sampling.temperature'" in message
+
+
 async def test_body_that_is_not_json_is_422(make_gateway: HarnessFactory) -> None:
     gw = await make_gateway()
     response = await gw.client.post(f"{gw.url}/v1/stream", content=b"{nope")

@@ -172,3 +172,16 @@ async def test_concurrent_streams_are_independent(make_gateway: HarnessFactory) 
     for events in results:
         assert_well_formed(events)
     await gw.settle()
+
+
+async def test_artifacts_are_written_when_the_stream_fails(make_gateway: HarnessFactory) -> None:
+    gw = await make_gateway([Script(steps=(Step(text="partial "),), end="rst")])
+    events = await gw.stream()
+    stream_id = frames(events)[0].data["stream_id"]
+    await gw.settle()
+    run = gw.artifacts / "runs" / stream_id
+    written = [orjson.loads(line) for line in (run / "frames.ndjson").read_bytes().splitlines()]
+    assert [f["event"] for f in written] == ["stream.begin", "text.delta", "error", "done"]
+    result = orjson.loads((run / "result.json").read_bytes())
+    assert result["reason"] == "error" and result["error"]["code"] == "UPSTREAM_PROTOCOL"
+    assert orjson.loads((run / "metrics.json").read_bytes())["reason"] == "error"
