@@ -69,8 +69,29 @@ class ErrorCode(StrEnum):
     CONFLICT = "CONFLICT"
     IDEMPOTENCY_IN_FLIGHT = "IDEMPOTENCY_IN_FLIGHT"
     IDEMPOTENCY_KEY_REUSED = "IDEMPOTENCY_KEY_REUSED"
+    INVALID_SCHEMA = "INVALID_SCHEMA"  # an inline JSON Schema that cannot be used (422)
+    UNKNOWN_SCHEMA = "UNKNOWN_SCHEMA"  # a schema name nobody registered (422)
     # Ours.
     INTERNAL = "INTERNAL"
+    # Tools (SPEC §5): each goes back to the model in a tool envelope's ``errors``.
+    TOOL_NOT_FOUND = "TOOL_NOT_FOUND"
+    TOOL_NOT_ALLOWED = "TOOL_NOT_ALLOWED"
+    INVALID_JSON = "INVALID_JSON"
+    TOOL_ARGS_INVALID = "TOOL_ARGS_INVALID"
+    ARGUMENTS_TOO_LARGE = "ARGUMENTS_TOO_LARGE"
+    TOOL_OUTPUT_TOO_LARGE = "TOOL_OUTPUT_TOO_LARGE"
+    TOOL_OUTPUT_INVALID = "TOOL_OUTPUT_INVALID"
+    TOOL_TIMEOUT = "TOOL_TIMEOUT"
+    TOOL_UNAVAILABLE = "TOOL_UNAVAILABLE"
+    TOOL_FAILED = "TOOL_FAILED"
+    TOOL_APPROVAL_DENIED = "TOOL_APPROVAL_DENIED"
+    TOOL_APPROVAL_TIMEOUT = "TOOL_APPROVAL_TIMEOUT"
+    TOOL_CALL_LIMIT = "TOOL_CALL_LIMIT"  # more tool calls than the request's max_tool_calls
+    # Native mode (SPEC §4): the upstream's tool_calls pieces do not make a call (no name,
+    # one id with two names). Too many calls per turn is TOOL_CALL_LIMIT, too long
+    # arguments ARGUMENTS_TOO_LARGE, as in sentinel mode.
+    NATIVE_TOOL_CALL_MALFORMED = "NATIVE_TOOL_CALL_MALFORMED"
+    BOOKING_FULL = "BOOKING_FULL"
 
 
 class ToolForgeError(Exception):
