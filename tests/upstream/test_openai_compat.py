@@ -487,7 +487,8 @@ def test_base_url_must_be_http(client: httpx.AsyncClient) -> None:
 
 
 KEYS = st.sampled_from(
-    ["choices", "delta", "content", "finish_reason", "index", "usage", "error", "message", "x_groq"]
+    "choices delta content finish_reason index usage error message x_groq"
+    " tool_calls function id name arguments".split()
 )
 JSON = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
@@ -507,3 +508,5 @@ def test_any_json_chunk_parses_or_raises_ours(value: Any) -> None:
         assert exc.code in (ErrorCode.UPSTREAM_PROTOCOL, ErrorCode.UPSTREAM_HTTP_ERROR)
     else:
         assert delta is None or isinstance(delta.text, str)
+        for piece in delta.tool_calls if delta is not None else ():
+            assert isinstance(piece.arguments, str)
