@@ -14,18 +14,22 @@ from pathlib import Path
 import httpx
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 
 from app import __version__
 from app.api.deps import Gateway
-from app.api.routes import router
+from app.api.routes import ClientGone, router
+from app.core.schemas import builtin_registry
+from app.core.tools import ToolRegistry
 from app.errors import ErrorCode, RequestError, ToolForgeError
 from app.log import configure_logging
+from app.runtime.executor import ToolExecutor
 from app.runtime.metrics import GatewayMetrics
 from app.runtime.streams import StreamRegistry
 from app.settings import Settings
 from app.upstream.base import Upstream
 from app.upstream.openai_compat import OpenAICompatUpstream
+from tools import default_registry
 
 __all__ = ["PROMPTS_DIR", "create_app"]
 
@@ -36,11 +40,18 @@ def _error_response(exc: ToolForgeError) -> JSONResponse:
     return JSONResponse({"error": exc.to_dict()}, status_code=exc.http_status)
 
 
-def create_app(settings: Settings | None = None, *, upstream: Upstream | None = None) -> FastAPI:
-    """Build the gateway. ``upstream`` replaces the OpenAI-compatible adapter (tests)."""
+def create_app(
+    settings: Settings | None = None,
+    *,
+    upstream: Upstream | None = None,
+    tools: ToolRegistry | None = None,
+) -> FastAPI:
+    """Build the gateway. ``upstream`` replaces the OpenAI-compatible adapter and
+    ``tools`` the demo tool pack (tests, embedding applications)."""
     settings = settings if settings is not None else Settings()
     configure_logging(level=settings.log_level, json=settings.log_json)
     system_template = (PROMPTS_DIR / "system.txt").read_text(encoding="utf-8")
+    repair_template = (PROMPTS_DIR / "repair.txt").read_text(encoding="utf-8")
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -67,7 +78,14 @@ def create_app(settings: Settings | None = None, *, upstream: Upstream | None = 
                 client=client,
                 registry=registry,
                 metrics=GatewayMetrics(),
+                executor=ToolExecutor(
+                    tools if tools is not None else default_registry(),
+                    concurrency=settings.tool_concurrency,
+                    default_timeout_s=settings.tool_timeout_ms / 1000,
+                ),
+                schemas=builtin_registry(),
                 system_template=system_template,
+                repair_template=repair_template,
             )
             try:
                 yield
@@ -85,6 +103,11 @@ def create_app(settings: Settings | None = None, *, upstream: Upstream | None = 
     @app.exception_handler(ToolForgeError)
     async def _ours(request: Request, exc: ToolForgeError) -> JSONResponse:
         return _error_response(exc)
+
+    @app.exception_handler(ClientGone)
+    async def _gone(request: Request, exc: ClientGone) -> Response:
+        # 499 (nginx's "client closed request"): logged as what it is, not a traceback.
+        return Response(status_code=499)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:

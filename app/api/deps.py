@@ -8,6 +8,8 @@ from typing import Annotated
 import httpx
 from fastapi import Depends, Request
 
+from app.core.schemas import SchemaRegistry
+from app.runtime.executor import ToolExecutor
 from app.runtime.metrics import GatewayMetrics
 from app.runtime.streams import StreamRegistry
 from app.settings import Settings
@@ -25,7 +27,10 @@ class Gateway:
     client: httpx.AsyncClient
     registry: StreamRegistry
     metrics: GatewayMetrics
+    executor: ToolExecutor
+    schemas: SchemaRegistry
     system_template: str
+    repair_template: str
 
 
 def get_gateway(request: Request) -> Gateway:

@@ -11,6 +11,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 __all__ = [
+    "ApprovalDecision",
     "ChatMessage",
     "InlineSchema",
     "Sampling",
@@ -80,3 +81,11 @@ class StreamRequest(BaseModel):
         if self.messages is not None:
             return [m.model_dump(exclude_none=True) for m in self.messages]
         return [{"role": "user", "content": self.input}]
+
+
+class ApprovalDecision(BaseModel):
+    """``POST /v1/streams/{id}/approvals/{call_id}``: run the tool call, or refuse it."""
+
+    model_config = _STRICT
+
+    approve: bool

@@ -14,17 +14,20 @@ import orjson
 from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
+from starlette.requests import ClientDisconnect
 
 from app.api.deps import Gateway, GatewayDep
-from app.api.models import Sampling, StreamRequest
+from app.api.models import ApprovalDecision, Sampling, StreamRequest
 from app.api.sse import FrameStreamResponse
+from app.core.native_tools import to_openai_tools
 from app.core.prompt import build_messages, render_system_prompt
+from app.core.schemas import ANY, CompiledSchema
 from app.errors import ErrorCode, RequestError
 from app.runtime.artifacts import RunArtifacts
 from app.runtime.session import SessionLimits, StreamPlan, StreamSession
 from app.upstream.base import PROFILES, ChatRequest
 
-__all__ = ["router"]
+__all__ = ["ClientGone", "router"]
 
 router = APIRouter()
 
@@ -40,11 +43,18 @@ async def _read_body(request: Request, limit: int) -> bytes:
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise too_large
     body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            raise too_large
+    try:
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > limit:
+                raise too_large
+    except ClientDisconnect:
+        raise ClientGone() from None
     return bytes(body)
+
+
+class ClientGone(Exception):
+    """The client left while sending its body: nobody is there to answer."""
 
 
 def _parse(body: bytes) -> StreamRequest:
@@ -94,20 +104,49 @@ def _validation_error(exc: ValidationError) -> RequestError:
     )
 
 
-def _plan(gw: Gateway, req: StreamRequest, stream_id: str) -> StreamPlan:
+def _plan(gw: Gateway, req: StreamRequest, stream_id: str, key: str | None) -> StreamPlan:
     settings = gw.settings
-    if req.mode in ("constrained", "native"):
+    if req.mode == "constrained":
         raise RequestError(
             ErrorCode.MODE_UNAVAILABLE,
-            f"mode {req.mode!r} is not available on this gateway yet; "
-            "use 'sentinel' or 'auto' (works with any OpenAI-compatible upstream)",
+            "mode 'constrained' needs a llama-server upstream with grammar support, which "
+            "this gateway does not manage yet; use 'sentinel', 'native' or 'auto'",
             http_status=422,
         )
-    # auto -> sentinel: the one mode every OpenAI-compatible upstream supports.
-    mode = "sentinel"
-    system = render_system_prompt(gw.system_template, result_schema=req.result_schema)
+    # auto -> sentinel: the one mode every OpenAI-compatible upstream supports (probing an
+    # upstream for native tool calling is not done yet; ask for "native" explicitly).
+    mode = "native" if req.mode == "native" else "sentinel"
+    # Schemas: the result schema, the object schemas (registered names or inline ones,
+    # checked against the metaschema: a bad one is a 422), and Any.
+    registry = gw.schemas.scoped()
+    schemas: dict[str, CompiledSchema] = {ANY: registry.get(ANY)}
+    schemas[req.result_schema] = registry.get(req.result_schema)
+    for item in req.object_schemas:
+        if isinstance(item, str):
+            schemas[item] = registry.get(item)
+        else:
+            schemas[item.name] = registry.register_inline(item.name, item.schema_)
+    # Tools: what the model is shown is what may run (SPEC §5).
+    tools = gw.executor.registry
+    for name in req.tools or ():
+        tools.check_allowed(name)  # unknown or internal tool names are the caller's error
+    visible = tools.visible(req.tools)
+    system = render_system_prompt(
+        gw.system_template,
+        result_schema=req.result_schema,
+        schemas={name: c.schema for name, c in schemas.items() if name != ANY},
+        tools=[
+            {k: t.to_dict()[k] for k in ("name", "description", "input_schema")} for t in visible
+        ],
+    )
     messages = build_messages(system, req.chat_messages())
-    chat = ChatRequest(model=req.model or settings.model_id, messages=messages)
+    extra: dict[str, Any] = {}
+    if mode == "native" and visible:  # the upstream's own function calling (SPEC §4)
+        extra = {
+            "tools": to_openai_tools([t.to_dict() for t in visible]),
+            "tool_choice": "auto",
+        }
+    chat = ChatRequest(model=req.model or settings.model_id, messages=messages, extra=extra)
     if req.profile is not None:
         chat = PROFILES[req.profile].apply(chat)
     if req.sampling is not None:  # explicit sampling wins over the profile
@@ -124,7 +163,9 @@ def _plan(gw: Gateway, req: StreamRequest, stream_id: str) -> StreamPlan:
             "top_p": chat.top_p,
         },
         "result_schema": req.result_schema,
-        "tools": req.tools,
+        "schemas": {name: c.schema for name, c in schemas.items()},
+        "tools": [t.to_dict() for t in visible],
+        "max_tool_calls": req.max_tool_calls,
     }
     return StreamPlan(
         stream_id=stream_id,
@@ -132,6 +173,10 @@ def _plan(gw: Gateway, req: StreamRequest, stream_id: str) -> StreamPlan:
         mode=mode,
         on_disconnect=req.on_disconnect,
         prompt_record=prompt_record,
+        schemas=schemas,
+        tools_allow=tuple(t.name for t in visible),
+        max_tool_calls=req.max_tool_calls,
+        idempotency_key=key,
     )
 
 
@@ -142,6 +187,7 @@ def _limits(gw: Gateway) -> SessionLimits:
         max_frame_bytes=s.max_frame_bytes,
         max_json_depth=s.max_json_depth,
         frame_timeout_s=s.frame_timeout_ms / 1000,
+        repair_retries=s.repair_retries,
     )
 
 
@@ -165,11 +211,13 @@ async def stream(
             )
     stream_id = "s_" + secrets.token_hex(10)
     session = StreamSession(
-        _plan(gw, req, stream_id),
+        _plan(gw, req, stream_id, idempotency_key),
         upstream=gw.upstream,
         limits=_limits(gw),
         artifacts=RunArtifacts(gw.settings.artifacts_dir, stream_id),
         metrics=gw.metrics,
+        executor=gw.executor,
+        repair_template=gw.repair_template,
     )
     session.log.attach_primary()  # backpressure from the first frame on
     gw.registry.start(session, idempotency_key=idempotency_key, body_hash=body_hash)
@@ -205,6 +253,45 @@ async def cancel(stream_id: str, gw: GatewayDep) -> dict[str, Any]:
     if cancelled:
         await session.wait()
     return {"stream_id": session.id, "cancelled": cancelled, "reason": session.reason}
+
+
+@router.post(
+    "/v1/streams/{stream_id}/approvals/{call_id}",
+    summary="Approve or deny a tool call that needs confirmation",
+)
+async def approve(
+    stream_id: str, call_id: str, decision: ApprovalDecision, gw: GatewayDep
+) -> dict[str, Any]:
+    session = gw.registry.get(stream_id)
+    if not session.approve(call_id, decision.approve):
+        pending = ", ".join(session.pending_approvals) or "none"
+        raise RequestError(
+            ErrorCode.NOT_FOUND,
+            f"no tool call {call_id!r} is waiting for approval in stream {stream_id!r} "
+            f"(waiting: {pending})",
+            http_status=404,
+        )
+    return {"stream_id": stream_id, "call_id": call_id, "approved": decision.approve}
+
+
+@router.get("/v1/tools", summary="The tools models may call, with their input schemas")
+async def list_tools(gw: GatewayDep) -> dict[str, Any]:
+    return {"tools": [spec.to_dict() for spec in gw.executor.registry.visible()]}
+
+
+@router.get("/v1/schemas/{name}", summary="A JSON Schema: a frame schema or a tool's input")
+async def get_schema(name: str, gw: GatewayDep) -> dict[str, Any]:
+    spec = gw.executor.registry.get(name)
+    if spec is not None and spec.model_facing:
+        return dict(spec.input_schema)
+    if name in gw.schemas:
+        return dict(gw.schemas.get(name).schema)
+    known = [*gw.schemas.names(), *(s.name for s in gw.executor.registry.visible())]
+    raise RequestError(
+        ErrorCode.NOT_FOUND,
+        f"no schema or tool {name!r}; known: {', '.join(known)}",
+        http_status=404,
+    )
 
 
 @router.get("/healthz", summary="Liveness")

@@ -13,7 +13,7 @@ from typing import Any
 
 import orjson
 
-__all__ = ["build_messages", "render_system_prompt"]
+__all__ = ["build_messages", "render_system_prompt", "render_tool_result"]
 
 
 def render_system_prompt(
@@ -49,3 +49,18 @@ def render_system_prompt(
 def build_messages(system: str, messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Our system prompt first, then the caller's messages unchanged (theirs included)."""
     return [{"role": "system", "content": system}, *(dict(m) for m in messages)]
+
+
+def render_tool_result(call_id: str, name: str, envelope: Mapping[str, Any]) -> str:
+    """The message that resumes the model after a tool call (sentinel mode).
+
+    A user message, because every chat template accepts one and a ``tool`` message would
+    need the upstream's own tool-call ids. The envelope's strings had their sentinels
+    escaped by the executor, so a tool result can never open or close a frame.
+    """
+    body = orjson.dumps(envelope).decode()
+    if envelope.get("ok"):
+        next_step = "Continue: call another tool if you need one, or write your RESULT frame."
+    else:
+        next_step = "The call failed. Fix what the error says and call again, or answer without it."
+    return f"Result of tool call {call_id} ({name}):\n{body}\n{next_step}"

@@ -144,7 +144,14 @@ class SentinelTokenizer:
     chunked), after which every call raises that same ``SentinelError``.
     """
 
-    def __init__(self, *, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
+    def __init__(
+        self,
+        *,
+        max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+        seen_ids: set[str] | None = None,
+    ) -> None:
+        """``seen_ids``: ids already used in this stream, shared across the tokenizers of
+        one stream's generation turns (ids are unique per stream, SPEC §3)."""
         self._max_frame_bytes = max_frame_bytes
         self._state = _State.TEXT
         self._held = ""  # a candidate or committed sentinel, starting with ⟦
@@ -152,7 +159,7 @@ class SentinelTokenizer:
         self._frame: _OpenFrame | None = None
         self._in_string = False
         self._escape = False
-        self._seen_ids: set[str] = set()
+        self._seen_ids: set[str] = seen_ids if seen_ids is not None else set()
         self._error: SentinelError | None = None
 
     # -- public API -------------------------------------------------------------------

@@ -1,34 +1,82 @@
-"""One stream, end to end: upstream deltas -> framer -> frame log (SPEC §3-§4).
+"""One stream, end to end (SPEC §3-§5): model turns, tools mid-stream, the JSON guarantee.
 
-A ``StreamSession`` owns exactly one producer task. The task reads the upstream, feeds
-the text to the sans-IO ``Framer`` and appends the resulting frames to the session's
-``FrameLog``, waiting whenever the client is ``QUEUE_MAX_FRAMES`` behind (backpressure).
-Whatever happens — the model finishes, the upstream dies, the model breaks the
-protocol, the client goes, someone cancels — the task ends the same way: an ``error``
-frame if something failed, then exactly one ``done``, then the artifacts.
+A ``StreamSession`` owns exactly one producer task. The task runs *turns*: each turn is
+one upstream generation whose text goes through a sans-IO ``Framer`` into the session's
+``FrameLog`` (waiting whenever the client is ``QUEUE_MAX_FRAMES`` behind: backpressure).
 
-Cancellation is cooperative and owned: ``cancel(reason)`` cancels the task, which
-closes the upstream response (and with it the TCP connection) at its next await, well
-within the 50 ms SPEC §4 allows.
+- At a tool call's END the turn stops the upstream generation (its request is closed,
+  which stops the model server generating), the session emits ``tool.call``, runs the
+  tool through the ``ToolExecutor``, emits ``tool.result`` and starts the next turn with
+  the model's own text up to that END plus the result, in the same client stream. The
+  resumed prompt extends the previous one exactly, so a server's prompt cache applies.
+- At an OBJECT or RESULT frame's END the body is decided by ``app.core.guarantee``:
+  valid as is, repaired locally, repaired by one model call (``prompts/repair.txt``,
+  temperature 0), or replaced by a minimal schema-valid object marked ``degraded``.
+
+Whatever happens — the model finishes, the upstream dies, the model breaks the framing,
+the client goes, someone cancels — the task ends the same way: an ``error`` frame if
+something failed, then exactly one ``done``, then the artifacts. Cancellation is owned:
+``cancel(reason)`` cancels the task's anyio cancel scope, which closes the upstream
+response (and its TCP connection) and any running tool at its next await, well within
+SPEC §4's 50 ms.
+
+Why an anyio scope and not ``task.cancel()``: httpx and httpcore are built on anyio and
+shield their connection-pool cleanup with anyio scopes. A native cancel ignores those
+shields: under load it can land inside httpcore's cleanup and leave a pool entry ACTIVE
+and its socket open for good (found by bench/gateway.py's B4). anyio's scope delivery
+respects them, and our own cleanup of the upstream runs shielded too.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import dataclasses
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from app.core.framer import Framer
-from app.core.wire import DONE, ERROR, STREAM_BEGIN, Frame
-from app.errors import ErrorCode, ModelBehaviorError, ToolForgeError, UpstreamError
+import anyio
+
+from app.core.events import FrameKind
+from app.core.framer import BodyClosed, Framer
+from app.core.guarantee import (
+    Degraded,
+    FinalOutcome,
+    NeedsModelRepair,
+    Repaired,
+    after_model_repair,
+    end_fields,
+    finish_frame,
+    give_up,
+    render_repair_prompt,
+)
+from app.core.json_validator import StreamingJSONValidator
+from app.core.native_tools import (
+    AssembledCall,
+    ToolCallAssembler,
+    assistant_tool_call_message,
+    tool_result_message,
+)
+from app.core.prompt import render_tool_result
+from app.core.schemas import CompiledSchema
+from app.core.wire import (
+    DONE,
+    ERROR,
+    JSON_END,
+    RESULT_END,
+    STREAM_BEGIN,
+    TOOL_CALL,
+    TOOL_RESULT,
+    Frame,
+)
+from app.errors import ErrorCode, JSONError, ModelBehaviorError, ToolForgeError, UpstreamError
 from app.log import CLIENT_DISCONNECTED, STREAM_FINISHED, STREAM_STARTED, get_logger
 from app.runtime.artifacts import RunArtifacts
+from app.runtime.executor import Approval, ToolExecutor
 from app.runtime.frame_log import FrameLog
 from app.runtime.metrics import GatewayMetrics
-from app.upstream.base import ChatRequest, Upstream
+from app.upstream.base import ChatRequest, Upstream, UpstreamDelta
 
 __all__ = ["SessionLimits", "StreamPlan", "StreamSession"]
 
@@ -47,6 +95,11 @@ class StreamPlan:
     on_disconnect: DisconnectPolicy = "cancel"
     budget_tokens: int | None = None
     prompt_record: Mapping[str, Any] = field(default_factory=dict)
+    # Schemas the model may use in OBJECT / RESULT frames, by name ("Any" included).
+    schemas: Mapping[str, CompiledSchema] = field(default_factory=dict)
+    tools_allow: tuple[str, ...] | None = None  # None: every model-facing tool
+    max_tool_calls: int = 8
+    idempotency_key: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +108,30 @@ class SessionLimits:
     max_frame_bytes: int = 64 * 1024
     max_json_depth: int = 16
     frame_timeout_s: float = 15.0
+    repair_retries: int = 1
+
+
+@dataclass(slots=True)
+class _Turn:
+    """How one generation ended: with a tool call to run, or not."""
+
+    tool: BodyClosed | None = None
+    assistant_text: str = ""  # the model's text up to and including the tool call's END
+    native_calls: list[AssembledCall] = field(default_factory=list)  # native mode
+
+
+@dataclass(slots=True)
+class _Stats:
+    started: float = 0.0
+    first_token_at: float | None = None
+    chunks: int = 0
+    usage: dict[str, Any] | None = None
+    finish: str | None = None
+    turns: int = 0
+    tool_calls: int = 0
+    repairs: int = 0
+    degraded_frames: int = 0
+    degraded_ids: set[int] = field(default_factory=set)
 
 
 class StreamSession:
@@ -68,6 +145,8 @@ class StreamSession:
         limits: SessionLimits,
         artifacts: RunArtifacts | None,
         metrics: GatewayMetrics | None = None,
+        executor: ToolExecutor | None = None,
+        repair_template: str = "",
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.plan = plan
@@ -76,13 +155,17 @@ class StreamSession:
         self._limits = limits
         self._artifacts = artifacts
         self._metrics = metrics
+        self._executor = executor
+        self._repair_template = repair_template
         self._clock = clock
         self.log = FrameLog(max_pending=limits.queue_max_frames, clock=clock)
-        self._framer = Framer(
-            max_frame_bytes=limits.max_frame_bytes, max_depth=limits.max_json_depth
-        )
+        self._seen_ids: set[str] = set()  # frame ids are unique across all turns
         self._task: asyncio.Task[None] | None = None
+        self._scope = anyio.CancelScope()
         self._cancel_reason: str | None = None
+        self._approvals: dict[str, asyncio.Future[bool]] = {}
+        self._tool_logs: list[dict[str, object]] = []
+        self._stats = _Stats()
         self.finished = asyncio.Event()  # set once done is appended and artifacts written
         self.reason: str | None = None
         self.finished_at: float | None = None
@@ -100,12 +183,12 @@ class StreamSession:
         return self._task is not None and not self.log.closed
 
     def cancel(self, reason: str = "cancelled") -> bool:
-        """Stop the stream: upstream closed, ``done`` with ``reason``. False if already over."""
+        """Stop the stream: upstream and tools cancelled, ``done`` with ``reason``."""
         if self._task is None or self._task.done() or self.log.closed:
             return False
         if self._cancel_reason is None:
             self._cancel_reason = reason
-        self._task.cancel()
+        self._scope.cancel()
         return True
 
     def client_left(self) -> None:
@@ -115,6 +198,18 @@ class StreamSession:
             log.info(CLIENT_DISCONNECTED, stream_id=self.id, policy=self.plan.on_disconnect)
             if self.plan.on_disconnect == "cancel":
                 self.cancel("client_disconnected")
+
+    def approve(self, call_id: str, approved: bool) -> bool:
+        """Answer a pending approval; False if no call with that id is waiting."""
+        waiter = self._approvals.get(call_id)
+        if waiter is None or waiter.done():
+            return False
+        waiter.set_result(approved)
+        return True
+
+    @property
+    def pending_approvals(self) -> list[str]:
+        return [cid for cid, waiter in self._approvals.items() if not waiter.done()]
 
     async def wait(self) -> None:
         """Until the stream ended and its artifacts are written."""
@@ -129,15 +224,9 @@ class StreamSession:
         log_.append(frame)
 
     async def _run(self) -> None:
-        started = self._clock()
-        first_token_at: float | None = None
-        chunks = 0
-        usage: dict[str, Any] | None = None
-        finish: str | None = None
+        stats = self._stats
+        stats.started = self._clock()
         error: ToolForgeError | None = None
-        frame_opened_at: float | None = None
-        framer = self._framer
-        frame_timeout = self._limits.frame_timeout_s
         if self._metrics is not None:
             self._metrics.stream_started()
         log.info(STREAM_STARTED, stream_id=self.id, model=self.plan.chat.model, mode=self.plan.mode)
@@ -152,18 +241,90 @@ class StreamSession:
                 },
             )
         )
-        deltas = self._upstream.stream(self.plan.chat)
+        try:
+            with self._scope:
+                messages = list(self.plan.chat.messages)
+                while True:
+                    chat = dataclasses.replace(self.plan.chat, messages=messages)
+                    turn = await self._turn(chat)
+                    if turn.tool is not None:  # a sentinel tool call
+                        envelope = await self._call_tool(turn.tool)
+                        result = render_tool_result(turn.tool.id, turn.tool.name, envelope)
+                        messages = [
+                            *messages,
+                            {"role": "assistant", "content": turn.assistant_text},
+                            {"role": "user", "content": result},
+                        ]
+                    elif turn.native_calls:  # the upstream's own tool_calls
+                        calls = turn.native_calls
+                        replies = [
+                            tool_result_message(call.id, await self._call_tool(_native(call)))
+                            for call in calls
+                        ]
+                        messages = [
+                            *messages,
+                            assistant_tool_call_message(calls, turn.assistant_text),
+                            *replies,
+                        ]
+                    else:
+                        break
+            if self._scope.cancelled_caught and self._cancel_reason is None:
+                self._cancel_reason = "cancelled"
+        except ToolForgeError as exc:
+            error = exc
+            if not isinstance(exc, _Reported):
+                self.log.append(Frame(ERROR, exc.to_dict()))
+            if isinstance(exc, UpstreamError) and self._metrics is not None:
+                self._metrics.upstream_error(str(exc.code))
+        except asyncio.CancelledError:
+            # A native cancel from outside (the event loop shutting down): end the stream
+            # properly below instead of vanishing, then return.
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()
+            if self._cancel_reason is None:
+                self._cancel_reason = "shutdown"
+        except Exception as exc:  # a bug of ours: still end the stream with a frame
+            log.exception("stream.internal_error", stream_id=self.id)
+            error = ToolForgeError(ErrorCode.INTERNAL, f"internal error: {type(exc).__name__}")
+            self.log.append(Frame(ERROR, error.to_dict()))
+        await self._finish(error)
+
+    async def _turn(self, chat: ChatRequest) -> _Turn:
+        """One upstream generation, framed; returns early at a tool call."""
+        stats = self._stats
+        stats.turns += 1
+        framer = Framer(
+            max_frame_bytes=self._limits.max_frame_bytes,
+            max_depth=self._limits.max_json_depth,
+            seen_ids=self._seen_ids,
+        )
+        raw: list[str] = []
+        assembler = (
+            ToolCallAssembler(id_prefix=f"call_{stats.turns}_")
+            if self.plan.mode == "native"
+            else None
+        )
+        frame_opened_at: float | None = None
+        frame_timeout = self._limits.frame_timeout_s
+        deltas = self._upstream.stream(chat)
         try:
             async for delta in deltas:
                 if delta.text:
                     now = self._clock()
-                    if first_token_at is None:
-                        first_token_at = now
-                    chunks += 1
-                    for frame in framer.feed(delta.text):
-                        await self._push(frame)
+                    if stats.first_token_at is None:
+                        stats.first_token_at = now
+                    stats.chunks += 1
+                    raw.append(delta.text)
+                    for item in framer.feed(delta.text):
+                        if type(item) is Frame:
+                            await self._push(item)
+                        elif isinstance(item, BodyClosed):
+                            if item.kind is FrameKind.TOOL_CALL:
+                                return _Turn(item, _up_to_end(raw, item))
+                            await self._push(await self._decide(item))
                     if framer.error is not None:
-                        break
+                        raise _Reported(framer.error)
                     # FRAME_TIMEOUT_MS: a frame that stays open this long is abandoned,
                     # so a model that trickles forever cannot hold a tool call hostage.
                     if framer.open_frame_id is None:
@@ -177,55 +338,198 @@ class StreamSession:
                             f"{frame_timeout * 1000:.0f} ms (FRAME_TIMEOUT_MS)",
                             frame_id=framer.open_frame_id,
                         )
-                if delta.finish_reason is not None:
-                    finish = delta.finish_reason
-                if delta.usage is not None:
-                    usage = delta.usage
-            else:
-                for frame in framer.close():
-                    await self._push(frame)
+                if assembler is not None and delta.tool_calls:
+                    assembler.feed(delta.tool_calls)
+                self._account(delta)
+            for item in framer.close():  # text held back, or a frame left open
+                if type(item) is Frame:
+                    await self._push(item)
             if framer.error is not None:
-                error = framer.error
-        except ToolForgeError as exc:
-            error = exc
-            self.log.append(Frame(ERROR, exc.to_dict()))
-            if isinstance(exc, UpstreamError) and self._metrics is not None:
-                self._metrics.upstream_error(str(exc.code))
-        except asyncio.CancelledError:
-            # Our own cancel (client gone, cancel endpoint, shutdown): end the stream
-            # properly below instead of vanishing. The task was asked to stop, not to
-            # die silently, so it finishes its bookkeeping and returns.
-            task = asyncio.current_task()
-            if task is not None:
-                task.uncancel()
-            if self._cancel_reason is None:
-                self._cancel_reason = "shutdown"
-        except Exception as exc:  # a bug of ours: still end the stream with a frame
-            log.exception("stream.internal_error", stream_id=self.id)
-            error = ToolForgeError(ErrorCode.INTERNAL, f"internal error: {type(exc).__name__}")
-            self.log.append(Frame(ERROR, error.to_dict()))
+                raise _Reported(framer.error)
+            if assembler is not None and assembler.has_calls:
+                # finish_reason "tool_calls" (or "stop" from servers that say so anyway)
+                return _Turn(native_calls=assembler.finish(), assistant_text="".join(raw))
+            return _Turn()
         finally:
-            # Leaving the loop early (a protocol error, a cancel) must close the upstream
-            # response now, not whenever the generator is garbage-collected.
-            aclose = getattr(deltas, "aclose", None)
-            if aclose is not None:
-                with contextlib.suppress(Exception):
-                    await aclose()
+            # Leaving early (a tool call, an error, a cancel) must close the upstream
+            # response now, not whenever the generator is garbage-collected, and the
+            # close itself must not be cut short by the cancel that brought us here.
+            with anyio.CancelScope(shield=True):
+                await _aclose(deltas)
+
+    def _account(self, delta: UpstreamDelta) -> None:
+        if delta.finish_reason is not None:
+            self._stats.finish = delta.finish_reason
+        if delta.usage is not None:
+            usage = self._stats.usage
+            if usage is None:
+                self._stats.usage = dict(delta.usage)
+            else:  # several turns: add them up
+                for key, value in delta.usage.items():
+                    if isinstance(value, int) and isinstance(usage.get(key, 0), int):
+                        usage[key] = usage.get(key, 0) + value
+
+    # -- the JSON guarantee ---------------------------------------------------------------
+
+    async def _decide(self, closed: BodyClosed) -> Frame:
+        """The END frame of an OBJECT or RESULT body: valid, repaired, or degraded."""
+        schema = self.plan.schemas.get(closed.name) or self.plan.schemas.get("Any")
+        event = JSON_END if closed.kind is FrameKind.OBJECT else RESULT_END
+        if schema is None:  # no schema registry in this session: syntax is all we check
+            if closed.error is not None:
+                raise closed.error
+            return Frame(event, _end(closed, closed.value, repaired=False, degraded=False))
+        parsed = closed.error if closed.error is not None else closed.value
+        first = finish_frame(closed.text, parsed, schema)
+        outcome: FinalOutcome
+        if not isinstance(first, NeedsModelRepair):
+            outcome = first
+        elif self._limits.repair_retries > 0:
+            reply = await self._model_repair(schema, first)
+            outcome = after_model_repair(reply, schema, first.errors)
+        else:
+            outcome = give_up(schema, first.errors)
+        if isinstance(outcome, Repaired):
+            self._stats.repairs += 1
+        elif isinstance(outcome, Degraded):
+            self._stats.degraded_frames += 1
+            self._stats.degraded_ids.add(self.log.last_id + 1)
+        return Frame(event, {"id": closed.id, "length": closed.length, **end_fields(outcome)})
+
+    async def _model_repair(self, schema: CompiledSchema, need: NeedsModelRepair) -> str | None:
+        """Ask the model once to fix the body (temperature 0). None if that fails."""
+        prompt = render_repair_prompt(
+            self._repair_template, schema=schema, text=need.text, errors=need.errors
+        )
+        chat = dataclasses.replace(
+            self.plan.chat,
+            messages=[{"role": "user", "content": prompt}],
+            temperature=0.0,
+            max_tokens=min(4096, 256 + len(need.text)),
+        )
+        parts: list[str] = []
+        deltas = self._upstream.stream(chat)
+        try:
+            async for delta in deltas:
+                parts.append(delta.text)
+                self._account_usage_only(delta)
+        except UpstreamError as exc:
+            log.warning("repair.failed", stream_id=self.id, code=str(exc.code))
+            return None
+        finally:
+            with anyio.CancelScope(shield=True):
+                await _aclose(deltas)
+        return "".join(parts)
+
+    def _account_usage_only(self, delta: UpstreamDelta) -> None:
+        if delta.usage is not None:
+            finish = self._stats.finish
+            self._account(delta)
+            self._stats.finish = finish  # a repair call does not end the stream
+
+    # -- tools ----------------------------------------------------------------------------
+
+    async def _call_tool(self, closed: BodyClosed) -> dict[str, object]:
+        """Run one tool call (or refuse it); emit its frames; return the envelope that goes
+        back to the model (every mode renders it its own way)."""
+        stats = self._stats
+        stats.tool_calls += 1
+        name = closed.name
+        if closed.error is not None:
+            return await self._refuse(
+                closed,
+                ErrorCode.INVALID_JSON,
+                f"the arguments are not valid JSON ({closed.error.message}); "
+                "write the call again with strict JSON arguments",
+            )
+        if stats.tool_calls > self.plan.max_tool_calls:
+            return await self._refuse(
+                closed,
+                ErrorCode.TOOL_CALL_LIMIT,
+                f"this stream allows {self.plan.max_tool_calls} tool calls (max_tool_calls); "
+                "answer now with the information you have",
+            )
+        executor = self._executor
+        if executor is None:
+            return await self._refuse(
+                closed, ErrorCode.TOOL_UNAVAILABLE, "this gateway runs no tools"
+            )
+        spec = executor.registry.get(name)
+        needs_approval = spec is not None and spec.needs_approval
+        call: dict[str, object] = {"id": closed.id, "name": name, "args": closed.value}
+        if needs_approval:
+            call["needs_approval"] = True
+        await self._push(Frame(TOOL_CALL, call))
+        result = await executor.run(
+            name,
+            closed.value,
+            call_id=closed.id,
+            idempotency_key=self.plan.idempotency_key,
+            approval=self._approval(closed.id) if needs_approval else None,
+            allow=self.plan.tools_allow,
+        )
+        await self._push(Frame(TOOL_RESULT, result.frame_data()))
+        self._tool_logs.append(result.record.to_dict())
+        if self._metrics is not None:
+            self._metrics.tool_call(name, "ok" if result.ok else "error")
+        return result.envelope.to_dict()
+
+    async def _refuse(self, closed: BodyClosed, code: ErrorCode, message: str) -> dict[str, object]:
+        error = {"code": str(code), "message": message}
+        await self._push(
+            Frame(
+                TOOL_RESULT,
+                {
+                    "id": closed.id,
+                    "name": closed.name,
+                    "ok": False,
+                    "error": error,
+                    "duration_ms": 0.0,
+                    "attempts": 0,
+                    "cached": False,
+                    "performance_warning": False,
+                },
+            )
+        )
+        self._tool_logs.append(
+            {"call_id": closed.id, "name": closed.name, "args": None, "error": error, "attempts": 0}
+        )
+        if self._metrics is not None:
+            self._metrics.tool_call(closed.name, "refused")
+        return {"ok": False, "data": None, "warnings": [], "errors": [error]}
+
+    def _approval(self, call_id: str) -> Approval:
+        async def wait_for_decision() -> bool:
+            waiter: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+            self._approvals[call_id] = waiter
+            try:
+                return await waiter
+            finally:
+                self._approvals.pop(call_id, None)
+
+        return wait_for_decision
+
+    # -- the end --------------------------------------------------------------------------
+
+    async def _finish(self, error: ToolForgeError | None) -> None:
+        stats = self._stats
         ended = self._clock()
         if self._cancel_reason is not None:
             reason = self._cancel_reason
         elif error is not None:
             reason = "error"
         else:
-            reason = finish or "stop"
+            reason = stats.finish or "stop"
         self.reason = reason
-        self.stats = self._stats(started, first_token_at, ended, chunks, usage)
+        self.stats = self._summary(ended)
         self.log.append(
             Frame(
                 DONE,
                 {
                     "reason": reason,
-                    "usage": usage if usage is not None else {"completion_chunks": chunks},
+                    "usage": stats.usage
+                    if stats.usage is not None
+                    else {"completion_chunks": stats.chunks},
                     "metrics": {
                         k: self.stats[k]
                         for k in ("ttft_ms", "duration_ms", "tokens_per_s", "frames")
@@ -235,79 +539,137 @@ class StreamSession:
         )
         self.log.close()
         self.finished_at = self._clock()
-        log.info(STREAM_FINISHED, stream_id=self.id, reason=reason, **self._log_stats())
+        log.info(
+            STREAM_FINISHED,
+            stream_id=self.id,
+            reason=reason,
+            **{k: self.stats[k] for k in ("ttft_ms", "duration_ms", "tokens", "frames")},
+        )
         if self._metrics is not None:
+            ttft = self.stats["ttft_ms"]
             self._metrics.stream_finished(
                 reason,
-                (ended - started),
-                None if first_token_at is None else first_token_at - started,
-                self._frame_counts(),
-                usage.get("completion_tokens", chunks) if usage else chunks,
+                ended - stats.started,
+                None if ttft is None else ttft / 1000,
+                self.stats["frame_counts"],
+                self.stats["tokens"],
                 self.log.paused_s,
             )
         await self._write_artifacts(reason, error)
         self.finished.set()
 
-    # -- accounting --------------------------------------------------------------------
-
-    def _frame_counts(self) -> dict[str, int]:
+    def _summary(self, ended: float) -> dict[str, Any]:
+        stats = self._stats
+        usage = stats.usage
+        tokens = int(usage.get("completion_tokens", stats.chunks)) if usage else stats.chunks
+        first = stats.first_token_at
+        generating = ended - first if first is not None else 0.0
         counts: dict[str, int] = {}
         for frame in self.log.frames:
             counts[frame.event] = counts.get(frame.event, 0) + 1
-        return counts
-
-    def _stats(
-        self,
-        started: float,
-        first_token_at: float | None,
-        ended: float,
-        chunks: int,
-        usage: Mapping[str, Any] | None,
-    ) -> dict[str, Any]:
-        tokens = int(usage.get("completion_tokens", chunks)) if usage else chunks
-        generating = ended - first_token_at if first_token_at is not None else 0.0
         return {
-            "ttft_ms": None
-            if first_token_at is None
-            else round((first_token_at - started) * 1e3, 3),
-            "duration_ms": round((ended - started) * 1e3, 3),
+            "ttft_ms": None if first is None else round((first - stats.started) * 1e3, 3),
+            "duration_ms": round((ended - stats.started) * 1e3, 3),
             "tokens": tokens,
-            "upstream_chunks": chunks,
+            "upstream_chunks": stats.chunks,
             "tokens_per_s": round(tokens / generating, 2) if generating > 0 else None,
             "frames": self.log.last_id + 1,  # the done frame included
-            "frame_counts": self._frame_counts(),
+            "frame_counts": counts,
+            "turns": stats.turns,
+            "tool_calls": stats.tool_calls,
+            "repairs": stats.repairs,
+            "degraded_frames": stats.degraded_frames,
             "queue_high_water": self.log.high_water,
             "queue_max_frames": self._limits.queue_max_frames,
             "queue_paused_ms": round(self.log.paused_s * 1e3, 3),
             "bytes_written": self.log.bytes_written,
-            "degraded_frames": 0,
-            "repairs": 0,
         }
-
-    def _log_stats(self) -> dict[str, Any]:
-        return {k: self.stats[k] for k in ("ttft_ms", "duration_ms", "tokens", "frames")}
 
     async def _write_artifacts(self, reason: str, error: ToolForgeError | None) -> None:
         if self._artifacts is None:
             return
-        frames = [
-            {"id": seq, "event": f.event, "data": f.data}
-            for seq, f in enumerate(self.log.frames, start=1)
-        ]
+        degraded = self._stats.degraded_ids
+        frames: list[dict[str, object]] = []
+        for seq, f in enumerate(self.log.frames, start=1):
+            record: dict[str, object] = {"id": seq, "event": f.event, "data": f.data}
+            if seq in degraded:
+                record["degraded"] = True  # SPEC §4: degraded frames are marked
+            frames.append(record)
         result = {
             "stream_id": self.id,
             "reason": reason,
             "error": error.to_dict() if error is not None else None,
-            "results": [f.data for f in self.log.frames if f.event == "result.end"],
-            "objects": [f.data for f in self.log.frames if f.event == "json.end"],
+            "results": [f.data for f in self.log.frames if f.event == RESULT_END],
+            "objects": [f.data for f in self.log.frames if f.event == JSON_END],
         }
         try:
             await self._artifacts.write(
                 frames=frames,
                 prompt=dict(self.plan.prompt_record),
                 result=result,
-                tool_logs=[],
+                tool_logs=self._tool_logs,
                 metrics={"stream_id": self.id, "reason": reason, **self.stats},
             )
         except Exception:  # the stream is already complete for the client; log, go on
             log.exception("artifacts.write_failed", stream_id=self.id)
+
+
+class _Reported(ModelBehaviorError):
+    """A framing error whose ``error`` frame the framer already emitted."""
+
+    def __init__(self, error: ModelBehaviorError) -> None:
+        super().__init__(error.code, error.message, frame_id=error.frame_id)
+
+
+def _end(closed: BodyClosed, value: object, *, repaired: bool, degraded: bool) -> dict[str, Any]:
+    return {
+        "id": closed.id,
+        "length": closed.length,
+        "value": value,
+        "repaired": repaired,
+        "degraded": degraded,
+    }
+
+
+def _native(call: AssembledCall) -> BodyClosed:
+    """A native tool call as the framer would have closed it: parsed strictly, so both
+    modes run tools under exactly the same rules."""
+    validator = StreamingJSONValidator(frame_id=call.id)
+    value: object = None
+    error: JSONError | None = None
+    try:
+        validator.feed(call.arguments_text)
+        value = validator.close()
+    except JSONError as exc:
+        error = exc
+    return BodyClosed(
+        FrameKind.TOOL_CALL,
+        call.id,
+        call.tool_name,
+        call.arguments_text,
+        value,
+        error,
+        len(call.arguments_text.encode("utf-8")),
+    )
+
+
+def _up_to_end(raw: list[str], call: BodyClosed) -> str:
+    """The model's text of this turn up to and including the call's END sentinel.
+
+    The real END is the last occurrence so far: an earlier one can only sit inside a JSON
+    string of the body (where it is content), and the model's text after the END in the
+    same chunk is dropped: the model should have stopped there.
+    """
+    text = "".join(raw)
+    end = f"\u27e6END_TOOL_CALL id={call.id}\u27e7"
+    cut = text.rfind(end)
+    return text[: cut + len(end)] if cut >= 0 else text
+
+
+async def _aclose(deltas: AsyncIterator[UpstreamDelta]) -> None:
+    aclose = getattr(deltas, "aclose", None)
+    if aclose is not None:
+        try:
+            await aclose()
+        except Exception:  # closing a broken stream may fail; it is closed either way
+            log.debug("upstream.close_failed")

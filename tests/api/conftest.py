@@ -22,6 +22,7 @@ from httpx_sse import aconnect_sse
 
 from app.api.app import create_app
 from app.api.deps import Gateway
+from app.core.tools import ToolRegistry
 from app.eval.scripted_upstream import ScriptedUpstream, ScriptLike
 from app.settings import Settings
 
@@ -118,7 +119,9 @@ HarnessFactory = Callable[..., Awaitable[Harness]]
 async def make_gateway(tmp_path: Path) -> AsyncIterator[HarnessFactory]:
     stack = contextlib.AsyncExitStack()
 
-    async def factory(scripts: Iterable[ScriptLike] = (), **settings: Any) -> Harness:
+    async def factory(
+        scripts: Iterable[ScriptLike] = (), *, tools: ToolRegistry | None = None, **settings: Any
+    ) -> Harness:
         upstream = await stack.enter_async_context(ScriptedUpstream(scripts))
         artifacts = tmp_path / "artifacts"
         config = Settings(
@@ -129,7 +132,7 @@ async def make_gateway(tmp_path: Path) -> AsyncIterator[HarnessFactory]:
             log_level="WARNING",
             **settings,
         )
-        app = create_app(config)
+        app = create_app(config, tools=tools)
         url = await stack.enter_async_context(serve(app))
         client = await stack.enter_async_context(httpx.AsyncClient(timeout=10))
         return Harness(url, app, upstream, client, artifacts)

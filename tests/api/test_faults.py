@@ -199,3 +199,38 @@ async def test_slow_client_pauses_the_upstream_and_loses_nothing(
     await gw.settle()
     assert session.log.high_water <= 8
     assert session.reason == "stop"
+
+
+async def test_many_hang_ups_leave_no_upstream_connection_open(
+    make_gateway: HarnessFactory,
+) -> None:
+    # Under load, a cancelled upstream read must still release its connection: a native
+    # task.cancel() that lands inside httpcore's cleanup used to leave the pool entry
+    # ACTIVE and the socket open, with the model server still generating into it.
+    n = 40
+    scripts = [Script.from_tokens([f"t{i} " for i in range(2000)], delay_ms=1) for _ in range(n)]
+    gw = await make_gateway(scripts)
+    clients = [await _open_raw_stream(gw, {"input": "x"}) for _ in range(n)]
+    for reader, _ in clients:
+        await reader.readuntil(b"event: text.delta")
+    for _, writer in clients:
+        writer.transport.abort()
+    await gw.settle()
+    async with asyncio.timeout(3):
+        await gw.upstream.wait_connections_closed()
+    pool = gw.gateway.client._transport._pool  # type: ignore[attr-defined]
+    assert pool.connections == [], f"{len(pool.connections)} upstream connections kept"
+
+
+async def test_a_body_that_lingers_after_done_is_released(make_gateway: HarnessFactory) -> None:
+    # [DONE] arrives but the server keeps the body open: the adapter stops waiting for the
+    # end of the body, and the connection must be closed, not kept ACTIVE in the pool.
+    lingering = Script(steps=(Step(text="hi"), Step(raw="data: [DONE]\n\n")), end="hang")
+    gw = await make_gateway([lingering] * 20)
+    results = await asyncio.gather(*(gw.stream() for _ in range(20)))
+    assert all(frames(r)[-1].data["reason"] == "stop" for r in results)
+    await gw.settle()
+    async with asyncio.timeout(3):
+        await gw.upstream.wait_connections_closed()
+    pool = gw.gateway.client._transport._pool  # type: ignore[attr-defined]
+    assert pool.connections == [], f"{len(pool.connections)} upstream connections kept"

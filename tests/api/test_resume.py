@@ -184,6 +184,8 @@ async def test_oversized_body_is_413(make_gateway: HarnessFactory) -> None:
 
 async def test_unavailable_modes_are_refused_clearly(make_gateway: HarnessFactory) -> None:
     gw = await make_gateway()
-    response = await gw.client.post(f"{gw.url}/v1/stream", json={"input": "x", "mode": "native"})
+    response = await gw.client.post(
+        f"{gw.url}/v1/stream", json={"input": "x", "mode": "constrained"}
+    )
     assert response.status_code == 422
     assert response.json()["error"]["code"] == "MODE_UNAVAILABLE"
