@@ -35,6 +35,7 @@ check: lint typecheck test
 
 bench: $(STAMP)
 	$(BIN)/python -m bench.parse
+	$(BIN)/python -m bench.gateway
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -1,0 +1,315 @@
+"""Processes for ``bench.gateway``: the scripted upstream, the gateway, and /proc probes.
+
+Each server runs in a process of its own so that the load generator, the upstream and the
+gateway do not share an event loop (or a GIL)::
+
+    python -m bench._procs upstream --port P
+    python -m bench._procs gateway --port P --upstream http://127.0.0.1:U/v1 --artifacts DIR
+
+The upstream is ``app.eval.scripted_upstream.ScriptedUpstream``; what it streams is chosen
+by the request's ``model`` field (see :func:`script_for`), so a direct client and the
+gateway, which forwards ``model`` as is, get byte-for-byte the same script. Steps without a
+delay are written back to back (the same code path as ``pace=False``); paced scenarios set
+``delay_ms`` per step.
+
+The gateway is what ``toolforge serve`` runs: ``create_app(Settings(...))`` under uvicorn
+with httptools, no access log, log level warning, and uvloop when installed (``loop="auto"``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import functools
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "CLK_TCK",
+    "Proc",
+    "cpu_seconds",
+    "frames_tokens",
+    "free_port",
+    "paced_delays",
+    "plain_tokens",
+    "rss_kb",
+    "sockets_to",
+    "spawn_gateway",
+    "spawn_upstream",
+]
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+ROOT = Path(__file__).resolve().parents[1]
+_WORDS = (
+    "the model streams tokens to a gateway which frames them for the client while "
+    "tools wait and objects validate against their schema quickly"
+).split()
+
+
+# -- scenarios (shared by the upstream process and the load generator) -----------------
+
+
+def plain_tokens(n: int) -> list[str]:
+    """``n`` plain-text tokens (no sentinel character), each " word"."""
+    return [" " + _WORDS[i % len(_WORDS)] for i in range(n)]
+
+
+def frames_tokens(n: int, every: int) -> tuple[list[str], int]:
+    """``n`` tokens of text with an OBJECT frame after every ``every`` text tokens.
+
+    The frame (sentinels and a ~120-byte JSON body) is cut into 4-character tokens, as a
+    model's tokenizer would; returns the tokens and the number of frames.
+    """
+    tokens: list[str] = []
+    frames = 0
+    while len(tokens) < n:
+        tokens += plain_tokens(every)
+        frames += 1
+        body = (
+            f'{{"id":{frames},"name":"Place {frames}","rating":4.5,"open":true,'
+            f'"tags":["pizza","late"],"address":{{"street":"{frames} Main St","zip":"94110"}}}}'
+        )
+        frame = f"⟦BEGIN_OBJECT id=o{frames} schema=Place⟧{body}⟦END_OBJECT id=o{frames}⟧"
+        tokens += [frame[i : i + 4] for i in range(0, len(frame), 4)]
+    return tokens, frames
+
+
+def paced_delays(n: int, seed: int, mean_ms: float = 4.0, spread_ms: float = 2.0) -> list[float]:
+    """Seeded per-token delays, uniform in mean ± spread (ms)."""
+    rng = random.Random(seed)
+    return [round(rng.uniform(mean_ms - spread_ms, mean_ms + spread_ms), 3) for _ in range(n)]
+
+
+@functools.lru_cache(maxsize=16)
+def _script(model: str) -> Any:
+    """The script for a ``model`` name: ``kind:arg:arg`` (see the cases below)."""
+    from app.eval.scripted_upstream import Script, Step
+
+    kind, *args = model.split(":")
+    usage = {"prompt_tokens": 8}
+    if kind == "ttft":  # first token at once, then a short answer
+        return Script.from_tokens(["Hello", " there", "!"], usage=usage)
+    if kind == "plain":  # plain:N, full speed
+        return Script.from_tokens(plain_tokens(int(args[0])), usage=usage)
+    if kind == "frames":  # frames:N:EVERY, full speed
+        return Script.from_tokens(frames_tokens(int(args[0]), int(args[1]))[0], usage=usage)
+    if kind == "paced":  # paced:N:SEED, 4 ± 2 ms between tokens
+        n, seed = int(args[0]), int(args[1])
+        steps = [
+            Step(text=tok, delay_ms=d)
+            for tok, d in zip(plain_tokens(n), paced_delays(n, seed), strict=True)
+        ]
+        return Script(steps=(*steps, Step(finish="stop", usage=usage)))
+    if kind == "steady":  # steady:N:DELAY_MS
+        return Script.from_tokens(plain_tokens(int(args[0])), delay_ms=float(args[1]), usage=usage)
+    raise ValueError(f"unknown scenario {model!r}")
+
+
+def script_for(request: Any) -> Any:
+    """ScriptedUpstream's chooser: chat requests by ``model``; anything else (GET /models
+    from the gateway's /readyz) gets a small 200."""
+    from app.eval.scripted_upstream import Script
+
+    if isinstance(request, dict) and isinstance(request.get("model"), str):
+        return _script(request["model"])
+    return Script(end="status", status=200, body='{"object":"list","data":[]}')
+
+
+def _use_uvloop() -> None:
+    with contextlib.suppress(ImportError):
+        import uvloop
+
+        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+
+
+async def _serve_upstream(port: int) -> None:
+    from app.eval.scripted_upstream import ScriptedUpstream
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    async with ScriptedUpstream(script_for=script_for, pace=True, port=port):
+        print("ready", flush=True)
+        await stop.wait()
+
+
+def _serve_gateway(port: int, upstream: str, artifacts: str) -> None:
+    import uvicorn
+
+    from app.api.app import create_app
+    from app.settings import Settings
+
+    settings = Settings(
+        upstream_base_url=upstream, artifacts_dir=Path(artifacts), log_level="WARNING"
+    )
+    uvicorn.run(
+        create_app(settings),
+        host="127.0.0.1",
+        port=port,
+        http="httptools",
+        loop="auto",
+        access_log=False,
+        log_level="warning",
+    )
+
+
+# -- process control --------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Proc:
+    """A child server process; ``stop()`` always ends it (TERM, then KILL)."""
+
+    def __init__(self, name: str, args: list[str], port: int) -> None:
+        self.name = name
+        self.port = port
+        # A file, not a pipe: nobody reads a pipe while the bench runs, and a server that
+        # logs enough to fill one (64 KB) would block on stderr and freeze its event loop.
+        self.stderr = tempfile.TemporaryFile()
+        self.popen = subprocess.Popen(
+            [sys.executable, "-m", "bench._procs", *args],
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=self.stderr,
+        )
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def wait_listening(self, timeout_s: float = 20.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.popen.poll() is not None:
+                code = self.popen.returncode
+                raise RuntimeError(f"{self.name} exited with {code}:\n{self.log()}")
+            with (
+                contextlib.suppress(OSError),
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.2),
+            ):
+                return
+            time.sleep(0.05)
+        raise RuntimeError(f"{self.name} did not listen on {self.port} within {timeout_s} s")
+
+    def log(self) -> str:
+        """What the process wrote to stderr so far."""
+        self.stderr.seek(0)
+        return self.stderr.read().decode(errors="replace")
+
+    def stop(self) -> None:
+        if self.popen.poll() is None:
+            self.popen.terminate()
+            try:
+                self.popen.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait(timeout=5)
+        self.stderr.close()
+
+
+def spawn_upstream() -> Proc:
+    port = free_port()
+    proc = Proc("upstream", ["upstream", "--port", str(port)], port)
+    try:
+        proc.wait_listening()
+    except BaseException:
+        proc.stop()
+        raise
+    return proc
+
+
+def spawn_gateway(upstream_url: str, artifacts: Path) -> Proc:
+    port = free_port()
+    args = ["gateway", "--port", str(port), "--upstream", upstream_url]
+    args += ["--artifacts", str(artifacts)]
+    proc = Proc("gateway", args, port)
+    try:
+        proc.wait_listening()
+    except BaseException:
+        proc.stop()
+        raise
+    return proc
+
+
+# -- /proc probes -----------------------------------------------------------------------
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of the whole process (all threads), in seconds."""
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        fields = f.read().rsplit(b")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK  # fields 14 and 15 of stat(5)
+
+
+def rss_kb(pid: int) -> int:
+    with open(f"/proc/{pid}/status", "rb") as f:
+        for line in f:
+            if line.startswith(b"VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+
+def _socket_inodes(pid: int) -> set[str]:
+    inodes: set[str] = set()
+    fd_dir = f"/proc/{pid}/fd"
+    for fd in os.listdir(fd_dir):
+        with contextlib.suppress(OSError):
+            target = os.readlink(f"{fd_dir}/{fd}")
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+    return inodes
+
+
+def _tcp_rows(pid: int) -> Iterator[list[str]]:
+    for table in ("tcp", "tcp6"):
+        with contextlib.suppress(OSError), open(f"/proc/{pid}/net/{table}") as f:
+            next(f)
+            for line in f:
+                yield line.split()
+
+
+def sockets_to(pid: int, port: int) -> int:
+    """TCP sockets held by ``pid`` whose remote port is ``port`` (any state)."""
+    inodes = _socket_inodes(pid)
+    count = 0
+    for row in _tcp_rows(pid):
+        remote_port = int(row[2].rsplit(":", 1)[1], 16)
+        if remote_port == port and row[9] in inodes:
+            count += 1
+    return count
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="bench servers (run by bench.gateway)")
+    sub = parser.add_subparsers(dest="what", required=True)
+    up = sub.add_parser("upstream")
+    up.add_argument("--port", type=int, required=True)
+    gw = sub.add_parser("gateway")
+    gw.add_argument("--port", type=int, required=True)
+    gw.add_argument("--upstream", required=True)
+    gw.add_argument("--artifacts", required=True)
+    args = parser.parse_args()
+    if args.what == "upstream":
+        _use_uvloop()
+        asyncio.run(_serve_upstream(args.port))
+    else:
+        _serve_gateway(args.port, args.upstream, args.artifacts)
+
+
+if __name__ == "__main__":
+    main()
