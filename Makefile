@@ -36,6 +36,7 @@ check: lint typecheck test
 bench: $(STAMP)
 	$(BIN)/python -m bench.parse
 	$(BIN)/python -m bench.gateway
+	$(BIN)/python -m bench.tools
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -115,11 +115,47 @@ def _script(model: str) -> Any:
     raise ValueError(f"unknown scenario {model!r}")
 
 
+TOOL_TURNS = (
+    "Searching. \u27e6BEGIN_TOOL_CALL id=t1 name=places.search\u27e7"
+    '{"query": "pizza", "open_at": "19:00"}\u27e6END_TOOL_CALL id=t1\u27e7',
+    "Booking. \u27e6BEGIN_TOOL_CALL id=t2 name=bookings.create\u27e7"
+    '{"place_id": "trattoria-roma", "time": "19:00", "party_size": 2}'
+    "\u27e6END_TOOL_CALL id=t2\u27e7",
+    "Done. \u27e6BEGIN_RESULT id=r1 schema=AssistantReply\u27e7"
+    '{"answer": "Booked Trattoria Roma at 19:00."}\u27e6END_RESULT id=r1\u27e7',
+)
+
+
+def _tool_script(request: dict[str, Any]) -> Any:
+    """``tools2``: the two-tool conversation, one turn per upstream request (the turn is
+    the number of tool results already in the messages). ``tools0``: the same text in
+    one turn, with OBJECT frames where the tool calls were (bench.tools' baseline)."""
+    from app.eval.scripted_upstream import Script
+
+    if request["model"] == "tools0":
+        text = "".join(TOOL_TURNS).replace("TOOL_CALL", "OBJECT").replace("name=", "schema=Any ")
+        text = text.replace("schema=Any places.search", "schema=Any").replace(
+            "schema=Any bookings.create", "schema=Any"
+        )
+        turn_text = text
+    else:
+        done = sum(
+            1
+            for m in request.get("messages", [])
+            if isinstance(m, dict) and str(m.get("content", "")).startswith("Result of tool call")
+        )
+        turn_text = TOOL_TURNS[min(done, len(TOOL_TURNS) - 1)]
+    tokens = [turn_text[i : i + 4] for i in range(0, len(turn_text), 4)]
+    return Script.from_tokens(tokens, usage={"prompt_tokens": 8})
+
+
 def script_for(request: Any) -> Any:
     """ScriptedUpstream's chooser: chat requests by ``model``; anything else (GET /models
     from the gateway's /readyz) gets a small 200."""
     from app.eval.scripted_upstream import Script
 
+    if isinstance(request, dict) and request.get("model") in ("tools0", "tools2"):
+        return _tool_script(request)
     if isinstance(request, dict) and isinstance(request.get("model"), str):
         return _script(request["model"])
     return Script(end="status", status=200, body='{"object":"list","data":[]}')
