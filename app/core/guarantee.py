@@ -86,10 +86,11 @@ SchemaLike = CompiledSchema | Mapping[str, Any]
 class RepairLimits:
     """``max_chars``/``max_depth`` are SPEC §3's frame limits (64 KB, 16 levels).
 
-    ``max_anomalies`` bounds the damage local repair is tried on (see ``_anomalies``):
-    json_repair is superlinear on garbage (measured: ``'{"' * 16000`` takes 40 s,
-    ``'{1}' * 2000`` 15 s), but on text with at most 32 anomalies the worst we measured at
-    64 KB was 0.25 s. More damage than that is no "slip", and goes to the model.
+    ``max_anomalies`` bounds the damage local repair is tried on (see ``_anomalies``).
+    json_repair is superlinear on some inputs (measured with 0.64: ``'{"' * 16000`` 40 s,
+    ``'{1}' * 2000`` 15 s, 12 KB of ``"x, x, ..., \\\\",}`` 2 s); behind the screen the worst
+    we found by fuzzing at 64 KB was 0.25 s. More damage than that is no slip; the model
+    gets it.
     """
 
     max_chars: int = 64 * 1024
@@ -327,9 +328,11 @@ _TOKEN: Final = re.compile(
     r"""|(?P<other>.)""",
     re.DOTALL,
 )
-# Inside a string, "{ word:" looks to json_repair like a key after a missing quote, and
-# each one sends it scanning: ``'{"a": "' + 'k: {' * 1024`` takes 1.5 s.
-_KEY_LIKE: Final = re.compile(r"""[{,]\s*[^\s"':,{}\[\]]+\s*:""")
+# Brackets inside strings: prose has few, but dense ones make json_repair quadratic (it
+# wonders at each whether the string really ended: 16 000 "{" in a string take 1.8 s). Up to
+# eight per anomaly allowed, so 256 by default.
+_BRACKET: Final = re.compile(r"[{}\[\]]")
+_BRACKETS_PER_ANOMALY: Final = 8
 _LITERAL: Final = re.compile(r"-?\d+(?:\.\d+)?(?:[eE][+-]?\d+)?|true|false|null|True|False|None")
 _S_VALUE, _S_KEY, _S_COLON, _S_AFTER = range(4)
 
@@ -338,11 +341,20 @@ def _anomalies(text: str, limits: RepairLimits) -> int:
     """How far ``text`` is from JSON (see above); stops counting past the budget."""
     budget, max_depth = limits.max_anomalies, 2 * limits.max_depth
     stack: list[str] = []
-    state, bad = _S_VALUE, 0
+    state, bad, brackets = _S_VALUE, 0, 0
     for match in _TOKEN.finditer(text):
         kind, tok = match.lastgroup, match.group()
         if kind == "ws":
             continue
+        if kind in ("str", "open"):
+            bad += kind == "open"
+            if kind == "str" and tok[-2] == "\\":
+                # An escaped backslash just before the closing quote: json_repair takes the
+                # quote for escaped and retries at every comma in the string (quadratic).
+                bad += tok.count(",")
+            brackets += len(_BRACKET.findall(tok))
+            if brackets > budget * _BRACKETS_PER_ANOMALY:
+                return budget + 1
         if bad > budget:
             break
         if state == _S_COLON:
@@ -378,8 +390,6 @@ def _anomalies(text: str, limits: RepairLimits) -> int:
         elif kind in ("str", "open", "word"):
             bad += kind == "word" and not _LITERAL.fullmatch(tok)
             state = _S_AFTER
-        if kind in ("str", "open"):
-            bad += (kind == "open") + len(_KEY_LIKE.findall(tok))
         else:
             bad += 1  # stray punctuation or a character JSON has no use for
     return bad

@@ -5,6 +5,7 @@ guarantee: the fallback always validates, and no text makes repair raise."""
 from __future__ import annotations
 
 import math
+import time
 from pathlib import Path
 from typing import Any
 
@@ -205,6 +206,37 @@ def test_hostile_text_is_never_repaired_into_something_bad(text: str) -> None:
     assert local_repair(text, ANY) is None
     outcome = finish_frame(text, syntax_error(), ANY)
     assert isinstance(outcome, NeedsModelRepair) and outcome.errors
+
+
+# Inputs on which json_repair 0.64 is superlinear (seconds to a minute each, measured); the
+# anomaly screen must refuse them before json_repair sees them.
+PATHOLOGICAL = [
+    '{"' * 16_000,
+    "{1}" * 2_000,
+    "1}{" * 2_000,
+    "n]{" * 2_600,
+    "'" + "n]{" * 2_000,
+    '["' + "n]{" * 2_000,
+    '{"a": "' + "k: {" * 4_000,
+    "{'a': '" + "n:{" * 4_000 + "'}",
+    '{"a": "' + "x, " * 4_000 + '\\\\",}',
+    '{"a": "' + "{" * 16_000 + '\n"}',
+]
+
+
+def test_pathological_text_is_refused_fast() -> None:
+    started = time.perf_counter()
+    for text in PATHOLOGICAL:
+        assert local_repair(text, ANY) is None
+        assert isinstance(finish_frame(text, syntax_error(), ANY), NeedsModelRepair)
+    # Unscreened, the first one alone takes ~40 s; screened, all of them take milliseconds.
+    assert time.perf_counter() - started < 5
+
+
+def test_a_long_answer_cut_short_is_still_repaired_locally() -> None:
+    text = '{"answer": "' + "word, word: word. " * 2_000
+    value = local_repair(text, REPLY)
+    assert isinstance(value, dict) and value["answer"].startswith("word, word")
 
 
 def test_repairs_are_strict_json() -> None:
