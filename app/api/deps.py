@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Annotated
 
 import httpx
@@ -14,6 +14,7 @@ from app.runtime.metrics import GatewayMetrics
 from app.runtime.streams import StreamRegistry
 from app.settings import Settings
 from app.upstream.base import Upstream
+from app.upstream.probe import ModeDecision
 
 __all__ = ["Gateway", "GatewayDep", "get_gateway"]
 
@@ -31,6 +32,7 @@ class Gateway:
     schemas: SchemaRegistry
     system_template: str
     repair_template: str
+    modes: dict[str, ModeDecision] = field(default_factory=dict)  # mode=auto, per model
 
 
 def get_gateway(request: Request) -> Gateway:

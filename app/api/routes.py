@@ -23,13 +23,16 @@ from app.core.native_tools import to_openai_tools
 from app.core.prompt import build_messages, render_system_prompt
 from app.core.schemas import ANY, CompiledSchema
 from app.errors import ErrorCode, RequestError
+from app.log import MODE_SELECTED, get_logger
 from app.runtime.artifacts import RunArtifacts
 from app.runtime.session import SessionLimits, StreamPlan, StreamSession
 from app.upstream.base import PROFILES, ChatRequest
+from app.upstream.probe import ModeDecision, probe_tool_mode
 
 __all__ = ["ClientGone", "router"]
 
 router = APIRouter()
+log = get_logger(__name__)
 
 
 async def _read_body(request: Request, limit: int) -> bytes:
@@ -104,8 +107,8 @@ def _validation_error(exc: ValidationError) -> RequestError:
     )
 
 
-def _plan(gw: Gateway, req: StreamRequest, stream_id: str, key: str | None) -> StreamPlan:
-    settings = gw.settings
+async def _decide_mode(gw: Gateway, req: StreamRequest) -> ModeDecision:
+    """``mode``: as asked, or for ``auto`` probed once per model and cached (SPEC §4)."""
     if req.mode == "constrained":
         raise RequestError(
             ErrorCode.MODE_UNAVAILABLE,
@@ -113,9 +116,32 @@ def _plan(gw: Gateway, req: StreamRequest, stream_id: str, key: str | None) -> S
             "this gateway does not manage yet; use 'sentinel', 'native' or 'auto'",
             http_status=422,
         )
-    # auto -> sentinel: the one mode every OpenAI-compatible upstream supports (probing an
-    # upstream for native tool calling is not done yet; ask for "native" explicitly).
-    mode = "native" if req.mode == "native" else "sentinel"
+    if req.mode != "auto":
+        return ModeDecision(req.mode, "asked for by the request")
+    model = req.model or gw.settings.model_id
+    decision = gw.modes.get(model)
+    if decision is None:
+        key = gw.settings.upstream_api_key
+        decision = await probe_tool_mode(
+            gw.client,
+            gw.settings.upstream_base_url,
+            model,
+            headers={"Authorization": f"Bearer {key}"} if key else None,
+        )
+        gw.modes[model] = decision
+        log.info(MODE_SELECTED, model=model, mode=decision.mode, reason=decision.reason)
+    return decision
+
+
+def _plan(
+    gw: Gateway,
+    req: StreamRequest,
+    stream_id: str,
+    key: str | None,
+    decision: ModeDecision,
+) -> StreamPlan:
+    settings = gw.settings
+    mode = decision.mode
     # Schemas: the result schema, the object schemas (registered names or inline ones,
     # checked against the metaschema: a bad one is a 422), and Any.
     registry = gw.schemas.scoped()
@@ -155,6 +181,7 @@ def _plan(gw: Gateway, req: StreamRequest, stream_id: str, key: str | None) -> S
         "model": chat.model,
         "mode": mode,
         "requested_mode": req.mode,
+        "mode_reason": decision.reason,
         "messages": messages,
         "sampling": {
             "temperature": chat.temperature,
@@ -210,8 +237,9 @@ async def stream(
                 headers={"Idempotent-Replayed": "true"},
             )
     stream_id = "s_" + secrets.token_hex(10)
+    decision = await _decide_mode(gw, req)
     session = StreamSession(
-        _plan(gw, req, stream_id, idempotency_key),
+        _plan(gw, req, stream_id, idempotency_key, decision),
         upstream=gw.upstream,
         limits=_limits(gw),
         artifacts=RunArtifacts(gw.settings.artifacts_dir, stream_id),

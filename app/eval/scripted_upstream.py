@@ -29,7 +29,8 @@ the socket open and silent until the client leaves; ``status`` answers ``status`
 as JSON. To send bytes that are not UTF-8, write them as surrogate escapes:
 ``b"\\xff".decode("utf-8", "surrogateescape")`` is ``"\\udcff"``.
 
-The server records every request (``requests``, ``wait_for_requests``) and counts open
+The server records the chat-completion requests (``requests``, ``wait_for_requests``) and
+every request (``all_requests``: probes and health checks too), and counts open
 connections (``open_connections``, ``wait_connections_closed``), so tests can assert what
 the gateway sent and that it left nothing open. ``pace=False`` ignores every delay
 (full-speed benches); by default ``delay_ms`` is honoured with ``asyncio.sleep``.
@@ -222,6 +223,9 @@ class RecordedRequest:
     json: Any = field(default=None)
 
 
+_NOT_FOUND: Final = Script(
+    end="status", status=404, body='{"error": {"message": "scripted upstream: no route"}}'
+)
 _NO_SCRIPT: Final = Script(
     end="status",
     status=500,
@@ -233,8 +237,10 @@ class ScriptedUpstream:
     """``async with ScriptedUpstream(scripts=[...]) as up:`` then point a client at
     ``up.base_url`` (which ends in ``/v1``, like an OpenAI base URL).
 
-    Scripts come from ``script_for(request_json)`` when given, else from the ``scripts``
-    queue in order; a request with no script left gets HTTP 500.
+    ``routes`` answer fixed paths (``{"/props": script}``) every time. Otherwise scripts
+    come from ``script_for(request_json)`` when given, else chat completions take the
+    ``scripts`` queue in order (none left: HTTP 500) and any other path gets 404, so a
+    probe or health check never consumes a chat script.
     """
 
     def __init__(
@@ -242,12 +248,14 @@ class ScriptedUpstream:
         scripts: Iterable[ScriptLike] = (),
         *,
         script_for: Callable[[Any], ScriptLike] | None = None,
+        routes: Mapping[str, ScriptLike] | None = None,
         pace: bool = True,
         host: str = "127.0.0.1",
         port: int = 0,
     ) -> None:
         self._scripts: deque[Script] = deque(Script.from_json(s) for s in scripts)
         self._script_for = script_for
+        self._routes = {path: Script.from_json(v) for path, v in (routes or {}).items()}
         self._pace = pace
         self._host = host
         self._port = port
@@ -257,7 +265,8 @@ class ScriptedUpstream:
         self._idle = asyncio.Event()
         self._idle.set()
         self._new_request = asyncio.Event()
-        self.requests: list[RecordedRequest] = []
+        self.requests: list[RecordedRequest] = []  # chat completions
+        self.all_requests: list[RecordedRequest] = []
         self.open_connections = 0
         self.connections_total = 0
 
@@ -319,8 +328,10 @@ class ScriptedUpstream:
         writer.transport.set_write_buffer_limits(0)
         try:
             while (request := await self._read_request(reader)) is not None:
-                self.requests.append(request)
-                self._new_request.set()
+                self.all_requests.append(request)
+                if request.path.split("?", 1)[0].endswith("/chat/completions"):
+                    self.requests.append(request)
+                    self._new_request.set()
                 if not await self._respond_watching(reader, writer, request):
                     break
         except (ConnectionError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
@@ -356,8 +367,13 @@ class ScriptedUpstream:
         return RecordedRequest(method, path, headers, body, parsed)
 
     def _select(self, request: RecordedRequest) -> Script:
+        path = request.path.split("?", 1)[0]
+        if path in self._routes:  # fixed answers: /v1/models, /props, /api/show, ...
+            return self._routes[path]
         if self._script_for is not None:
             return Script.from_json(self._script_for(request.json))
+        if not path.endswith("/chat/completions"):
+            return _NOT_FOUND  # a probe or a health check must not take a chat script
         return self._scripts.popleft() if self._scripts else _NO_SCRIPT
 
     async def _respond_watching(

@@ -71,7 +71,17 @@ from app.core.wire import (
     Frame,
 )
 from app.errors import ErrorCode, JSONError, ModelBehaviorError, ToolForgeError, UpstreamError
-from app.log import CLIENT_DISCONNECTED, STREAM_FINISHED, STREAM_STARTED, get_logger
+from app.log import (
+    ARTIFACTS_WRITE_FAILED,
+    CLIENT_DISCONNECTED,
+    FRAME_DEGRADED,
+    FRAME_REPAIRED,
+    STREAM_FINISHED,
+    STREAM_INTERNAL_ERROR,
+    STREAM_STARTED,
+    UPSTREAM_ERROR,
+    get_logger,
+)
 from app.runtime.artifacts import RunArtifacts
 from app.runtime.executor import Approval, ToolExecutor
 from app.runtime.frame_log import FrameLog
@@ -83,6 +93,9 @@ __all__ = ["SessionLimits", "StreamPlan", "StreamSession"]
 log = get_logger(__name__)
 
 DisconnectPolicy = Literal["cancel", "continue"]
+
+# Bodies above this are decided in a worker thread (see StreamSession._decide).
+_REPAIR_IN_THREAD_BYTES = 8 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -285,7 +298,7 @@ class StreamSession:
             if self._cancel_reason is None:
                 self._cancel_reason = "shutdown"
         except Exception as exc:  # a bug of ours: still end the stream with a frame
-            log.exception("stream.internal_error", stream_id=self.id)
+            log.exception(STREAM_INTERNAL_ERROR, stream_id=self.id)
             error = ToolForgeError(ErrorCode.INTERNAL, f"internal error: {type(exc).__name__}")
             self.log.append(Frame(ERROR, error.to_dict()))
         await self._finish(error)
@@ -380,7 +393,13 @@ class StreamSession:
                 raise closed.error
             return Frame(event, _end(closed, closed.value, repaired=False, degraded=False))
         parsed = closed.error if closed.error is not None else closed.value
-        first = finish_frame(closed.text, parsed, schema)
+        if closed.length > _REPAIR_IN_THREAD_BYTES:
+            # Local repair of a large, damaged body can take a quarter of a second
+            # (json_repair is pure Python): do it off the event loop, so other streams'
+            # tokens keep flowing meanwhile.
+            first = await anyio.to_thread.run_sync(finish_frame, closed.text, parsed, schema)
+        else:
+            first = finish_frame(closed.text, parsed, schema)
         outcome: FinalOutcome
         if not isinstance(first, NeedsModelRepair):
             outcome = first
@@ -391,9 +410,16 @@ class StreamSession:
             outcome = give_up(schema, first.errors)
         if isinstance(outcome, Repaired):
             self._stats.repairs += 1
+            log.info(FRAME_REPAIRED, stream_id=self.id, frame_id=closed.id, via=outcome.via)
         elif isinstance(outcome, Degraded):
             self._stats.degraded_frames += 1
             self._stats.degraded_ids.add(self.log.last_id + 1)
+            log.warning(
+                FRAME_DEGRADED,
+                stream_id=self.id,
+                frame_id=closed.id,
+                errors=[e.to_dict() for e in outcome.errors],
+            )
         return Frame(event, {"id": closed.id, "length": closed.length, **end_fields(outcome)})
 
     async def _model_repair(self, schema: CompiledSchema, need: NeedsModelRepair) -> str | None:
@@ -414,7 +440,7 @@ class StreamSession:
                 parts.append(delta.text)
                 self._account_usage_only(delta)
         except UpstreamError as exc:
-            log.warning("repair.failed", stream_id=self.id, code=str(exc.code))
+            log.warning(UPSTREAM_ERROR, stream_id=self.id, purpose="repair", code=str(exc.code))
             return None
         finally:
             with anyio.CancelScope(shield=True):
@@ -611,7 +637,7 @@ class StreamSession:
                 metrics={"stream_id": self.id, "reason": reason, **self.stats},
             )
         except Exception:  # the stream is already complete for the client; log, go on
-            log.exception("artifacts.write_failed", stream_id=self.id)
+            log.exception(ARTIFACTS_WRITE_FAILED, stream_id=self.id)
 
 
 class _Reported(ModelBehaviorError):

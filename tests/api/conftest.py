@@ -120,9 +120,13 @@ async def make_gateway(tmp_path: Path) -> AsyncIterator[HarnessFactory]:
     stack = contextlib.AsyncExitStack()
 
     async def factory(
-        scripts: Iterable[ScriptLike] = (), *, tools: ToolRegistry | None = None, **settings: Any
+        scripts: Iterable[ScriptLike] = (),
+        *,
+        tools: ToolRegistry | None = None,
+        routes: dict[str, ScriptLike] | None = None,
+        **settings: Any,
     ) -> Harness:
-        upstream = await stack.enter_async_context(ScriptedUpstream(scripts))
+        upstream = await stack.enter_async_context(ScriptedUpstream(scripts, routes=routes))
         artifacts = tmp_path / "artifacts"
         config = Settings(
             upstream_base_url=settings.pop("upstream_base_url", upstream.base_url),

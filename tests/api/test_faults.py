@@ -85,7 +85,7 @@ async def test_dead_upstream_is_unavailable(make_gateway: HarnessFactory) -> Non
 
 
 async def test_readyz_reports_the_upstream(make_gateway: HarnessFactory) -> None:
-    gw = await make_gateway([Script(end="status", status=200, body='{"data":[]}')])
+    gw = await make_gateway(routes={"/v1/models": Script(end="status", status=200, body="{}")})
     assert (await gw.client.get(f"{gw.url}/readyz")).json()["status"] == "ready"
     assert (await gw.client.get(f"{gw.url}/healthz")).json() == {"status": "ok"}
     dead = await make_gateway(upstream_base_url=_dead_url())

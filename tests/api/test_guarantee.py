@@ -136,3 +136,15 @@ async def test_bad_and_unknown_schemas_are_422(make_gateway: HarnessFactory) -> 
     )
     assert unknown.status_code == 422 and unknown.json()["error"]["code"] == "UNKNOWN_SCHEMA"
     assert not gw.upstream.requests
+
+
+async def test_a_large_damaged_body_is_repaired_off_the_event_loop(
+    make_gateway: HarnessFactory,
+) -> None:
+    # Over 8 KB, the local repair runs in a worker thread; the outcome is the same.
+    citations = ", ".join(f"'c{i}'" for i in range(2000))
+    body = "{'answer': 'ok', 'citations': [" + citations + "],}"
+    gw = await make_gateway([tokens(result_frame(body), size=64)])
+    end = end_of(await gw.stream())
+    assert (end["repaired"], end["degraded"]) == (True, False)
+    assert end["value"]["citations"][1999] == "c1999"

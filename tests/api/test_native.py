@@ -93,3 +93,42 @@ async def test_native_bad_arguments_go_back_as_invalid_json(make_gateway: Harnes
     (result,) = named(events, "tool.result")
     assert result["ok"] is False and result["error"]["code"] == "INVALID_JSON"
     assert named(events, "tool.call") == []
+
+
+async def test_auto_picks_native_when_llama_server_says_so(make_gateway: HarnessFactory) -> None:
+    props = {"chat_template_caps": {"supports_tools": True, "supports_tool_calls": True}}
+    gw = await make_gateway(
+        [Script.from_tokens(["a"]), Script.from_tokens(["b"])],
+        routes={"/props": Script(end="status", status=200, body=orjson.dumps(props).decode())},
+    )
+    first = await gw.stream({"input": "x"})
+    await gw.stream({"input": "y"})
+    assert frames(first)[0].data["mode"] == "native"
+    assert "tools" in gw.upstream.requests[-1].json  # the request carried native tools
+    probes = [r for r in gw.upstream.all_requests if r.path == "/props"]
+    assert len(probes) == 1  # probed once, then cached
+    await gw.settle()
+    run = gw.artifacts / "runs" / frames(first)[0].data["stream_id"]
+    prompt = orjson.loads((run / "prompt.json").read_bytes())
+    assert prompt["mode_reason"] == "llama-server /props: the chat template does tool calls"
+
+
+async def test_auto_picks_sentinel_for_ollama_without_tools(make_gateway: HarnessFactory) -> None:
+    show = {"capabilities": ["completion"]}
+    gw = await make_gateway(
+        [Script.from_tokens(["a"])],
+        routes={"/api/show": Script(end="status", status=200, body=orjson.dumps(show).decode())},
+    )
+    events = await gw.stream({"input": "x", "model": "smollm2"})
+    assert frames(events)[0].data["mode"] == "sentinel"
+    (probe,) = [r for r in gw.upstream.all_requests if r.path == "/api/show"]
+    assert probe.json == {"model": "smollm2"}
+    assert "tools" not in gw.upstream.requests[-1].json
+
+
+async def test_auto_falls_back_to_sentinel_when_nothing_answers(
+    make_gateway: HarnessFactory,
+) -> None:
+    gw = await make_gateway([Script.from_tokens(["a"])])
+    events = await gw.stream({"input": "x"})
+    assert frames(events)[0].data["mode"] == "sentinel"
