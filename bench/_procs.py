@@ -151,12 +151,16 @@ def _tool_script(request: dict[str, Any]) -> Any:
 
 def script_for(request: Any) -> Any:
     """ScriptedUpstream's chooser: chat requests by ``model``; anything else (GET /models
-    from the gateway's /readyz) gets a small 200."""
+    from the gateway's /readyz, the ``mode: auto`` probes) gets a small 200."""
     from app.eval.scripted_upstream import Script
 
     if isinstance(request, dict) and request.get("model") in ("tools0", "tools2"):
         return _tool_script(request)
-    if isinstance(request, dict) and isinstance(request.get("model"), str):
+    if (
+        isinstance(request, dict)
+        and isinstance(request.get("model"), str)
+        and "messages" in request  # a chat completion, not a probe such as /api/show
+    ):
         return _script(request["model"])
     return Script(end="status", status=200, body='{"object":"list","data":[]}')
 
