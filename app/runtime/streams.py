@@ -41,6 +41,7 @@ class StreamRegistry:
         self._clock = clock
         self._sessions: dict[str, StreamSession] = {}
         self._keys: dict[str, _IdempotencyRecord] = {}
+        self._last_sweep = float("-inf")
 
     def __len__(self) -> int:
         return len(self._sessions)
@@ -49,10 +50,13 @@ class StreamRegistry:
     def active(self) -> int:
         return sum(1 for s in self._sessions.values() if s.running)
 
+    def _expired(self, session: StreamSession, now: float) -> bool:
+        return session.finished_at is not None and now - session.finished_at > self._ttl
+
     def get(self, stream_id: str) -> StreamSession:
         self.sweep()
         session = self._sessions.get(stream_id)
-        if session is None:
+        if session is None or self._expired(session, self._clock()):
             raise RequestError(
                 ErrorCode.NOT_FOUND,
                 f"no stream {stream_id!r}: it never existed or ended more than "
@@ -74,7 +78,9 @@ class StreamRegistry:
                 "use a new key for a new request",
                 http_status=422,
             )
-        session = self._sessions[record.stream_id]
+        session = self._sessions.get(record.stream_id)
+        if session is None or self._expired(session, self._clock()):
+            return None  # the stored stream expired with its key: a new stream starts
         if session.running:
             raise RequestError(
                 ErrorCode.IDEMPOTENCY_IN_FLIGHT,
@@ -98,8 +104,15 @@ class StreamRegistry:
         session.start()
 
     def sweep(self) -> None:
-        """Forget streams that ended more than the TTL ago (and their keys)."""
+        """Forget streams that ended more than the TTL ago (and their keys).
+
+        A full pass is O(streams kept), so it runs at most once a second (or twice per
+        TTL when that is shorter); lookups check their own stream's expiry exactly.
+        """
         now = self._clock()
+        if now - self._last_sweep < min(1.0, self._ttl / 2):
+            return
+        self._last_sweep = now
         expired = {
             sid
             for sid, s in self._sessions.items()
