@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -113,6 +114,28 @@ async def serve(app: FastAPI) -> AsyncIterator[str]:
 
 
 HarnessFactory = Callable[..., Awaitable[Harness]]
+
+
+async def open_raw_stream(
+    gw: Harness, body: dict[str, Any], *, rcvbuf: int | None = None, close: bool = False
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """POST /v1/stream over a raw socket (a small receive buffer makes a slow client;
+    ``close`` asks for ``Connection: close``, so the body ends at EOF)."""
+    host, port = gw.url.removeprefix("http://").split(":")
+    sock = socket.socket()
+    if rcvbuf is not None:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+    sock.setblocking(False)
+    await asyncio.get_running_loop().sock_connect(sock, (host, int(port)))
+    reader, writer = await asyncio.open_connection(sock=sock, limit=1 << 20)
+    payload = orjson.dumps(body)
+    writer.write(
+        b"POST /v1/stream HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n%s\r\n%s"
+        % (len(payload), b"Connection: close\r\n" if close else b"", payload)
+    )
+    await writer.drain()
+    return reader, writer
 
 
 @pytest.fixture

@@ -7,11 +7,10 @@ import asyncio
 import socket
 import time
 
-import orjson
 import pytest
 
 from app.eval.scripted_upstream import Script, Step
-from tests.api.conftest import Harness, HarnessFactory, assert_well_formed, frames
+from tests.api.conftest import Harness, HarnessFactory, assert_well_formed, frames, open_raw_stream
 
 
 async def _error_of(gw: Harness) -> tuple[dict[str, object], str]:
@@ -93,25 +92,6 @@ async def test_readyz_reports_the_upstream(make_gateway: HarnessFactory) -> None
     assert response.status_code == 503 and response.json()["status"] == "unavailable"
 
 
-async def _open_raw_stream(
-    gw: Harness, body: dict[str, object], rcvbuf: int | None = None
-) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-    host, port = gw.url.removeprefix("http://").split(":")
-    sock = socket.socket()
-    if rcvbuf is not None:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
-    sock.setblocking(False)
-    await asyncio.get_running_loop().sock_connect(sock, (host, int(port)))
-    reader, writer = await asyncio.open_connection(sock=sock, limit=1 << 20)
-    payload = orjson.dumps(body)
-    writer.write(
-        b"POST /v1/stream HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-        b"Content-Length: %d\r\n\r\n%s" % (len(payload), payload)
-    )
-    await writer.drain()
-    return reader, writer
-
-
 async def _upstream_closed_within(gw: Harness, seconds: float) -> float:
     started = time.perf_counter()
     async with asyncio.timeout(seconds):
@@ -125,7 +105,7 @@ async def test_client_disconnect_mid_token_cancels_the_upstream_fast(
     # The upstream keeps streaming slowly; the client reads a little, then hangs up.
     script = Script.from_tokens([f"t{i} " for i in range(1000)], delay_ms=5)
     gw = await make_gateway([script])
-    reader, writer = await _open_raw_stream(gw, {"input": "x"})
+    reader, writer = await open_raw_stream(gw, {"input": "x"})
     await reader.readuntil(b"event: text.delta")
     assert gw.upstream.open_connections == 1
     writer.transport.abort()
@@ -139,7 +119,7 @@ async def test_client_disconnect_mid_token_cancels_the_upstream_fast(
 
 async def test_client_disconnect_during_an_upstream_stall(make_gateway: HarnessFactory) -> None:
     gw = await make_gateway([Script(steps=(Step(text="a"),), end="hang")], idle_s=30)
-    reader, writer = await _open_raw_stream(gw, {"input": "x"})
+    reader, writer = await open_raw_stream(gw, {"input": "x"})
     await reader.readuntil(b"event: text.delta")
     writer.close()
     assert await _upstream_closed_within(gw, 1.0) < 0.05
@@ -148,7 +128,7 @@ async def test_client_disconnect_during_an_upstream_stall(make_gateway: HarnessF
 
 async def test_client_gone_right_after_sending(make_gateway: HarnessFactory) -> None:
     gw = await make_gateway([Script(end="hang_before_headers")] * 2, first_byte_s=30)
-    _, writer = await _open_raw_stream(gw, {"input": "x"})
+    _, writer = await open_raw_stream(gw, {"input": "x"})
     writer.transport.abort()  # gone before reading a single byte of the answer
     await asyncio.sleep(0.1)
     await _upstream_closed_within(gw, 1.0)
@@ -158,7 +138,7 @@ async def test_client_gone_right_after_sending(make_gateway: HarnessFactory) -> 
 
 async def test_client_gone_before_the_upstream_answered(make_gateway: HarnessFactory) -> None:
     gw = await make_gateway([Script(end="hang_before_headers")], first_byte_s=30)
-    _, writer = await _open_raw_stream(gw, {"input": "x"})
+    _, writer = await open_raw_stream(gw, {"input": "x"})
     async with asyncio.timeout(2):
         await gw.upstream.wait_for_requests(1)
     writer.transport.abort()
@@ -178,7 +158,7 @@ async def test_slow_client_pauses_the_upstream_and_loses_nothing(
     token = "x" * 10_000
     script = Script.from_tokens([token] * 2000)
     gw = await make_gateway([script], queue_max_frames=8)
-    reader, writer = await _open_raw_stream(gw, {"input": "x"}, rcvbuf=4096)
+    reader, writer = await open_raw_stream(gw, {"input": "x"}, rcvbuf=4096)
     await reader.readuntil(b"event: stream.begin")
     await asyncio.sleep(0.5)  # the client stalls
     session = next(iter(gw.gateway.registry._sessions.values()))
@@ -210,7 +190,7 @@ async def test_many_hang_ups_leave_no_upstream_connection_open(
     n = 40
     scripts = [Script.from_tokens([f"t{i} " for i in range(2000)], delay_ms=1) for _ in range(n)]
     gw = await make_gateway(scripts)
-    clients = [await _open_raw_stream(gw, {"input": "x"}) for _ in range(n)]
+    clients = [await open_raw_stream(gw, {"input": "x"}) for _ in range(n)]
     for reader, _ in clients:
         await reader.readuntil(b"event: text.delta")
     for _, writer in clients:

@@ -22,7 +22,6 @@ result.end value valid against its schema, and artifacts equal to what the clien
 from __future__ import annotations
 
 import asyncio
-import socket
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +30,14 @@ import pytest
 
 from app.core.guarantee import validate
 from app.core.schemas import builtin_registry
-from tests.api.conftest import Event, Harness, HarnessFactory, assert_well_formed, frames
+from tests.api.conftest import (
+    Event,
+    Harness,
+    HarnessFactory,
+    assert_well_formed,
+    frames,
+    open_raw_stream,
+)
 
 CASES = {
     p.stem: orjson.loads(p.read_bytes())
@@ -73,18 +79,7 @@ def _parse_sse(body: bytes) -> list[Event]:
 async def _stall_client(
     gw: Harness, body: dict[str, Any], stall_ms: int, rcvbuf: int
 ) -> list[Event]:
-    host, port = gw.url.removeprefix("http://").split(":")
-    sock = socket.socket()
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
-    sock.setblocking(False)
-    await asyncio.get_running_loop().sock_connect(sock, (host, int(port)))
-    reader, writer = await asyncio.open_connection(sock=sock, limit=1 << 20)
-    payload = orjson.dumps(body)
-    writer.write(
-        b"POST /v1/stream HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-        b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(payload), payload)
-    )
-    await writer.drain()
+    reader, writer = await open_raw_stream(gw, body, rcvbuf=rcvbuf, close=True)
     await asyncio.sleep(stall_ms / 1000)
     raw = b""
     while chunk := await reader.read(1 << 16):
