@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from typing import Annotated
 
@@ -32,7 +33,8 @@ class Gateway:
     schemas: SchemaRegistry
     system_template: str
     repair_template: str
-    modes: dict[str, ModeDecision] = field(default_factory=dict)  # mode=auto, per model
+    # mode=auto: one probe per model, shared by concurrent first requests, then cached.
+    modes: dict[str, asyncio.Future[ModeDecision]] = field(default_factory=dict)
 
 
 def get_gateway(request: Request) -> Gateway:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import difflib
 import hashlib
@@ -119,18 +120,22 @@ async def _decide_mode(gw: Gateway, req: StreamRequest) -> ModeDecision:
     if req.mode != "auto":
         return ModeDecision(req.mode, "asked for by the request")
     model = req.model or gw.settings.model_id
-    decision = gw.modes.get(model)
-    if decision is None:
+    probe = gw.modes.get(model)
+    if probe is None:  # the first request for this model probes; the others wait for it
         key = gw.settings.upstream_api_key
-        decision = await probe_tool_mode(
-            gw.client,
-            gw.settings.upstream_base_url,
-            model,
-            headers={"Authorization": f"Bearer {key}"} if key else None,
+        probe = asyncio.ensure_future(
+            probe_tool_mode(
+                gw.client,
+                gw.settings.upstream_base_url,
+                model,
+                headers={"Authorization": f"Bearer {key}"} if key else None,
+            )
         )
-        gw.modes[model] = decision
+        gw.modes[model] = probe
+        decision = await asyncio.shield(probe)
         log.info(MODE_SELECTED, model=model, mode=decision.mode, reason=decision.reason)
-    return decision
+        return decision
+    return await asyncio.shield(probe)
 
 
 def _plan(

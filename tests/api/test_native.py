@@ -3,6 +3,7 @@ with tool messages; the client sees the same frames as in sentinel mode."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import orjson
@@ -132,3 +133,14 @@ async def test_auto_falls_back_to_sentinel_when_nothing_answers(
     gw = await make_gateway([Script.from_tokens(["a"])])
     events = await gw.stream({"input": "x"})
     assert frames(events)[0].data["mode"] == "sentinel"
+
+
+async def test_concurrent_first_requests_share_one_probe(make_gateway: HarnessFactory) -> None:
+    props = {"chat_template_caps": {"supports_tool_calls": False}}
+    gw = await make_gateway(
+        [Script.from_tokens(["a"]) for _ in range(8)],
+        routes={"/props": Script(end="status", status=200, body=orjson.dumps(props).decode())},
+    )
+    results = await asyncio.gather(*(gw.stream({"input": "x"}) for _ in range(8)))
+    assert all(frames(r)[0].data["mode"] == "sentinel" for r in results)
+    assert len([r for r in gw.upstream.all_requests if r.path == "/props"]) == 1
