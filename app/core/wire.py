@@ -16,7 +16,6 @@ import orjson
 __all__ = [
     "DONE",
     "ERROR",
-    "EVENT_NAMES",
     "JSON_BEGIN",
     "JSON_DELTA",
     "JSON_END",
@@ -44,13 +43,6 @@ RESULT_DELTA: Final = "result.delta"
 RESULT_END: Final = "result.end"
 ERROR: Final = "error"
 DONE: Final = "done"
-
-EVENT_NAMES: Final = frozenset(
-    {
-        STREAM_BEGIN, TEXT_DELTA, JSON_BEGIN, JSON_DELTA, JSON_END, TOOL_CALL, TOOL_RESULT,
-        RESULT_BEGIN, RESULT_DELTA, RESULT_END, ERROR, DONE,
-    }
-)  # fmt: skip
 
 # A ping carries no id: it is not part of the stream's frame sequence, so it never moves
 # a client's Last-Event-ID, is never replayed and never breaks byte-identical replays.

@@ -45,6 +45,7 @@ from app.core.guarantee import (
     FinalOutcome,
     NeedsModelRepair,
     Repaired,
+    Valid,
     after_model_repair,
     end_fields,
     finish_frame,
@@ -373,14 +374,20 @@ class StreamSession:
     def _account(self, delta: UpstreamDelta) -> None:
         if delta.finish_reason is not None:
             self._stats.finish = delta.finish_reason
-        if delta.usage is not None:
-            usage = self._stats.usage
-            if usage is None:
-                self._stats.usage = dict(delta.usage)
-            else:  # several turns: add them up
-                for key, value in delta.usage.items():
-                    if isinstance(value, int) and isinstance(usage.get(key, 0), int):
-                        usage[key] = usage.get(key, 0) + value
+        if delta.usage is not None:  # the last chunk only: keep the per-token path bare
+            self._add_usage(delta)
+
+    def _add_usage(self, delta: UpstreamDelta) -> None:
+        """Token usage adds up over turns and repair calls."""
+        if delta.usage is None:
+            return
+        usage = self._stats.usage
+        if usage is None:
+            self._stats.usage = dict(delta.usage)
+            return
+        for key, value in delta.usage.items():
+            if isinstance(value, int) and isinstance(usage.get(key, 0), int):
+                usage[key] = usage.get(key, 0) + value
 
     # -- the JSON guarantee ---------------------------------------------------------------
 
@@ -391,7 +398,8 @@ class StreamSession:
         if schema is None:  # no schema registry in this session: syntax is all we check
             if closed.error is not None:
                 raise closed.error
-            return Frame(event, _end(closed, closed.value, repaired=False, degraded=False))
+            fields = end_fields(Valid(closed.value))
+            return Frame(event, {"id": closed.id, "length": closed.length, **fields})
         parsed = closed.error if closed.error is not None else closed.value
         if closed.length > _REPAIR_IN_THREAD_BYTES:
             # Local repair of a large, damaged body can take a quarter of a second
@@ -438,7 +446,7 @@ class StreamSession:
         try:
             async for delta in deltas:
                 parts.append(delta.text)
-                self._account_usage_only(delta)
+                self._add_usage(delta)  # a repair call does not end the stream
         except UpstreamError as exc:
             log.warning(UPSTREAM_ERROR, stream_id=self.id, purpose="repair", code=str(exc.code))
             return None
@@ -446,12 +454,6 @@ class StreamSession:
             with anyio.CancelScope(shield=True):
                 await _aclose(deltas)
         return "".join(parts)
-
-    def _account_usage_only(self, delta: UpstreamDelta) -> None:
-        if delta.usage is not None:
-            finish = self._stats.finish
-            self._account(delta)
-            self._stats.finish = finish  # a repair call does not end the stream
 
     # -- tools ----------------------------------------------------------------------------
 
@@ -645,16 +647,6 @@ class _Reported(ModelBehaviorError):
 
     def __init__(self, error: ModelBehaviorError) -> None:
         super().__init__(error.code, error.message, frame_id=error.frame_id)
-
-
-def _end(closed: BodyClosed, value: object, *, repaired: bool, degraded: bool) -> dict[str, Any]:
-    return {
-        "id": closed.id,
-        "length": closed.length,
-        "value": value,
-        "repaired": repaired,
-        "degraded": degraded,
-    }
 
 
 def _native(call: AssembledCall) -> BodyClosed:
