@@ -11,14 +11,11 @@ Why the pieces look the way they do:
 * ``response.aiter_raw()`` is the cheapest httpx read path (research doc §1b: 14 µs/event
   against 17 for ``aiter_lines`` and 21 for httpx-sse's iterator); we ask for
   ``Accept-Encoding: identity`` so raw bytes are the body.
-* Three timeouts, each named in its error (research doc §2, fault 4). httpx has a single
-  read timeout, so only ``connect`` (and pool) is left to httpx; the first-byte and idle
-  deadlines are per-read deadlines with ``asyncio.timeout`` semantics (see
-  :class:`_Exchange` for why not ``asyncio.timeout`` itself: cost per token). The
+* Three timeouts, each named in its error, and the one mapping of httpx exceptions to
+  :class:`UpstreamError` are :class:`~app.upstream.exchange.Exchange`'s, shared with the
+  Ollama adapter (:mod:`app.upstream.exchange` says why they look the way they do). The
   first-byte clock starts when the request headers are sent (httpx's ``trace`` extension
   tells us), so a slow connect is reported as a connect timeout, not a first-byte one.
-* Every httpx exception is mapped to :class:`UpstreamError` in one context manager,
-  :class:`_Exchange`, like httpx's own ``map_httpcore_exceptions``.
 * Closing the generator (``aclose()`` or cancelling the task) closes the response, which
   closes the TCP connection at once when the body was not finished (SPEC §4: cancel
   within 50 ms).
@@ -28,8 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping
-from types import TracebackType
+from collections.abc import AsyncGenerator, Mapping
 from typing import Any, Final
 
 import anyio
@@ -38,36 +34,21 @@ import orjson
 
 from app.errors import ErrorCode, UpstreamError
 from app.upstream.base import ChatRequest, ToolCallDelta, UpstreamDelta
+from app.upstream.exchange import (
+    ERROR_BODY_BYTES,
+    FIRST_BYTE,
+    RETRYABLE_STATUS,
+    STREAM,
+    Exchange,
+    drain,
+    json_default,
+    snippet,
+)
 from app.upstream.sse_decoder import UpstreamSSEDecoder
 
 __all__ = ["OpenAICompatUpstream"]
 
 _DONE: Final = "[DONE]"
-_SNIPPET_CHARS: Final = 120
-_ERROR_BODY_BYTES: Final = 2048
-# After [DONE] we read what is left of the body so the connection can go back to the pool
-# (httpcore closes a connection whose response was not read to the end). The terminating
-# chunk normally arrives with [DONE]; we wait no longer than this for a server that keeps
-# the body open, since the caller waits for the generator to finish.
-_DRAIN_S: Final = 0.02
-_DRAIN_BYTES: Final = 64 * 1024
-# Statuses worth retrying besides 5xx, as the OpenAI SDK retries them (408, 409, 429); 425
-# is "too early". 400/401/403/404/422 mean the request or the credentials are wrong: the
-# same request fails again, so the error says retryable=false.
-_RETRYABLE_STATUS: Final = frozenset({408, 409, 425, 429})
-
-# Phases of one exchange, used to name timeouts and to classify connection errors.
-_CONNECT: Final = "connect"
-_FIRST_BYTE: Final = "first-byte"
-_STREAM: Final = "stream"
-
-
-def _snippet(text: str) -> str:
-    return repr(text[:_SNIPPET_CHARS] + ("…" if len(text) > _SNIPPET_CHARS else ""))
-
-
-def _describe(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
 
 def _error_text(excerpt: str) -> str:
@@ -75,162 +56,10 @@ def _error_text(excerpt: str) -> str:
     try:
         body = orjson.loads(excerpt)
     except orjson.JSONDecodeError:
-        return _snippet(excerpt)
+        return snippet(excerpt)
     error = body.get("error") if type(body) is dict else None
     message = error.get("message") if type(error) is dict else error
-    return _snippet(message if isinstance(message, str) else excerpt)
-
-
-def _json_default(value: object) -> object:
-    # ChatRequest allows read-only mappings and tuples; orjson serialises only dict/list.
-    if isinstance(value, Mapping):
-        return dict(value)
-    raise TypeError(f"cannot serialise {type(value).__name__} in a chat request")
-
-
-class _Exchange:
-    """One request's state: its phase, its read deadline, and the one place where httpx
-    exceptions (and our own deadline expiring) become :class:`UpstreamError`.
-
-    Used as ``with exchange.until(when):`` around every await on httpx, never around a
-    ``yield``: the deadline bounds how long the upstream takes to deliver once we ask, so a
-    consumer that pauses (backpressure, SPEC §4) does not make the upstream "idle".
-
-    The deadline is ``asyncio.timeout_at`` semantics at a fraction of the cost. We measured
-    ``async with asyncio.timeout(...)`` around each read at about 6 µs (a Timeout and a
-    TimerHandle per read) next to about 13 µs for the read itself. Here a read costs a few
-    attribute writes; one TimerHandle is re-armed lazily: when it fires and the deadline has
-    moved on, it reschedules itself, and only when the deadline really passed during a read
-    does it cancel the reading task, which ``__exit__`` turns back into a timeout exactly as
-    ``asyncio.Timeout`` does (``uncancel()``, so a cancellation from outside still wins).
-    """
-
-    __slots__ = (
-        "_cancelling",
-        "_expired",
-        "_handle",
-        "_loop",
-        "_scheduled_for",
-        "_task",
-        "_when",
-        "connect_s",
-        "finished",
-        "first_byte_s",
-        "idle_s",
-        "phase",
-        "url",
-    )
-
-    def __init__(self, url: str, connect_s: float, first_byte_s: float, idle_s: float) -> None:
-        self.url = url
-        self.connect_s = connect_s
-        self.first_byte_s = first_byte_s
-        self.idle_s = idle_s
-        self.phase = _CONNECT
-        self.finished = False  # a finish_reason arrived: the generation is complete
-        self._loop = asyncio.get_running_loop()
-        self._when: float | None = None  # deadline of the read in progress; None: no read
-        self._handle: asyncio.TimerHandle | None = None
-        self._scheduled_for = 0.0
-        self._task: asyncio.Task[Any] | None = None
-        self._cancelling = 0
-        self._expired = False
-
-    def until(self, when: float | None) -> _Exchange:
-        """Arm the deadline (loop time; ``None``: none) for the read about to start."""
-        self._when = when
-        if when is not None:
-            task = asyncio.current_task()
-            assert task is not None
-            self._task = task
-            self._cancelling = task.cancelling()
-            if self._handle is None or when < self._scheduled_for:
-                self._schedule(when)
-        return self
-
-    def close(self) -> None:
-        if self._handle is not None:
-            self._handle.cancel()
-            self._handle = None
-
-    def _schedule(self, when: float) -> None:
-        if self._handle is not None:
-            self._handle.cancel()
-        self._scheduled_for = when
-        self._handle = self._loop.call_at(when, self._fire)
-
-    def _fire(self) -> None:
-        self._handle = None
-        when = self._when
-        if when is None:
-            return  # no read in progress; the next until() re-arms
-        if when > self._scheduled_for:
-            self._schedule(when)  # a later read moved the deadline on
-            return
-        assert self._task is not None
-        self._expired = True
-        self._task.cancel()
-
-    def __enter__(self) -> _Exchange:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> bool:
-        self._when = None
-        if exc is None or isinstance(exc, UpstreamError):
-            return False
-        if isinstance(exc, asyncio.CancelledError):
-            if not self._expired:
-                return False
-            self._expired = False
-            assert self._task is not None
-            if self._task.uncancel() > self._cancelling:
-                return False  # cancelled from outside as well: that wins
-        elif not isinstance(exc, (httpx.HTTPError, httpx.StreamError)):
-            return False  # our own bugs pass through untouched
-        if self.finished and self.phase == _STREAM:
-            # The model already finished; a connection that then drops or stalls before
-            # [DONE] lost us nothing. The read returns "end of body" instead.
-            return True
-        raise self._map(exc) from exc
-
-    def _map(self, exc: BaseException) -> UpstreamError:
-        timeout, unavailable = ErrorCode.UPSTREAM_TIMEOUT, ErrorCode.UPSTREAM_UNAVAILABLE
-        if isinstance(exc, httpx.ConnectTimeout):
-            return UpstreamError(
-                timeout, f"upstream connect timeout: {self.url} not reached in {self.connect_s} s"
-            )
-        if isinstance(exc, httpx.PoolTimeout):
-            return UpstreamError(
-                timeout, f"upstream pool timeout: no free connection in {self.connect_s} s"
-            )
-        if isinstance(exc, (asyncio.CancelledError, httpx.TimeoutException)):
-            if self.phase == _STREAM:
-                return UpstreamError(
-                    timeout, f"upstream idle timeout: nothing received for {self.idle_s} s"
-                )
-            return UpstreamError(
-                timeout, f"upstream first-byte timeout: no response in {self.first_byte_s} s"
-            )
-        if isinstance(exc, httpx.ConnectError):  # refused, DNS, unreachable, TLS handshake
-            return UpstreamError(unavailable, f"cannot connect to upstream {self.url}: {exc}")
-        if isinstance(exc, (httpx.NetworkError, httpx.RemoteProtocolError)):
-            if self.phase == _STREAM:
-                # FIN, RST or a truncated chunked body before [DONE] and finish_reason.
-                return UpstreamError(
-                    ErrorCode.UPSTREAM_PROTOCOL,
-                    f"upstream closed the stream early ({_describe(exc)})",
-                )
-            return UpstreamError(
-                unavailable, f"upstream {self.url} closed the connection before responding: {exc}"
-            )
-        return UpstreamError(
-            ErrorCode.UPSTREAM_PROTOCOL, f"upstream HTTP failure ({_describe(exc)})"
-        )
+    return snippet(message if isinstance(message, str) else excerpt)
 
 
 # UpstreamDelta is built once per chunk, the hot path. The frozen dataclass __init__ costs
@@ -267,7 +96,7 @@ def _parse_chunk(data: str) -> UpstreamDelta | None:
         chunk = orjson.loads(data)
     except orjson.JSONDecodeError as exc:
         raise UpstreamError(
-            ErrorCode.UPSTREAM_PROTOCOL, f"upstream sent non-JSON data: {_snippet(data)}"
+            ErrorCode.UPSTREAM_PROTOCOL, f"upstream sent non-JSON data: {snippet(data)}"
         ) from exc
     if type(chunk) is not dict:
         raise _shape_error(data)
@@ -304,6 +133,9 @@ def _parse_chunk(data: str) -> UpstreamDelta | None:
         raise _shape_error(data)
     if not (usage is None or type(usage) is dict):
         raise _shape_error(data)
+    timings = chunk.get("timings")
+    if type(timings) is dict:  # llama-server, last chunk: prompt-cache reuse (cache_n), speeds
+        usage = {**(usage or {}), "timings": timings}
     if not text and finish is None and usage is None and not tool_calls:
         return None  # e.g. the role-only first chunk
     return _delta(text, finish, usage, tool_calls)
@@ -355,7 +187,7 @@ def _parse_tool_calls(calls: Any, data: str) -> tuple[ToolCallDelta, ...]:
 
 def _shape_error(data: str) -> UpstreamError:
     return UpstreamError(
-        ErrorCode.UPSTREAM_PROTOCOL, f"upstream chunk has an unexpected shape: {_snippet(data)}"
+        ErrorCode.UPSTREAM_PROTOCOL, f"upstream chunk has an unexpected shape: {snippet(data)}"
     )
 
 
@@ -419,7 +251,7 @@ class OpenAICompatUpstream:
     async def stream(self, request: ChatRequest) -> AsyncGenerator[UpstreamDelta, None]:
         """Yield deltas until ``[DONE]``; raise :class:`UpstreamError` on any failure."""
         loop = asyncio.get_running_loop()
-        exchange = _Exchange(str(self._url), self._connect_s, self._first_byte_s, self._idle_s)
+        exchange = Exchange(str(self._url), self._connect_s, self._first_byte_s, self._idle_s)
         first_byte_at: float | None = None
 
         async def trace(name: str, info: Mapping[str, Any]) -> None:
@@ -427,13 +259,13 @@ class OpenAICompatUpstream:
             nonlocal first_byte_at
             if name.endswith("send_request_headers.started"):
                 first_byte_at = loop.time() + self._first_byte_s
-                exchange.phase = _FIRST_BYTE
+                exchange.phase = FIRST_BYTE
                 exchange.until(first_byte_at)
 
         http_request = self._client.build_request(
             "POST",
             self._url,
-            content=orjson.dumps(self.body(request), default=_json_default),
+            content=orjson.dumps(self.body(request), default=json_default),
             headers={**self._headers, "Content-Type": "application/json"},
             timeout=self._timeout,
             extensions={"trace": trace},
@@ -448,7 +280,7 @@ class OpenAICompatUpstream:
             # Transports without tracing (MockTransport) never started the first-byte clock.
             if first_byte_at is None:
                 first_byte_at = loop.time() + self._first_byte_s
-            exchange.phase = _FIRST_BYTE
+            exchange.phase = FIRST_BYTE
             # A response built in memory (MockTransport with bytes content) is already read,
             # and aiter_raw() would refuse it; aiter_bytes() replays it. Identity encoding
             # makes the two the same bytes.
@@ -456,7 +288,7 @@ class OpenAICompatUpstream:
             with exchange.until(first_byte_at):
                 self._check_response(response, await self._excerpt(response))
                 chunk = await anext(chunks, None)
-            exchange.phase = _STREAM
+            exchange.phase = STREAM
             decoder = UpstreamSSEDecoder()
             idle_s = self._idle_s
             while True:
@@ -464,7 +296,7 @@ class OpenAICompatUpstream:
                 for message in messages:
                     data = message.data
                     if data == _DONE:
-                        await self._drain(chunks)
+                        await drain(chunks)
                         return
                     if not data:
                         continue  # keep-alive or an event with no data
@@ -487,7 +319,7 @@ class OpenAICompatUpstream:
         finally:
             exchange.close()
             # Shielded: the cancel that may have brought us here must not cut the close
-            # short, or httpcore keeps the connection ACTIVE in its pool (see _drain).
+            # short, or httpcore keeps the connection ACTIVE in its pool (see exchange.drain).
             with anyio.CancelScope(shield=True):
                 await response.aclose()
 
@@ -498,9 +330,9 @@ class OpenAICompatUpstream:
         raw = b""
         async for part in response.aiter_bytes():
             raw += part
-            if len(raw) >= _ERROR_BODY_BYTES:
+            if len(raw) >= ERROR_BODY_BYTES:
                 break
-        return " ".join(raw[:_ERROR_BODY_BYTES].decode("utf-8", "replace").split())
+        return " ".join(raw[:ERROR_BODY_BYTES].decode("utf-8", "replace").split())
 
     @staticmethod
     def _is_sse(response: httpx.Response) -> bool:
@@ -514,27 +346,11 @@ class OpenAICompatUpstream:
                 ErrorCode.UPSTREAM_HTTP_ERROR,
                 f"upstream returned HTTP {status}: {_error_text(excerpt)}",
             )
-            error.retryable = status >= 500 or status in _RETRYABLE_STATUS
+            error.retryable = status >= 500 or status in RETRYABLE_STATUS
             raise error
         if not OpenAICompatUpstream._is_sse(response):
             content_type = response.headers.get("content-type", "no content-type")
             raise UpstreamError(
                 ErrorCode.UPSTREAM_PROTOCOL,
-                f"upstream answered {content_type}, not text/event-stream: {_snippet(excerpt)}",
+                f"upstream answered {content_type}, not text/event-stream: {snippet(excerpt)}",
             )
-
-    @staticmethod
-    async def _drain(chunks: AsyncIterator[bytes]) -> None:
-        # Best effort, see _DRAIN_S; data after [DONE] is ignored. The time limit is an
-        # anyio scope, not asyncio.timeout: httpcore shields its pool cleanup with anyio
-        # scopes, which a native cancel ignores; under load asyncio.timeout firing inside
-        # that cleanup left pool entries ACTIVE and their sockets open (bench B4).
-        seen = 0
-        with anyio.move_on_after(_DRAIN_S):
-            try:
-                async for part in chunks:
-                    seen += len(part)
-                    if seen > _DRAIN_BYTES:
-                        return
-            except (httpx.HTTPError, httpx.StreamError):
-                pass

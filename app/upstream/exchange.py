@@ -1,0 +1,245 @@
+"""The request machinery the HTTP adapters share: deadlines, error mapping, draining.
+
+:mod:`app.upstream.openai_compat`, :mod:`app.upstream.ollama` and
+:mod:`app.upstream.ollama_control` speak different dialects over the same kind of
+exchange; what does not depend on the dialect is here.
+
+* Three timeouts, each named in its error (research doc §2, fault 4). httpx has a single
+  read timeout, so only ``connect`` (and pool) is left to httpx; the first-byte and idle
+  deadlines are per-read deadlines with ``asyncio.timeout`` semantics, kept by
+  :class:`Exchange` (see it for why not ``asyncio.timeout`` itself: cost per token). The
+  adapter moves the exchange through its phases, :data:`CONNECT`, :data:`FIRST_BYTE` and
+  :data:`STREAM`, which name the timeouts and classify connection errors.
+* Every httpx exception is mapped to :class:`UpstreamError` in one context manager,
+  :class:`Exchange`, like httpx's own ``map_httpcore_exceptions``.
+* :func:`drain` reads what is left of a body after the end of the stream, so the
+  connection can go back to the pool.
+* Small helpers for requests and error messages: :func:`json_default`, :func:`snippet`,
+  :func:`describe`, :data:`ERROR_BODY_BYTES` and :data:`RETRYABLE_STATUS`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Mapping
+from types import TracebackType
+from typing import Any, Final
+
+import anyio
+import httpx
+
+from app.errors import ErrorCode, UpstreamError
+
+__all__ = [
+    "CONNECT",
+    "ERROR_BODY_BYTES",
+    "FIRST_BYTE",
+    "RETRYABLE_STATUS",
+    "STREAM",
+    "Exchange",
+    "describe",
+    "drain",
+    "json_default",
+    "snippet",
+]
+
+_SNIPPET_CHARS: Final = 120
+ERROR_BODY_BYTES: Final = 2048
+"""How much of an error (or otherwise unexpected) body is read for the error message."""
+# After the end of the stream ([DONE], or Ollama's "done" line) we read what is left of the
+# body so the connection can go back to the pool (httpcore closes a connection whose
+# response was not read to the end). The terminating chunk normally arrives with the end;
+# we wait no longer than this for a server that keeps the body open, since the caller
+# waits for the generator to finish.
+_DRAIN_S: Final = 0.02
+_DRAIN_BYTES: Final = 64 * 1024
+# Statuses worth retrying besides 5xx, as the OpenAI SDK retries them (408, 409, 429); 425
+# is "too early". 400/401/403/404/422 mean the request or the credentials are wrong: the
+# same request fails again, so the error says retryable=false.
+RETRYABLE_STATUS: Final = frozenset({408, 409, 425, 429})
+
+# Phases of one exchange, used to name timeouts and to classify connection errors.
+CONNECT: Final = "connect"
+FIRST_BYTE: Final = "first-byte"
+STREAM: Final = "stream"
+
+
+def snippet(text: str) -> str:
+    """The start of ``text``, quoted, for an error message."""
+    return repr(text[:_SNIPPET_CHARS] + ("…" if len(text) > _SNIPPET_CHARS else ""))
+
+
+def describe(exc: BaseException) -> str:
+    """``Type: message``, or the type alone when the exception has no message."""
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
+def json_default(value: object) -> object:
+    """``orjson.dumps(..., default=json_default)`` for the bodies built from a ChatRequest."""
+    # ChatRequest allows read-only mappings and tuples; orjson serialises only dict/list.
+    if isinstance(value, Mapping):
+        return dict(value)
+    raise TypeError(f"cannot serialise {type(value).__name__} in a chat request")
+
+
+class Exchange:
+    """One request's state: its phase, its read deadline, and the one place where httpx
+    exceptions (and our own deadline expiring) become :class:`UpstreamError`.
+
+    Used as ``with exchange.until(when):`` around every await on httpx, never around a
+    ``yield``: the deadline bounds how long the upstream takes to deliver once we ask, so a
+    consumer that pauses (backpressure, SPEC §4) does not make the upstream "idle".
+
+    The deadline is ``asyncio.timeout_at`` semantics at a fraction of the cost. We measured
+    ``async with asyncio.timeout(...)`` around each read at about 6 µs (a Timeout and a
+    TimerHandle per read) next to about 13 µs for the read itself. Here a read costs a few
+    attribute writes; one TimerHandle is re-armed lazily: when it fires and the deadline has
+    moved on, it reschedules itself, and only when the deadline really passed during a read
+    does it cancel the reading task, which ``__exit__`` turns back into a timeout exactly as
+    ``asyncio.Timeout`` does (``uncancel()``, so a cancellation from outside still wins).
+    """
+
+    __slots__ = (
+        "_cancelling",
+        "_expired",
+        "_handle",
+        "_loop",
+        "_scheduled_for",
+        "_task",
+        "_when",
+        "connect_s",
+        "finished",
+        "first_byte_s",
+        "idle_s",
+        "phase",
+        "url",
+    )
+
+    def __init__(self, url: str, connect_s: float, first_byte_s: float, idle_s: float) -> None:
+        self.url = url
+        self.connect_s = connect_s
+        self.first_byte_s = first_byte_s
+        self.idle_s = idle_s
+        self.phase = CONNECT
+        self.finished = False  # a finish_reason arrived: the generation is complete
+        self._loop = asyncio.get_running_loop()
+        self._when: float | None = None  # deadline of the read in progress; None: no read
+        self._handle: asyncio.TimerHandle | None = None
+        self._scheduled_for = 0.0
+        self._task: asyncio.Task[Any] | None = None
+        self._cancelling = 0
+        self._expired = False
+
+    def until(self, when: float | None) -> Exchange:
+        """Arm the deadline (loop time; ``None``: none) for the read about to start."""
+        self._when = when
+        if when is not None:
+            task = asyncio.current_task()
+            assert task is not None
+            self._task = task
+            self._cancelling = task.cancelling()
+            if self._handle is None or when < self._scheduled_for:
+                self._schedule(when)
+        return self
+
+    def close(self) -> None:
+        """Cancel the timer; call once the exchange is over."""
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+
+    def _schedule(self, when: float) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+        self._scheduled_for = when
+        self._handle = self._loop.call_at(when, self._fire)
+
+    def _fire(self) -> None:
+        self._handle = None
+        when = self._when
+        if when is None:
+            return  # no read in progress; the next until() re-arms
+        if when > self._scheduled_for:
+            self._schedule(when)  # a later read moved the deadline on
+            return
+        assert self._task is not None
+        self._expired = True
+        self._task.cancel()
+
+    def __enter__(self) -> Exchange:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool:
+        self._when = None
+        if exc is None or isinstance(exc, UpstreamError):
+            return False
+        if isinstance(exc, asyncio.CancelledError):
+            if not self._expired:
+                return False
+            self._expired = False
+            assert self._task is not None
+            if self._task.uncancel() > self._cancelling:
+                return False  # cancelled from outside as well: that wins
+        elif not isinstance(exc, (httpx.HTTPError, httpx.StreamError)):
+            return False  # our own bugs pass through untouched
+        if self.finished and self.phase == STREAM:
+            # The model already finished; a connection that then drops or stalls before
+            # [DONE] lost us nothing. The read returns "end of body" instead.
+            return True
+        raise self._map(exc) from exc
+
+    def _map(self, exc: BaseException) -> UpstreamError:
+        timeout, unavailable = ErrorCode.UPSTREAM_TIMEOUT, ErrorCode.UPSTREAM_UNAVAILABLE
+        if isinstance(exc, httpx.ConnectTimeout):
+            return UpstreamError(
+                timeout, f"upstream connect timeout: {self.url} not reached in {self.connect_s} s"
+            )
+        if isinstance(exc, httpx.PoolTimeout):
+            return UpstreamError(
+                timeout, f"upstream pool timeout: no free connection in {self.connect_s} s"
+            )
+        if isinstance(exc, (asyncio.CancelledError, httpx.TimeoutException)):
+            if self.phase == STREAM:
+                return UpstreamError(
+                    timeout, f"upstream idle timeout: nothing received for {self.idle_s} s"
+                )
+            return UpstreamError(
+                timeout, f"upstream first-byte timeout: no response in {self.first_byte_s} s"
+            )
+        if isinstance(exc, httpx.ConnectError):  # refused, DNS, unreachable, TLS handshake
+            return UpstreamError(unavailable, f"cannot connect to upstream {self.url}: {exc}")
+        if isinstance(exc, (httpx.NetworkError, httpx.RemoteProtocolError)):
+            if self.phase == STREAM:
+                # FIN, RST or a truncated chunked body before [DONE] and finish_reason.
+                return UpstreamError(
+                    ErrorCode.UPSTREAM_PROTOCOL,
+                    f"upstream closed the stream early ({describe(exc)})",
+                )
+            return UpstreamError(
+                unavailable, f"upstream {self.url} closed the connection before responding: {exc}"
+            )
+        return UpstreamError(
+            ErrorCode.UPSTREAM_PROTOCOL, f"upstream HTTP failure ({describe(exc)})"
+        )
+
+
+async def drain(chunks: AsyncIterator[bytes]) -> None:
+    """Read what is left of a body after the end of the stream, briefly; data is ignored."""
+    # Best effort, see _DRAIN_S. The time limit is an anyio scope, not asyncio.timeout:
+    # httpcore shields its pool cleanup with anyio scopes, which a native cancel ignores;
+    # under load asyncio.timeout firing inside that cleanup left pool entries ACTIVE and
+    # their sockets open (bench B4).
+    seen = 0
+    with anyio.move_on_after(_DRAIN_S):
+        try:
+            async for part in chunks:
+                seen += len(part)
+                if seen > _DRAIN_BYTES:
+                    return
+        except (httpx.HTTPError, httpx.StreamError):
+            pass
