@@ -1,14 +1,19 @@
-"""The ``toolforge`` console script: ``toolforge serve --host --port --upstream --model``."""
+"""The ``toolforge`` console script: ``serve``, ``obtain``, ``conformance`` (SPEC §8)."""
 
 from __future__ import annotations
 
 import argparse
+import shlex
+import sys
 from collections.abc import Sequence
 from typing import Any
 
 import uvicorn
 
 from app.api.app import create_app
+from app.errors import ServerError
+from app.eval.conformance.command import add_conformance_command
+from app.runtime.local_backend import LocalBackend, cache_root
 from app.settings import Settings
 
 __all__ = ["main"]
@@ -21,10 +26,42 @@ def _serve(args: argparse.Namespace) -> None:
     if args.model:
         overrides["model_id"] = args.model
     settings = Settings(**overrides)  # environment first, flags override (SPEC §8)
-    app = create_app(settings)
+    host, port = args.host, args.port
+
+    def ready(effective: Settings) -> None:
+        # A human is reading: plain text, and a request they can paste as is.
+        body = (
+            '{"input": "Find pizza near me; book a table at 7pm if open.", '
+            '"profile": "demo", "max_tool_calls": 2}'
+        )
+        print(
+            f"\nToolForge is serving on http://{host}:{port} "
+            f"(upstream {effective.upstream_base_url}, model {effective.model_id}).\n"
+            f"Try the demo request:\n\n  curl -N http://{host}:{port}/v1/stream "
+            f"-H 'Content-Type: application/json' -d {shlex.quote(body)}\n",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    app = create_app(settings, on_ready=ready)
     # httptools + uvloop when installed (uvicorn[standard]): the cheaper HTTP parser
     # matters on the per-event path (bench/RESULTS.md).
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False)
+
+
+def _obtain(args: argparse.Namespace) -> None:
+    settings = Settings()
+    if settings.upstream_base_url is not None:
+        print(f"UPSTREAM_BASE_URL is set ({settings.upstream_base_url}): nothing to obtain.")
+        return
+    backend = LocalBackend(cache_root(), progress=lambda line: print(f"toolforge: {line}"))
+    try:
+        binary = settings.llama_server_bin or backend.llama_server()
+        model = settings.local_model_path or backend.model()
+    except ServerError as exc:
+        print(f"toolforge: {exc.code}: {exc.message}", file=sys.stderr)
+        raise SystemExit(1) from exc
+    print(f"llama-server: {binary}\nmodel:        {model}")
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -36,6 +73,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     serve.add_argument("--upstream", help="OpenAI-compatible base URL (UPSTREAM_BASE_URL)")
     serve.add_argument("--model", help="model id sent upstream (MODEL_ID)")
     serve.set_defaults(func=_serve)
+    add_conformance_command(sub)
+    obtain = sub.add_parser(
+        "obtain",
+        help="build llama-server and fetch the default model into the cache (first run: minutes)",
+    )
+    obtain.set_defaults(func=_obtain)
     args = parser.parse_args(argv)
     args.func(args)
 

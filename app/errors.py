@@ -12,6 +12,7 @@ the boundary where they occur (``raise Ours(...) from exc``), so callers only ev
     │   ├── SentinelError         framing: END without BEGIN, nesting, bad attributes, ...
     │   └── JSONError             strict RFC 8259 syntax, depth and size limits
     ├── UpstreamError             the upstream is unreachable, slow or speaks bad SSE
+    ├── ServerError               a managed model server could not be built, started or kept up
     └── RequestError              the caller misused us (4xx): bad body, too large, ...
 
 The split between "the model misbehaved" and "the caller misused us" follows
@@ -29,6 +30,7 @@ __all__ = [
     "ModelBehaviorError",
     "RequestError",
     "SentinelError",
+    "ServerError",
     "ToolForgeError",
     "UpstreamError",
 ]
@@ -73,6 +75,11 @@ class ErrorCode(StrEnum):
     UNKNOWN_SCHEMA = "UNKNOWN_SCHEMA"  # a schema name nobody registered (422)
     # Ours.
     INTERNAL = "INTERNAL"
+    # Managed model servers (SPEC §6).
+    BACKEND_SETUP_FAILED = "BACKEND_SETUP_FAILED"  # llama-server or the model not obtainable
+    SERVER_START_FAILED = "SERVER_START_FAILED"  # the process exited or never became healthy
+    SERVER_CRASHED = "SERVER_CRASHED"  # a running server's process died
+    BUDGET_INVALID = "BUDGET_INVALID"  # a context-budget setting that cannot be used
     # Tools (SPEC §5): each goes back to the model in a tool envelope's ``errors``.
     TOOL_NOT_FOUND = "TOOL_NOT_FOUND"
     TOOL_NOT_ALLOWED = "TOOL_NOT_ALLOWED"
@@ -172,6 +179,13 @@ class UpstreamError(ToolForgeError):
     """The upstream model server failed us: connect, timeouts, HTTP status, bad SSE."""
 
     http_status = 502
+    retryable = True
+
+
+class ServerError(ToolForgeError):
+    """A managed model server (SPEC §6) could not be obtained, started or kept alive."""
+
+    http_status = 503
     retryable = True
 
 

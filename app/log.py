@@ -43,12 +43,17 @@ from app.core.redact import redact
 __all__ = [
     "ARTIFACTS_WRITE_FAILED",
     "ARTIFACTS_WRITTEN",
+    "BACKEND_SETUP",
     "CLIENT_DISCONNECTED",
     "EVENT_NAMES",
     "FRAME_DEGRADED",
     "FRAME_REPAIRED",
     "MODE_SELECTED",
+    "SERVER_CRASHED",
     "SERVER_DECISION",
+    "SERVER_READY",
+    "SERVER_RESTARTED",
+    "SERVER_STOPPED",
     "STREAM_CANCELLED",
     "STREAM_FINISHED",
     "STREAM_INTERNAL_ERROR",
@@ -77,6 +82,11 @@ TOOL_QUEUED: Final = "tool.queued"  # SPEC §5: queue depth and wait are logged
 TOOL_ATTEMPT: Final = "tool.attempt"  # SPEC §5: each attempt is logged
 TOOL_FINISHED: Final = "tool.finished"
 SERVER_DECISION: Final = "server.decision"  # SPEC §6: every budget decision is logged
+BACKEND_SETUP: Final = "backend.setup"  # obtaining llama-server / the model: one line a step
+SERVER_READY: Final = "server.ready"
+SERVER_CRASHED: Final = "server.crashed"
+SERVER_RESTARTED: Final = "server.restarted"
+SERVER_STOPPED: Final = "server.stopped"
 ARTIFACTS_WRITTEN: Final = "artifacts.written"
 ARTIFACTS_WRITE_FAILED: Final = "artifacts.write_failed"
 
@@ -95,6 +105,11 @@ EVENT_NAMES: Final = frozenset(
         TOOL_ATTEMPT,
         TOOL_FINISHED,
         SERVER_DECISION,
+        BACKEND_SETUP,
+        SERVER_READY,
+        SERVER_CRASHED,
+        SERVER_RESTARTED,
+        SERVER_STOPPED,
         ARTIFACTS_WRITTEN,
         ARTIFACTS_WRITE_FAILED,
     }

