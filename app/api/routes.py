@@ -7,7 +7,7 @@ import dataclasses
 import difflib
 import hashlib
 import secrets
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Annotated, Any
 
 import httpx
@@ -20,9 +20,11 @@ from starlette.requests import ClientDisconnect
 from app.api.deps import Gateway, GatewayDep
 from app.api.models import ApprovalDecision, Sampling, StreamRequest
 from app.api.sse import FrameStreamResponse
+from app.core.gbnf import FrameGrammar
 from app.core.native_tools import to_openai_tools
 from app.core.prompt import build_messages, render_system_prompt
 from app.core.schemas import ANY, CompiledSchema
+from app.core.tools import ToolSpec
 from app.errors import ErrorCode, RequestError
 from app.log import MODE_SELECTED, get_logger
 from app.runtime.artifacts import RunArtifacts
@@ -109,26 +111,52 @@ def _validation_error(exc: ValidationError) -> RequestError:
 
 
 async def _decide_mode(gw: Gateway, req: StreamRequest) -> ModeDecision:
-    """``mode``: as asked, or for ``auto`` probed once per model and cached (SPEC §4)."""
-    if req.mode == "constrained":
-        raise RequestError(
-            ErrorCode.MODE_UNAVAILABLE,
-            "mode 'constrained' needs a llama-server upstream with grammar support, which "
-            "this gateway does not manage yet; use 'sentinel', 'native' or 'auto'",
-            http_status=422,
-        )
-    if req.mode != "auto":
+    """``mode``: as asked, or for ``auto`` probed once per model and cached (SPEC §4).
+
+    ``constrained`` needs an upstream that takes GBNF grammars: one the settings call a
+    llama-server (``UPSTREAM_KIND``, the managed default), or one the probe finds is.
+    """
+    if req.mode in ("sentinel", "native"):
         return ModeDecision(req.mode, "asked for by the request")
-    model = req.model or gw.settings.model_id
+    if req.mode == "constrained" and gw.settings.upstream_kind == "llama_server":
+        return ModeDecision(
+            "constrained", "asked for by the request (UPSTREAM_KIND=llama_server)", grammar=True
+        )
+    decision = await _probe(gw, req.model or gw.settings.model_id)
+    if req.mode == "auto":
+        return decision
+    if decision.grammar:
+        return ModeDecision("constrained", "asked for by the request", grammar=True)
+    raise RequestError(
+        ErrorCode.MODE_UNAVAILABLE,
+        "mode 'constrained' needs an upstream that takes GBNF grammars (llama-server), and "
+        "this upstream does not answer /props like one; use 'sentinel' (any "
+        "OpenAI-compatible upstream) or 'auto', or set UPSTREAM_KIND=llama_server if it "
+        "is a llama-server behind a proxy",
+        http_status=422,
+    )
+
+
+async def _probe(gw: Gateway, model: str) -> ModeDecision:
+    """What ``auto`` picks for ``model``: probed once, shared by concurrent first requests."""
+    settings = gw.settings
     probe = gw.modes.get(model)
     if probe is None:  # the first request for this model probes; the others wait for it
-        key = gw.settings.upstream_api_key
+        if settings.upstream_base_url is None:  # an injected adapter: nothing to ask
+            llama = settings.upstream_kind == "llama_server"
+            return ModeDecision(
+                "constrained" if llama else "sentinel",
+                f"no upstream URL to probe; UPSTREAM_KIND={settings.upstream_kind}",
+                grammar=llama,
+            )
+        key = settings.upstream_api_key
         probe = asyncio.ensure_future(
             probe_tool_mode(
                 gw.client,
-                gw.settings.upstream_base_url,
+                settings.upstream_base_url,
                 model,
                 headers={"Authorization": f"Bearer {key}"} if key else None,
+                llama_server=settings.upstream_kind == "llama_server",
             )
         )
         gw.modes[model] = probe
@@ -209,6 +237,33 @@ def _plan(
         tools_allow=tuple(t.name for t in visible),
         max_tool_calls=req.max_tool_calls,
         idempotency_key=key,
+        budget=gw.backend.decision.to_dict() if gw.backend is not None else None,
+        result_schema=req.result_schema,
+        registered={name: registry.get(name) for name in registry.names()},
+        grammar=_grammar(mode, req, schemas, visible, max_depth=settings.max_json_depth, chat=chat),
+    )
+
+
+def _grammar(
+    mode: str,
+    req: StreamRequest,
+    schemas: Mapping[str, CompiledSchema],
+    visible: Sequence[ToolSpec[Any]],
+    *,
+    max_depth: int,
+    chat: ChatRequest,
+) -> FrameGrammar | None:
+    """Constrained mode (SPEC §4): the frames the model is shown, as a GBNF grammar, sized
+    to the turn's ``max_tokens`` so a looping model still closes its frame in time."""
+    if mode != "constrained":
+        return None
+    objects = [item if isinstance(item, str) else item.name for item in req.object_schemas]
+    return FrameGrammar(
+        tools={t.name: t.input_schema for t in visible},
+        result=(req.result_schema, schemas[req.result_schema].schema),
+        objects={name: schemas[name].schema for name in objects},
+        max_depth=max_depth,
+        max_tokens=chat.max_tokens,
     )
 
 
@@ -247,7 +302,12 @@ async def stream(
         _plan(gw, req, stream_id, idempotency_key, decision),
         upstream=gw.upstream,
         limits=_limits(gw),
-        artifacts=RunArtifacts(gw.settings.artifacts_dir, stream_id),
+        artifacts=RunArtifacts(
+            gw.settings.artifacts_dir,
+            stream_id,
+            # SPEC §4: each tool's own redaction list too.
+            tool_redact_keys={t.name: t.redact_keys for t in gw.executor.registry},
+        ),
         metrics=gw.metrics,
         executor=gw.executor,
         repair_template=gw.repair_template,
@@ -334,7 +394,10 @@ async def healthz() -> dict[str, str]:
 
 @router.get("/readyz", summary="Readiness: the upstream answers")
 async def readyz(gw: GatewayDep) -> Response:
-    url = gw.settings.upstream_base_url.rstrip("/") + "/models"
+    base = gw.settings.upstream_base_url
+    if base is None:  # an adapter injected by an embedding application: nothing to ask
+        return JSONResponse({"status": "ready", "upstream": repr(gw.upstream)})
+    url = base.rstrip("/") + "/models"
     headers = {}
     if gw.settings.upstream_api_key:
         headers["Authorization"] = f"Bearer {gw.settings.upstream_api_key}"

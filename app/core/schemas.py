@@ -114,7 +114,9 @@ class AssistantReply(BaseModel):
     citations: list[str] = Field(
         default=[], description="Sources the answer relies on (ids or URLs)."
     )
-    diagnostics: Diagnostics | None = None
+    # readOnly (JSON Schema: owned by the gateway, not the writer): constrained mode's grammar
+    # leaves it out, so a small model cannot spend its max_tokens filling it in (issue #5).
+    diagnostics: Diagnostics | None = Field(default=None, json_schema_extra={"readOnly": True})
 
 
 class Mode(StrEnum):

@@ -64,13 +64,23 @@ ARTIFACT_FILES: Final = (
 _STREAM_ID: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
+_TOOL_EVENTS = frozenset({"tool.call", "tool.result"})
+
+
 class RunArtifacts:
     """The artifact directory of one stream: ``<root>/runs/<stream_id>/``.
 
     Construction only validates; nothing touches the disk until :meth:`write`.
     """
 
-    def __init__(self, root: Path, stream_id: str, *, redact_keys: Iterable[str] = ()) -> None:
+    def __init__(
+        self,
+        root: Path,
+        stream_id: str,
+        *,
+        redact_keys: Iterable[str] = (),
+        tool_redact_keys: Mapping[str, Iterable[str]] | None = None,
+    ) -> None:
         if not _STREAM_ID.fullmatch(stream_id) or ".." in stream_id:
             raise RequestError(
                 ErrorCode.BAD_REQUEST,
@@ -79,6 +89,14 @@ class RunArtifacts:
         self.stream_id = stream_id
         self.directory = Path(root) / "runs" / stream_id
         self._redact_keys = tuple(redact_keys)
+        # A tool's own list (SPEC §4) applies to its tool.call / tool.result frames; the
+        # other files, which mix every tool's data, get every list.
+        self._tool_keys = {
+            name: (*self._redact_keys, *keys) for name, keys in (tool_redact_keys or {}).items()
+        }
+        self._all_keys = tuple(
+            {*self._redact_keys, *(k for keys in self._tool_keys.values() for k in keys)}
+        )
 
     async def write(
         self,
@@ -106,17 +124,24 @@ class RunArtifacts:
         await asyncio.to_thread(self._write_all, list(frames), documents)
         return self.directory
 
+    def _frame_keys(self, frame: Mapping[str, object]) -> tuple[str, ...]:
+        data = frame.get("data")
+        if frame.get("event") in _TOOL_EVENTS and isinstance(data, Mapping):
+            return self._tool_keys.get(str(data.get("name")), self._redact_keys)
+        return self._redact_keys
+
     def _write_all(self, frames: list[Mapping[str, object]], documents: dict[str, object]) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
         contents: dict[str, bytes] = {
             # One line per frame, each encoded on its own: an odd frame cannot spoil
             # its neighbours, and line i is always frame i.
             "frames.ndjson": b"".join(
-                _encode(redact(frame, extra_keys=self._redact_keys)) + b"\n" for frame in frames
+                _encode(redact(frame, extra_keys=self._frame_keys(frame))) + b"\n"
+                for frame in frames
             ),
         }
         for name, value in documents.items():
-            encoded = _encode(redact(value, extra_keys=self._redact_keys), indent=True)
+            encoded = _encode(redact(value, extra_keys=self._all_keys), indent=True)
             contents[name] = encoded + b"\n"
         failures: list[OSError] = []
         for name in ARTIFACT_FILES:

@@ -32,7 +32,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -40,6 +40,7 @@ import anyio
 
 from app.core.events import FrameKind
 from app.core.framer import BodyClosed, Framer
+from app.core.gbnf import FrameGrammar
 from app.core.guarantee import (
     Degraded,
     FinalOutcome,
@@ -97,6 +98,9 @@ DisconnectPolicy = Literal["cancel", "continue"]
 
 # Bodies above this are decided in a worker thread (see StreamSession._decide).
 _REPAIR_IN_THREAD_BYTES = 8 * 1024
+# Constrained mode: how long to wait after a tool call's END for the usage chunk that
+# follows it (llama-server sends it within a millisecond or two of the last token).
+_USAGE_AFTER_END_S = 0.25
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,13 +111,23 @@ class StreamPlan:
     chat: ChatRequest
     mode: str
     on_disconnect: DisconnectPolicy = "cancel"
-    budget_tokens: int | None = None
+    # The context-budget decision behind the upstream (SPEC §6), when the gateway made one;
+    # its budget_tokens goes in stream.begin, the whole decision in metrics.json.
+    budget: Mapping[str, Any] | None = None
     prompt_record: Mapping[str, Any] = field(default_factory=dict)
     # Schemas the model may use in OBJECT / RESULT frames, by name ("Any" included).
     schemas: Mapping[str, CompiledSchema] = field(default_factory=dict)
+    # The RESULT frame's schema, whatever name the model writes in it (SPEC §2).
+    result_schema: str | None = None
+    # Every registered schema: an OBJECT frame naming one the request did not declare is
+    # still held to it; only a name nobody registered falls back to Any.
+    registered: Mapping[str, CompiledSchema] = field(default_factory=dict)
     tools_allow: tuple[str, ...] | None = None  # None: every model-facing tool
     max_tool_calls: int = 8
     idempotency_key: str | None = None
+    # Constrained mode (SPEC §4): every turn's request carries this grammar for its ids,
+    # the model repair call a JSON-only one. None in the other modes.
+    grammar: FrameGrammar | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,6 +160,12 @@ class _Stats:
     repairs: int = 0
     degraded_frames: int = 0
     degraded_ids: set[int] = field(default_factory=set)
+    # llama-server's per-call timings (cache_n: prompt tokens reused from the cache), in
+    # call order: shows whether a resumed turn hit the prompt cache (SPEC §4).
+    upstream_timings: list[dict[str, Any]] = field(default_factory=list)
+    # Time to first token of each turn: the first is the stream's TTFT, the others show
+    # what a resume after a tool costs (prompt cache or not).
+    turn_ttft_ms: list[float] = field(default_factory=list)
 
 
 class StreamSession:
@@ -244,6 +264,7 @@ class StreamSession:
         if self._metrics is not None:
             self._metrics.stream_started()
         log.info(STREAM_STARTED, stream_id=self.id, model=self.plan.chat.model, mode=self.plan.mode)
+        budget = self.plan.budget
         self.log.append(
             Frame(
                 STREAM_BEGIN,
@@ -251,7 +272,7 @@ class StreamSession:
                     "stream_id": self.id,
                     "model": self.plan.chat.model,
                     "mode": self.plan.mode,
-                    "budget_tokens": self.plan.budget_tokens,
+                    "budget_tokens": budget["budget_tokens"] if budget else None,
                 },
             )
         )
@@ -259,7 +280,7 @@ class StreamSession:
             with self._scope:
                 messages = list(self.plan.chat.messages)
                 while True:
-                    chat = dataclasses.replace(self.plan.chat, messages=messages)
+                    chat = self._turn_request(messages)
                     turn = await self._turn(chat)
                     if turn.tool is not None:  # a sentinel tool call
                         envelope = await self._call_tool(turn.tool)
@@ -304,6 +325,17 @@ class StreamSession:
             self.log.append(Frame(ERROR, error.to_dict()))
         await self._finish(error)
 
+    def _turn_request(self, messages: Sequence[Mapping[str, Any]]) -> ChatRequest:
+        """The next turn's request: the plan's with ``messages`` and, in constrained mode,
+        the grammar of this turn (ids after every id seen so far; no tool call once
+        ``max_tool_calls`` are spent)."""
+        chat = dataclasses.replace(self.plan.chat, messages=messages)
+        grammar = self.plan.grammar
+        if grammar is None:
+            return chat
+        tools_left = self._stats.tool_calls < self.plan.max_tool_calls
+        return _with_grammar(chat, grammar.next_turn(self._seen_ids, allow_tools=tools_left))
+
     async def _turn(self, chat: ChatRequest) -> _Turn:
         """One upstream generation, framed; returns early at a tool call."""
         stats = self._stats
@@ -321,13 +353,17 @@ class StreamSession:
         )
         frame_opened_at: float | None = None
         frame_timeout = self._limits.frame_timeout_s
+        turn_started: float | None = self._clock()
         deltas = self._upstream.stream(chat)
         try:
             async for delta in deltas:
                 if delta.text:
                     now = self._clock()
-                    if stats.first_token_at is None:
-                        stats.first_token_at = now
+                    if turn_started is not None:  # this turn's first token
+                        stats.turn_ttft_ms.append(round((now - turn_started) * 1e3, 3))
+                        turn_started = None
+                        if stats.first_token_at is None:
+                            stats.first_token_at = now
                     stats.chunks += 1
                     raw.append(delta.text)
                     for item in framer.feed(delta.text):
@@ -335,6 +371,8 @@ class StreamSession:
                             await self._push(item)
                         elif isinstance(item, BodyClosed):
                             if item.kind is FrameKind.TOOL_CALL:
+                                if self.plan.grammar is not None:
+                                    await self._collect_usage(deltas)
                                 return _Turn(item, _up_to_end(raw, item))
                             await self._push(await self._decide(item))
                     if framer.error is not None:
@@ -371,6 +409,17 @@ class StreamSession:
             with anyio.CancelScope(shield=True):
                 await _aclose(deltas)
 
+    async def _collect_usage(self, deltas: AsyncIterator[UpstreamDelta]) -> None:
+        """Constrained mode: the grammar ends the generation at the call's END, so its last
+        chunks (finish reason, usage, llama-server's timings) follow at once; read them
+        for the accounting, briefly, rather than lose this turn's usage by closing."""
+        with anyio.move_on_after(_USAGE_AFTER_END_S):
+            try:
+                async for delta in deltas:
+                    self._account(delta)
+            except UpstreamError:  # the call is complete; its accounting is not worth an error
+                log.debug("upstream.usage_lost", stream_id=self.id)
+
     def _account(self, delta: UpstreamDelta) -> None:
         if delta.finish_reason is not None:
             self._stats.finish = delta.finish_reason
@@ -381,19 +430,34 @@ class StreamSession:
         """Token usage adds up over turns and repair calls."""
         if delta.usage is None:
             return
+        counts = dict(delta.usage)
+        timings = counts.pop("timings", None)  # per call, not a sum: kept apart
+        if isinstance(timings, dict):
+            self._stats.upstream_timings.append(timings)
         usage = self._stats.usage
         if usage is None:
-            self._stats.usage = dict(delta.usage)
+            self._stats.usage = counts
             return
-        for key, value in delta.usage.items():
+        for key, value in counts.items():
             if isinstance(value, int) and isinstance(usage.get(key, 0), int):
                 usage[key] = usage.get(key, 0) + value
 
     # -- the JSON guarantee ---------------------------------------------------------------
 
+    def _schema_for(self, closed: BodyClosed) -> CompiledSchema | None:
+        plan = self.plan
+        result = plan.schemas.get(plan.result_schema) if plan.result_schema else None
+        if closed.kind is FrameKind.RESULT and result is not None:
+            return result
+        return (
+            plan.schemas.get(closed.name)
+            or plan.registered.get(closed.name)
+            or plan.schemas.get("Any")
+        )
+
     async def _decide(self, closed: BodyClosed) -> Frame:
         """The END frame of an OBJECT or RESULT body: valid, repaired, or degraded."""
-        schema = self.plan.schemas.get(closed.name) or self.plan.schemas.get("Any")
+        schema = self._schema_for(closed)
         event = JSON_END if closed.kind is FrameKind.OBJECT else RESULT_END
         if schema is None:  # no schema registry in this session: syntax is all we check
             if closed.error is not None:
@@ -441,6 +505,8 @@ class StreamSession:
             temperature=0.0,
             max_tokens=min(4096, 256 + len(need.text)),
         )
+        if self.plan.grammar is not None:  # constrained: the reply can only be the JSON
+            chat = _with_grammar(chat, self.plan.grammar.json_value(schema.schema))
         parts: list[str] = []
         deltas = self._upstream.stream(chat)
         try:
@@ -611,6 +677,9 @@ class StreamSession:
             "queue_max_frames": self._limits.queue_max_frames,
             "queue_paused_ms": round(self.log.paused_s * 1e3, 3),
             "bytes_written": self.log.bytes_written,
+            "budget": self.plan.budget,
+            "turn_ttft_ms": stats.turn_ttft_ms,
+            "upstream_timings": stats.upstream_timings,
         }
 
     async def _write_artifacts(self, reason: str, error: ToolForgeError | None) -> None:
@@ -669,6 +738,11 @@ def _native(call: AssembledCall) -> BodyClosed:
         error,
         len(call.arguments_text.encode("utf-8")),
     )
+
+
+def _with_grammar(chat: ChatRequest, grammar: str) -> ChatRequest:
+    # ``grammar``: llama-server's request field for a GBNF grammar.
+    return dataclasses.replace(chat, extra={**chat.extra, "grammar": grammar})
 
 
 def _up_to_end(raw: list[str], call: BodyClosed) -> str:

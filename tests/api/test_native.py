@@ -142,5 +142,5 @@ async def test_concurrent_first_requests_share_one_probe(make_gateway: HarnessFa
         routes={"/props": Script(end="status", status=200, body=orjson.dumps(props).decode())},
     )
     results = await asyncio.gather(*(gw.stream({"input": "x"}) for _ in range(8)))
-    assert all(frames(r)[0].data["mode"] == "sentinel" for r in results)
+    assert all(frames(r)[0].data["mode"] == "constrained" for r in results)
     assert len([r for r in gw.upstream.all_requests if r.path == "/props"]) == 1
