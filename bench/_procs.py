@@ -215,7 +215,9 @@ def free_port() -> int:
 class Proc:
     """A child server process; ``stop()`` always ends it (TERM, then KILL)."""
 
-    def __init__(self, name: str, args: list[str], port: int) -> None:
+    def __init__(
+        self, name: str, args: list[str], port: int, env: dict[str, str] | None = None
+    ) -> None:
         self.name = name
         self.port = port
         # A file, not a pipe: nobody reads a pipe while the bench runs, and a server that
@@ -226,6 +228,7 @@ class Proc:
             cwd=ROOT,
             stdout=subprocess.DEVNULL,
             stderr=self.stderr,
+            env={**os.environ, **(env or {})},
         )
 
     @property
@@ -273,11 +276,12 @@ def spawn_upstream() -> Proc:
     return proc
 
 
-def spawn_gateway(upstream_url: str, artifacts: Path) -> Proc:
+def spawn_gateway(upstream_url: str, artifacts: Path, env: dict[str, str] | None = None) -> Proc:
+    """A gateway process in front of ``upstream_url``; ``env``: more settings (SPEC §8)."""
     port = free_port()
     args = ["gateway", "--port", str(port), "--upstream", upstream_url]
     args += ["--artifacts", str(artifacts)]
-    proc = Proc("gateway", args, port)
+    proc = Proc("gateway", args, port, env)
     try:
         proc.wait_listening()
     except BaseException:

@@ -61,8 +61,8 @@ from bench._procs import (
     spawn_gateway,
     spawn_upstream,
 )
+from bench._results import RESULTS, load_average, section_text, write_section
 
-RESULTS = Path(__file__).with_name("RESULTS.md")
 HEADING = "## Gateway (bench/gateway.py)"
 MS = 1_000_000  # ns
 PAUSE_S = 0.01  # B1: idle time after each request
@@ -900,8 +900,8 @@ def notes(rep: Report) -> None:
                 f"- **B4 (leak).** {f['socks_expired']:.0f} sockets to the upstream stay "
                 "ESTABLISHED after every stream ended and idle keep-alives expired. They are "
                 "pool entries stuck ACTIVE: after `[DONE]` the adapter drains the body under a "
-                "20 ms `asyncio.timeout` (`_drain`); under load it fires during an httpcore read, "
-                "and the native cancellation re-surfaces inside httpcore's cleanup "
+                "20 ms `asyncio.timeout` (`exchange.drain`); under load it fires during an "
+                "httpcore read, and the native cancellation re-surfaces inside httpcore's cleanup "
                 "(`_response_closed` → `_state_lock`), which then skips removing the request "
                 "from the pool. Each one holds a slot of `max_connections=1000` for good."
             )
@@ -924,7 +924,7 @@ def machine() -> list[str]:
                 break
     pkgs = "fastapi uvicorn httptools uvloop starlette sse-starlette httpx orjson".split()
     versions = ", ".join(f"{pkg} {importlib.metadata.version(pkg)}" for pkg in pkgs)
-    load = " / ".join(f"{x:.2f}" for x in os.getloadavg())
+    load = load_average()
     commit = "unknown"
     with contextlib.suppress(OSError, subprocess.SubprocessError):
         root = Path(__file__).resolve().parents[1]
@@ -955,34 +955,16 @@ def _kept_subsections(old_section: str) -> list[str]:
 
 def write_results(body: list[str]) -> None:
     lines = list(body)
-    if RESULTS.exists():
-        text = RESULTS.read_text(encoding="utf-8")
-        start = text.find(HEADING)
-        nxt = text.find("\n## ", start + len(HEADING)) if start >= 0 else -1
-        old = text[start : nxt if nxt >= 0 else len(text)] if start >= 0 else ""
-        kept = _kept_subsections(old)
-        if kept:
-            at = (
-                lines.index("### Where the time goes") - 1
-                if "### Where the time goes" in lines
-                else len(lines)
-            )
-            for sub in reversed(kept):
-                lines[at:at] = ["", sub]
-        section = "\n".join([HEADING, *lines]).rstrip() + "\n"
-        if start >= 0:
-            text = text[:start] + section + ("" if nxt < 0 else text[nxt:])
-        else:
-            text = text.rstrip() + "\n\n" + section
-    else:
-        section = "\n".join([HEADING, *lines]).rstrip() + "\n"
-        text = (
-            "# Benchmark results\n\n"
-            "Reproduce with `make bench` (runs every benchmark in `bench/`); each section "
-            "names its command and the machine it ran on. Figures are one run on that machine: "
-            "indicative, re-measure on yours.\n\n" + section
+    kept = _kept_subsections(section_text(HEADING))
+    if kept:
+        at = (
+            lines.index("### Where the time goes") - 1
+            if "### Where the time goes" in lines
+            else len(lines)
         )
-    RESULTS.write_text(text, encoding="utf-8")
+        for sub in reversed(kept):
+            lines[at:at] = ["", sub]
+    write_section(HEADING, lines)
 
 
 def _uvloop() -> None:
@@ -1053,7 +1035,7 @@ def main() -> None:
     notes(rep)
     met = sum(ok for _, ok in rep.targets)
     took = time.monotonic() - started
-    load = " / ".join(f"{x:.2f}" for x in os.getloadavg())
+    load = load_average()
     rep.add(
         "",
         f"{met} of {len(rep.targets)} targets met; the whole run took {took:.0f} s; load "

