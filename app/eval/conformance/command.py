@@ -1,7 +1,7 @@
 """``toolforge conformance``: run the suite against live gateways, write the matrix.
 
     toolforge conformance [--cases DIR] [--out DIR] [-k SUBSTRING] [--keep-runs]
-                          [--real-upstream URL [--real-model ID]] [-v]
+                          [--real-upstream URL [--real-model ID] [--real-kind KIND]] [-v]
 
 Prints each failing case with its messages, then the summary line ``N passed, N failed``
 (and notes: cases not run, known bugs, schema failures), and writes the matrix to
@@ -39,6 +39,12 @@ def add_conformance_command(subparsers: Any) -> None:
     )
     parser.add_argument("--real-model", help="model id to ask the real upstream for")
     parser.add_argument(
+        "--real-kind",
+        default="llama_server",
+        choices=["openai", "llama_server", "ollama"],
+        help="the real upstream's UPSTREAM_KIND (llama_server allows the constrained cases)",
+    )
+    parser.add_argument(
         "--keep-runs",
         action="store_true",
         help="keep each case's gateway artifacts under OUT/traces/<case>/runs/ (trace logs)",
@@ -54,7 +60,11 @@ def conformance(args: argparse.Namespace) -> None:
         where = f"{args.cases}" + (f" matching {args.k!r}" if args.k else "")
         print(f"no conformance cases in {where}", file=sys.stderr)
         sys.exit(1)
-    real = RealUpstream(args.real_upstream, args.real_model) if args.real_upstream else None
+    real = (
+        RealUpstream(args.real_upstream, args.real_model, kind=args.real_kind)
+        if args.real_upstream
+        else None
+    )
 
     def progress(result: CaseResult) -> None:
         if result.status == "failed":
