@@ -8,6 +8,7 @@ ahead of time); later runs find it in the cache (``TOOLFORGE_CACHE_DIR``, defaul
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -64,11 +65,15 @@ class Live:
                     events.append(Event(event.id, event.event, orjson.loads(event.data)))
         return events
 
-    def metrics(self, stream_id: str) -> dict[str, Any]:
-        data: dict[str, Any] = orjson.loads(
-            (self.artifacts / "runs" / stream_id / "metrics.json").read_bytes()
-        )
-        return data
+    async def metrics(self, stream_id: str) -> dict[str, Any]:
+        """metrics.json, written just after the done frame: waited for."""
+        path = self.artifacts / "runs" / stream_id / "metrics.json"
+        for _ in range(200):
+            if await asyncio.to_thread(path.exists):
+                data: dict[str, Any] = orjson.loads(await asyncio.to_thread(path.read_bytes))
+                return data
+            await asyncio.sleep(0.05)
+        raise AssertionError(f"{path} not written within 10 s")
 
 
 @pytest.fixture

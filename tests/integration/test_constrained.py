@@ -24,13 +24,13 @@ async def test_the_demo_request_calls_the_tool_then_answers(live: Live) -> None:
     assert end["degraded"] is False
     assert validate(builtin_registry().get("AssistantReply"), end["value"]) == []
     assert done.event == "done" and done.data["reason"] == "stop"
-    metrics = live.metrics(begin.data["stream_id"])
+    metrics = await live.metrics(begin.data["stream_id"])
     assert metrics["budget"]["device"] == "cpu" and metrics["degraded_frames"] == 0
 
 
 async def test_the_resumed_turn_comes_from_the_prompt_cache(live: Live) -> None:
     events = await live.stream(DEMO)
-    metrics = live.metrics(events[0].data["stream_id"])
+    metrics = await live.metrics(events[0].data["stream_id"])
     timings = metrics["upstream_timings"]
     assert len(timings) >= 2, metrics  # a tool call, then the resumed turn
     resumed = timings[1]
