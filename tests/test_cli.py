@@ -58,3 +58,29 @@ def test_help_lists_the_serve_flags() -> None:
     assert out.returncode == 0
     for flag in ("--host", "--port", "--upstream", "--model"):
         assert flag in out.stdout
+
+
+def test_obtain_with_a_remote_upstream_obtains_nothing(tmp_path: Path) -> None:
+    env = {**os.environ, "UPSTREAM_BASE_URL": "http://127.0.0.1:9/v1",
+           "TOOLFORGE_CACHE_DIR": str(tmp_path)}  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-m", "app.cli", "obtain"], env=env, capture_output=True, text=True
+    )
+    assert out.returncode == 0 and "nothing to obtain" in out.stdout
+    assert list(tmp_path.iterdir()) == []  # nothing built, nothing downloaded
+
+
+def test_obtain_finds_a_cached_backend_without_building(tmp_path: Path) -> None:
+    binary = tmp_path / "llama.cpp" / "11434.0.0" / "bin" / "llama-server"
+    model = tmp_path / "models" / "0.1.2" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    for path in (binary, model):
+        path.parent.mkdir(parents=True)
+        path.write_bytes(b"cached")
+    env = {k: v for k, v in os.environ.items() if k not in ("UPSTREAM_BASE_URL", "GROQ_BASE_URL")}
+    env["TOOLFORGE_CACHE_DIR"] = str(tmp_path)
+    out = subprocess.run(
+        [sys.executable, "-m", "app.cli", "obtain"], env=env, capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stderr
+    assert str(binary) in out.stdout and str(model) in out.stdout
+    assert "downloading" not in out.stdout and "building" not in out.stdout
