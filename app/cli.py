@@ -8,9 +8,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-import uvicorn
-
 from app.api.app import create_app
+from app.api.server import run
 from app.errors import ServerError
 from app.eval.conformance.command import add_conformance_command
 from app.runtime.local_backend import LocalBackend, cache_root
@@ -43,10 +42,7 @@ def _serve(args: argparse.Namespace) -> None:
             flush=True,
         )
 
-    app = create_app(settings, on_ready=ready)
-    # httptools + uvloop when installed (uvicorn[standard]): the cheaper HTTP parser
-    # matters on the per-event path (bench/RESULTS.md).
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False)
+    run(create_app(settings, on_ready=ready), host=args.host, port=args.port)
 
 
 def _obtain(args: argparse.Namespace) -> None:

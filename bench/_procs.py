@@ -12,8 +12,9 @@ gateway, which forwards ``model`` as is, get byte-for-byte the same script. Step
 delay are written back to back (the same code path as ``pace=False``); paced scenarios set
 ``delay_ms`` per step.
 
-The gateway is what ``toolforge serve`` runs: ``create_app(Settings(...))`` under uvicorn
-with httptools, no access log, log level warning, and uvloop when installed (``loop="auto"``).
+The gateway is what ``toolforge serve`` runs: ``create_app(Settings(...))`` under
+``app.api.server.run`` (uvicorn) with httptools, no access log, log level warning, and
+uvloop when installed (``loop="auto"``).
 """
 
 from __future__ import annotations
@@ -184,23 +185,14 @@ async def _serve_upstream(port: int) -> None:
 
 
 def _serve_gateway(port: int, upstream: str, artifacts: str) -> None:
-    import uvicorn
-
     from app.api.app import create_app
+    from app.api.server import run
     from app.settings import Settings
 
     settings = Settings(
         upstream_base_url=upstream, artifacts_dir=Path(artifacts), log_level="WARNING"
     )
-    uvicorn.run(
-        create_app(settings),
-        host="127.0.0.1",
-        port=port,
-        http="httptools",
-        loop="auto",
-        access_log=False,
-        log_level="warning",
-    )
+    run(create_app(settings), host="127.0.0.1", port=port, http="httptools", loop="auto")
 
 
 # -- process control --------------------------------------------------------------------

@@ -41,6 +41,9 @@ class Gateway:
     backend: Backend | None = None
     # mode=auto: one probe per model, shared by concurrent first requests, then cached.
     modes: dict[str, asyncio.Future[ModeDecision]] = field(default_factory=dict)
+    # Rendered system prompts by (result schema, schema names, tool names): see
+    # app.api.routes._system_prompt.
+    prompts: dict[tuple[object, ...], str] = field(default_factory=dict)
 
 
 def get_gateway(request: Request) -> Gateway:

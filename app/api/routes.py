@@ -190,14 +190,7 @@ def _plan(
     for name in req.tools or ():
         tools.check_allowed(name)  # unknown or internal tool names are the caller's error
     visible = tools.visible(req.tools)
-    system = render_system_prompt(
-        gw.system_template,
-        result_schema=req.result_schema,
-        schemas={name: c.schema for name, c in schemas.items() if name != ANY},
-        tools=[
-            {k: t.to_dict()[k] for k in ("name", "description", "input_schema")} for t in visible
-        ],
-    )
+    system = _system_prompt(gw, req, schemas, visible)
     messages = build_messages(system, req.chat_messages())
     extra: dict[str, Any] = {}
     if mode == "native" and visible:  # the upstream's own function calling (SPEC §4)
@@ -244,6 +237,42 @@ def _plan(
     )
 
 
+_PROMPT_CACHE_MAX = 256
+
+
+def _system_prompt(
+    gw: Gateway,
+    req: StreamRequest,
+    schemas: Mapping[str, CompiledSchema],
+    visible: Sequence[ToolSpec[Any]],
+) -> str:
+    """The system prompt for these schemas and tools, rendered once per combination.
+
+    Requests that name only registered schemas share one string (it is kilobytes, and
+    every open stream holds its prompt); inline schemas are the caller's own, never cached.
+    """
+    key: tuple[object, ...] | None = None
+    if all(isinstance(item, str) for item in req.object_schemas):
+        key = (req.result_schema, tuple(schemas), tuple(t.name for t in visible))
+        cached = gw.prompts.get(key)
+        if cached is not None:
+            return cached
+    system = render_system_prompt(
+        gw.system_template,
+        result_schema=req.result_schema,
+        schemas={name: c.schema for name, c in schemas.items() if name != ANY},
+        tools=[
+            {"name": t.name, "description": t.description, "input_schema": t.input_schema}
+            for t in visible
+        ],
+    )
+    if key is not None:
+        if len(gw.prompts) >= _PROMPT_CACHE_MAX:
+            gw.prompts.clear()  # combinations are few in practice; never grow unbounded
+        gw.prompts[key] = system
+    return system
+
+
 def _grammar(
     mode: str,
     req: StreamRequest,
@@ -285,10 +314,13 @@ async def stream(
     idempotency_key: Annotated[str | None, Header(max_length=255)] = None,
 ) -> Response:
     req = _parse(await _read_body(request, gw.settings.max_body_bytes))
-    body_hash = hashlib.sha256(
-        orjson.dumps(req.model_dump(mode="json"), option=orjson.OPT_SORT_KEYS)
-    ).hexdigest()
+    body_hash = ""
     if idempotency_key is not None:
+        # The parsed body, keys sorted: the same request sent with other spacing or key
+        # order is the same request.
+        body_hash = hashlib.sha256(
+            orjson.dumps(req.model_dump(mode="json"), option=orjson.OPT_SORT_KEYS)
+        ).hexdigest()
         stored = gw.registry.replay_for(idempotency_key, body_hash)
         if stored is not None:
             return FrameStreamResponse(

@@ -1,38 +1,51 @@
 """The SSE edge: a session's frame log written to one client, with pings and disconnects.
 
-Built on sse-starlette's ``EventSourceResponse``, which races the writer against the
-client's ``http.disconnect`` and a ping task in one task group, sets
-``X-Accel-Buffering: no`` and serialises sends with a lock. We hand it bytes that are
-already encoded (``app.core.wire``) and already coalesced (``FrameLog.follow``), so its
-per-event cost is paid once per batch, not once per frame or token.
+A plain ASGI response, written here rather than taken from sse-starlette, because this
+is the gateway's hot path and it is small. sse-starlette's ``EventSourceResponse`` runs
+every response in an anyio task group of four tasks (stream, ping, disconnect listener,
+exit watcher) and wraps each send in a cancel scope: measured at 9-13 µs per event and
+about 0.5 ms per request on this stack (``../shared/research/perf-reliability-anchors.md``
+§1b; bench/RESULTS.md). Here one response costs one extra task (the disconnect watcher)
+and one timer (the ping); a batch costs one ``send``:
+
+* frames come from :class:`~app.runtime.frame_log.FrameLog` already encoded
+  (``app.core.wire``) and already coalesced: whatever was appended since the last write
+  goes out in one ``send``, and a lone frame goes out at once, without waiting for
+  company;
+* the writer sleeps on the log, which wakes it for a new frame, for a ping that is due,
+  and for a client that left, so no send is ever cancelled halfway;
+* ``send`` returns once uvicorn has the bytes; while the client reads slowly it blocks
+  (uvicorn's flow control), the primary cursor stays put, and the session stops reading
+  the upstream (SPEC §4 backpressure).
+
+Server shutdown is the session registry's business (``toolforge serve`` cancels every
+stream, so each ends with ``done``; see :mod:`app.api.server`), not the writer's.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping
 
-from sse_starlette.event import ServerSentEvent
-from sse_starlette.sse import EventSourceResponse
+from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
+from app.core.wire import PING_BYTES
 from app.runtime.session import StreamSession
 
 __all__ = ["FrameStreamResponse"]
 
 
-def _ping() -> ServerSentEvent:
-    # No id: pings are not frames (docs/protocol.md), so they never move Last-Event-ID.
-    return ServerSentEvent(event="ping", data="{}", sep="\n")  # encodes to wire.PING_BYTES
-
-
-class FrameStreamResponse(EventSourceResponse):
+class FrameStreamResponse(Response):
     """Write ``session``'s frames after id ``after`` to the client, then follow it live.
 
     The *primary* response (the one that started the stream) throttles the producer and,
-    when it ends for any reason — the stream finished, the client left before or after
-    the headers, the server shuts down — tells the session, which cancels the upstream
+    when it ends for any reason (the stream finished, the client left before or after
+    the headers, the server shuts down), tells the session, which cancels the upstream
     unless the request asked for ``on_disconnect: "continue"``.
     """
+
+    media_type = "text/event-stream"
 
     def __init__(
         self,
@@ -44,18 +57,80 @@ class FrameStreamResponse(EventSourceResponse):
         headers: Mapping[str, str] | None = None,
     ) -> None:
         self._session = session
+        self._after = after
         self._primary = primary
-        super().__init__(
-            session.log.follow(after, primary=primary),
-            headers={"Cache-Control": "no-store", "X-Stream-Id": session.id, **(headers or {})},
-            ping=ping_interval_s,
-            ping_message_factory=_ping,
-            sep="\n",
+        self._ping_interval_s = ping_interval_s
+        self.status_code = 200
+        self.background = None
+        self.init_headers(
+            {
+                "Cache-Control": "no-store",
+                "Connection": "keep-alive",
+                "X-Accel-Buffering": "no",  # nginx: do not buffer the stream
+                "X-Stream-Id": session.id,
+                **(headers or {}),
+            }
         )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
-            await super().__call__(scope, receive, send)
+            await self._write(receive, send)
         finally:
             if self._primary:
                 self._session.client_left()
+
+    async def _write(self, receive: Receive, send: Send) -> None:
+        log = self._session.log
+        primary = self._primary
+        loop = asyncio.get_running_loop()
+        gone = False
+        ping_due = False
+        ping: asyncio.TimerHandle | None = None
+
+        def client_left(_: object) -> None:
+            nonlocal gone
+            gone = True
+            log.wake()
+
+        def ping_now() -> None:
+            nonlocal ping_due, ping
+            ping_due = True
+            ping = loop.call_later(self._ping_interval_s, ping_now)
+            log.wake()
+
+        watcher = loop.create_task(_until_disconnect(receive))
+        watcher.add_done_callback(client_left)
+        try:
+            await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+            ping = loop.call_later(self._ping_interval_s, ping_now)
+            cursor = max(0, min(self._after, log.last_id))
+            while not gone:
+                batch, end = log.take(cursor)
+                if batch is not None:
+                    await send({"type": "http.response.body", "body": batch, "more_body": True})
+                    cursor = end
+                    log.written(cursor, len(batch), primary=primary)
+                elif log.closed:
+                    await send({"type": "http.response.body", "body": b"", "more_body": False})
+                    return
+                elif ping_due:
+                    ping_due = False
+                    # No id: pings are not frames, so they never move Last-Event-ID.
+                    await send(
+                        {"type": "http.response.body", "body": PING_BYTES, "more_body": True}
+                    )
+                else:
+                    await log.wait()
+        except OSError:  # the socket went away under a send (servers other than uvicorn)
+            return
+        finally:
+            if ping is not None:
+                ping.cancel()
+            watcher.remove_done_callback(client_left)
+            watcher.cancel()  # parked in receive(); ends at the loop's next turn
+
+
+async def _until_disconnect(receive: Receive) -> None:
+    """Return when the client disconnects (the request body was read by the route)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass

@@ -27,6 +27,7 @@ from httpx_sse import aconnect_sse
 
 from app.api.app import create_app
 from app.api.deps import Gateway
+from app.api.server import GatewayServer
 from app.core.tools import ToolRegistry
 from app.eval.scripted_upstream import ScriptedUpstream, ScriptLike
 from app.settings import Settings
@@ -107,7 +108,7 @@ class Harness:
 async def serve(app: FastAPI) -> AsyncIterator[str]:
     """Serve ``app`` with uvicorn on an ephemeral loopback port; yield its base URL."""
     config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on")
-    server = uvicorn.Server(config)
+    server = GatewayServer(config, app)
     task = asyncio.create_task(server.serve())
     async with asyncio.timeout(10):
         while not server.started:

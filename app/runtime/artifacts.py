@@ -39,7 +39,7 @@ import math
 import os
 import re
 import tempfile
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Final
 
@@ -101,7 +101,7 @@ class RunArtifacts:
     async def write(
         self,
         *,
-        frames: Sequence[Mapping[str, object]],
+        frames: Iterable[Mapping[str, object]],
         prompt: object,
         result: object,
         tool_logs: object,
@@ -109,11 +109,13 @@ class RunArtifacts:
     ) -> Path:
         """Write the five files (redacted, each atomically) and return the directory.
 
-        The frame list is copied before the worker thread starts, so the caller may keep
-        appending to its own. Raises ``OSError`` only if the file system refuses (the
-        directory cannot be made, or a file cannot be written: then after attempting
-        every file). Cancelling the caller does not stop a write already handed to the
-        thread; it completes, file by file, atomically.
+        A list of frames is copied before the worker thread starts, so the caller may keep
+        appending to its own; any other iterable (the session passes a generator over a
+        snapshot of its encoded frames) is consumed in the worker thread. Raises
+        ``OSError`` only if the file system refuses (the directory cannot be made, or a
+        file cannot be written: then after attempting every file). Cancelling the caller
+        does not stop a write already handed to the thread; it completes, file by file,
+        atomically.
         """
         documents: dict[str, object] = {
             "prompt.json": prompt,
@@ -121,7 +123,8 @@ class RunArtifacts:
             "tool_logs.json": tool_logs,
             "metrics.json": metrics,
         }
-        await asyncio.to_thread(self._write_all, list(frames), documents)
+        snapshot = list(frames) if isinstance(frames, list) else frames
+        await asyncio.to_thread(self._write_all, snapshot, documents)
         return self.directory
 
     def _frame_keys(self, frame: Mapping[str, object]) -> tuple[str, ...]:
@@ -130,7 +133,9 @@ class RunArtifacts:
             return self._tool_keys.get(str(data.get("name")), self._redact_keys)
         return self._redact_keys
 
-    def _write_all(self, frames: list[Mapping[str, object]], documents: dict[str, object]) -> None:
+    def _write_all(
+        self, frames: Iterable[Mapping[str, object]], documents: dict[str, object]
+    ) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
         contents: dict[str, bytes] = {
             # One line per frame, each encoded on its own: an odd frame cannot spoil

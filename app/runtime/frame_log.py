@@ -17,18 +17,22 @@ that are buffered are coalesced into one write, and a lone frame is written imme
 without waiting for company.
 
 Why one structure rather than an ``asyncio.Queue`` plus a replay list: the two would hold
-the same frames twice and could disagree about ids; here an id is an index.
+the same frames twice and could disagree about ids; here an id is an index. Only the
+encoded bytes are kept (a few dozen bytes a token, not a ``Frame`` and its dict besides):
+:attr:`FrameLog.frames` decodes them again for the artifacts and for tests.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+
+import orjson
 
 from app.core.wire import Frame, encode_frame
 
-__all__ = ["FrameLog"]
+__all__ = ["FrameLog", "decode_frames"]
 
 
 class FrameLog:
@@ -40,8 +44,8 @@ class FrameLog:
         max_pending: int,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.frames: list[Frame] = []
         self._encoded: list[bytes] = []
+        self.event_counts: dict[str, int] = {}
         self._max_pending = max_pending
         self._clock = clock
         self._closed = False
@@ -86,7 +90,8 @@ class FrameLog:
             raise RuntimeError("append() after close(): a stream has exactly one end")
         seq = len(self._encoded) + 1
         self._encoded.append(encode_frame(seq, frame))
-        self.frames.append(frame)
+        counts = self.event_counts
+        counts[frame.event] = counts.get(frame.event, 0) + 1
         pending = self.pending()
         if pending > self.high_water:
             self.high_water = pending
@@ -123,6 +128,39 @@ class FrameLog:
     def encoded_after(self, after: int) -> list[bytes]:
         return self._encoded[after:]
 
+    @property
+    def frames(self) -> list[Frame]:
+        """Every frame so far, decoded again from its bytes (artifacts, tests)."""
+        return list(decode_frames(self._encoded))
+
+    def take(self, cursor: int) -> tuple[bytes | None, int]:
+        """Everything after id ``cursor`` as one coalesced batch (``None``: nothing new),
+        and the cursor after it. A lone frame is returned as is, without a join."""
+        end = len(self._encoded)
+        if cursor >= end:
+            return None, cursor
+        if end - cursor == 1:
+            return self._encoded[cursor], end
+        return b"".join(self._encoded[cursor:end]), end
+
+    def written(self, cursor: int, size: int, *, primary: bool) -> None:
+        """A reader handed ``size`` bytes up to id ``cursor`` to the server; the primary
+        reader's progress makes room for the producer."""
+        self.bytes_written += size
+        if primary and self._primary_cursor is not None:
+            self._primary_cursor = cursor
+            self._wake_producer()
+
+    async def wait(self) -> None:
+        """Until a frame is appended, the log closes, or :meth:`wake` is called."""
+        if self._grew is None:
+            self._grew = asyncio.Event()
+        await self._grew.wait()
+
+    def wake(self) -> None:
+        """Wake every waiting reader (a ping is due, a client left): each checks why."""
+        self._wake_readers()
+
     async def follow(self, after: int = 0, *, primary: bool = False) -> AsyncIterator[bytes]:
         """Yield the frames after id ``after`` in coalesced batches until the log closes.
 
@@ -131,22 +169,21 @@ class FrameLog:
         """
         cursor = max(0, min(after, len(self._encoded)))
         while True:
-            end = len(self._encoded)
-            if cursor < end:
-                batch = (
-                    self._encoded[cursor]
-                    if end - cursor == 1
-                    else b"".join(self._encoded[cursor:end])
-                )
+            batch, end = self.take(cursor)
+            if batch is not None:
                 yield batch
-                self.bytes_written += len(batch)
                 cursor = end
-                if primary and self._primary_cursor is not None:
-                    self._primary_cursor = cursor
-                    self._wake_producer()
+                self.written(cursor, len(batch), primary=primary)
                 continue
             if self._closed:
                 return
-            if self._grew is None:
-                self._grew = asyncio.Event()
-            await self._grew.wait()
+            await self.wait()
+
+
+def decode_frames(encoded: Iterable[bytes]) -> Iterator[Frame]:
+    """The frames back from their wire form (``app.core.wire.encode_frame``'s output)."""
+    for raw in encoded:
+        # b"id: N\nevent: NAME\ndata: JSON\n\n": the event name has no newline, and
+        # the JSON none either (orjson escapes control characters).
+        _, event, data = raw.split(b"\n", 2)
+        yield Frame(event[7:].decode(), orjson.loads(data[6:]))

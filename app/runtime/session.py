@@ -32,7 +32,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -86,7 +86,7 @@ from app.log import (
 )
 from app.runtime.artifacts import RunArtifacts
 from app.runtime.executor import Approval, ToolExecutor
-from app.runtime.frame_log import FrameLog
+from app.runtime.frame_log import FrameLog, decode_frames
 from app.runtime.metrics import GatewayMetrics
 from app.upstream.base import ChatRequest, Upstream, UpstreamDelta
 
@@ -166,6 +166,9 @@ class _Stats:
     # Time to first token of each turn: the first is the stream's TTFT, the others show
     # what a resume after a tool costs (prompt cache or not).
     turn_ttft_ms: list[float] = field(default_factory=list)
+    # The RESULT and OBJECT values, for result.json (the log keeps only encoded frames).
+    results: list[object] = field(default_factory=list)
+    objects: list[object] = field(default_factory=list)
 
 
 class StreamSession:
@@ -256,6 +259,11 @@ class StreamSession:
         if log_.pending() >= self._limits.queue_max_frames:
             await log_.wait_for_room()
         log_.append(frame)
+        event = frame.event
+        if event == RESULT_END:
+            self._stats.results.append(frame.data)
+        elif event == JSON_END:
+            self._stats.objects.append(frame.data)
 
     async def _run(self) -> None:
         stats = self._stats
@@ -658,9 +666,6 @@ class StreamSession:
         tokens = int(usage.get("completion_tokens", stats.chunks)) if usage else stats.chunks
         first = stats.first_token_at
         generating = ended - first if first is not None else 0.0
-        counts: dict[str, int] = {}
-        for frame in self.log.frames:
-            counts[frame.event] = counts.get(frame.event, 0) + 1
         return {
             "ttft_ms": None if first is None else round((first - stats.started) * 1e3, 3),
             "duration_ms": round((ended - stats.started) * 1e3, 3),
@@ -668,7 +673,7 @@ class StreamSession:
             "upstream_chunks": stats.chunks,
             "tokens_per_s": round(tokens / generating, 2) if generating > 0 else None,
             "frames": self.log.last_id + 1,  # the done frame included
-            "frame_counts": counts,
+            "frame_counts": dict(self.log.event_counts),
             "turns": stats.turns,
             "tool_calls": stats.tool_calls,
             "repairs": stats.repairs,
@@ -685,23 +690,20 @@ class StreamSession:
     async def _write_artifacts(self, reason: str, error: ToolForgeError | None) -> None:
         if self._artifacts is None:
             return
-        degraded = self._stats.degraded_ids
-        frames: list[dict[str, object]] = []
-        for seq, f in enumerate(self.log.frames, start=1):
-            record: dict[str, object] = {"id": seq, "event": f.event, "data": f.data}
-            if seq in degraded:
-                record["degraded"] = True  # SPEC §4: degraded frames are marked
-            frames.append(record)
         result = {
             "stream_id": self.id,
             "reason": reason,
             "error": error.to_dict() if error is not None else None,
-            "results": [f.data for f in self.log.frames if f.event == RESULT_END],
-            "objects": [f.data for f in self.log.frames if f.event == JSON_END],
+            "results": self._stats.results,
+            "objects": self._stats.objects,
         }
         try:
             await self._artifacts.write(
-                frames=frames,
+                # Decoded in the writer's thread, from a snapshot of the encoded frames:
+                # a long stream's frames never cost the event loop a second time.
+                frames=_records(
+                    tuple(self.log.encoded_after(0)), frozenset(self._stats.degraded_ids)
+                ),
                 prompt=dict(self.plan.prompt_record),
                 result=result,
                 tool_logs=self._tool_logs,
@@ -709,6 +711,15 @@ class StreamSession:
             )
         except Exception:  # the stream is already complete for the client; log, go on
             log.exception(ARTIFACTS_WRITE_FAILED, stream_id=self.id)
+
+
+def _records(encoded: tuple[bytes, ...], degraded: frozenset[int]) -> Iterator[dict[str, object]]:
+    """frames.ndjson's records: id, event, data, and ``degraded`` where SPEC §4 marks it."""
+    for seq, frame in enumerate(decode_frames(encoded), start=1):
+        record: dict[str, object] = {"id": seq, "event": frame.event, "data": frame.data}
+        if seq in degraded:
+            record["degraded"] = True
+        yield record
 
 
 class _Reported(ModelBehaviorError):

@@ -125,10 +125,15 @@ class StreamRegistry:
         for key in [k for k, r in self._keys.items() if r.stream_id in expired]:
             del self._keys[key]
 
-    async def aclose(self) -> None:
-        """Shutdown: cancel every running stream and wait until each has ended cleanly."""
+    def cancel_all(self, reason: str) -> list[StreamSession]:
+        """Cancel every running stream (each still ends with ``done``); returns them."""
         running = [s for s in self._sessions.values() if s.running]
         for session in running:
-            session.cancel("shutdown")
+            session.cancel(reason)
+        return running
+
+    async def aclose(self) -> None:
+        """Shutdown: cancel every running stream and wait until each has ended cleanly."""
+        running = self.cancel_all("shutdown")
         if running:
             await asyncio.gather(*(s.wait() for s in running))

@@ -26,7 +26,6 @@ from typing import Any
 
 import anyio
 import httpx
-import orjson
 
 from app.errors import ErrorCode, UpstreamError
 from app.upstream.base import ChatRequest, UpstreamDelta
@@ -36,7 +35,7 @@ from app.upstream.exchange import (
     STREAM,
     Exchange,
     drain,
-    json_default,
+    request_body,
 )
 from app.upstream.ollama_wire import (
     ChatLineParser,
@@ -120,7 +119,7 @@ class OllamaUpstream:
         http_request = self._client.build_request(
             "POST",
             self._url,
-            content=orjson.dumps(self.body(request), default=json_default),
+            content=request_body(self.body(request)),
             headers={"Content-Type": "application/json", "Accept-Encoding": "identity"},
             timeout=self._timeout,
             extensions={"trace": trace},

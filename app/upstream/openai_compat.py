@@ -41,7 +41,7 @@ from app.upstream.exchange import (
     STREAM,
     Exchange,
     drain,
-    json_default,
+    request_body,
     snippet,
 )
 from app.upstream.sse_decoder import UpstreamSSEDecoder
@@ -265,7 +265,7 @@ class OpenAICompatUpstream:
         http_request = self._client.build_request(
             "POST",
             self._url,
-            content=orjson.dumps(self.body(request), default=json_default),
+            content=request_body(self.body(request)),
             headers={**self._headers, "Content-Type": "application/json"},
             timeout=self._timeout,
             extensions={"trace": trace},

@@ -1,0 +1,108 @@
+"""Shutting the server down while streams run: each ends with ``done`` (reason
+``shutdown``), its artifacts are written, and the process exits without waiting for the
+model (app/api/server.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import sys
+from pathlib import Path
+
+import httpx
+import orjson
+from httpx_sse import aconnect_sse
+
+from app.api.app import create_app
+from app.eval.loopback import serve
+from app.eval.scripted_upstream import Script, ScriptedUpstream, Step
+from app.settings import Settings
+
+Seen = list[tuple[str, dict[str, object]]]
+STALLED = Script(steps=(Step(text="a"),), end="hang")  # one token, then silence
+
+
+async def _read_until_done(
+    url: str, seen_text: asyncio.Event
+) -> list[tuple[str, dict[str, object]]]:
+    events: list[tuple[str, dict[str, object]]] = []
+    async with (
+        httpx.AsyncClient(timeout=30) as client,
+        aconnect_sse(client, "POST", f"{url}/v1/stream", json={"input": "x"}) as source,
+    ):
+        async for sse in source.aiter_sse():
+            events.append((sse.event, orjson.loads(sse.data)))
+            if sse.event == "text.delta":
+                seen_text.set()
+    return events
+
+
+async def test_shutdown_ends_a_running_stream_with_done(tmp_path: Path) -> None:
+    async with ScriptedUpstream([STALLED]) as upstream:
+        settings = Settings(
+            upstream_base_url=upstream.base_url,
+            artifacts_dir=tmp_path,
+            upstream_idle_timeout_s=60,  # the model would hold the stream for a minute
+            log_level="WARNING",
+        )
+        app = create_app(settings)
+        seen_text = asyncio.Event()
+        async with asyncio.timeout(10):
+            async with serve(app) as url:
+                reader = asyncio.create_task(_read_until_done(url, seen_text))
+                await seen_text.wait()
+            # serve() set should_exit and waited for uvicorn to stop: the stream ended.
+            events = await reader
+    names = [name for name, _ in events if name != "ping"]
+    assert names == ["stream.begin", "text.delta", "done"]
+    assert events[-1][1]["reason"] == "shutdown"
+    (run,) = (tmp_path / "runs").iterdir()
+    metrics = orjson.loads((run / "metrics.json").read_bytes())
+    assert metrics["reason"] == "shutdown"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def test_sigterm_ends_streams_then_the_process(tmp_path: Path) -> None:
+    """``toolforge serve`` on SIGTERM: the client gets ``done``, then the process exits."""
+    async with ScriptedUpstream([STALLED]) as upstream:
+        port = _free_port()
+        env = {**os.environ, "ARTIFACTS_DIR": str(tmp_path), "UPSTREAM_IDLE_TIMEOUT_S": "60"}
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "app.cli", "serve", "--port", str(port),
+            "--upstream", upstream.base_url,
+            env=env, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        try:
+            url = f"http://127.0.0.1:{port}"
+            async with asyncio.timeout(30):
+                while True:
+                    try:
+                        _, writer = await asyncio.open_connection("127.0.0.1", port)
+                        writer.close()
+                        break
+                    except OSError:
+                        assert proc.returncode is None
+                        await asyncio.sleep(0.1)
+            seen_text = asyncio.Event()
+            reader = asyncio.create_task(_read_until_done(url, seen_text))
+            async with asyncio.timeout(10):
+                await seen_text.wait()
+                proc.send_signal(signal.SIGTERM)
+                events = await reader
+                code = await proc.wait()
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+    assert events[-1][0] == "done" and events[-1][1]["reason"] == "shutdown"
+    # uvicorn re-raises the signal once shut down, so a clean exit reads as -SIGTERM.
+    assert code in (0, -signal.SIGTERM)
+    assert proc.stderr is not None
+    assert b"Traceback" not in await proc.stderr.read()
