@@ -33,6 +33,7 @@ from app.settings import Settings
 from app.upstream.base import Upstream
 from app.upstream.llama_server import LlamaServerUpstream
 from app.upstream.openai_compat import OpenAICompatUpstream
+from app.upstream.transport import DEFAULT_LIMITS, LeanTransport
 from tools import default_registry
 
 __all__ = ["PROMPTS_DIR", "create_app"]
@@ -146,8 +147,11 @@ def create_app(
             write=settings.upstream_connect_timeout_s,
             pool=settings.upstream_connect_timeout_s,
         )
-        limits = httpx.Limits(max_connections=1000, max_keepalive_connections=100)
-        async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
+        # The lean transport (httptools under httpx's API): one Python step per socket
+        # read instead of one per HTTP chunk, and a fraction of httpcore's cost per
+        # request (app/upstream/transport.py, bench/RESULTS.md).
+        transport = LeanTransport(limits=DEFAULT_LIMITS)
+        async with httpx.AsyncClient(timeout=timeout, transport=transport) as client:
             effective, adapter = settings, upstream
             manager: ServerManager | None = None
             backend: Backend | None = None

@@ -362,6 +362,10 @@ class StreamSession:
         frame_opened_at: float | None = None
         frame_timeout = self._limits.frame_timeout_s
         turn_started: float | None = self._clock()
+        # Until the stream's first content frame is out, hand it to the writer as soon
+        # as it exists rather than after the rest of the read it came in (TTFT).
+        flush_first = stats.first_token_at is None
+        frames_before = self.log.last_id
         deltas = self._upstream.stream(chat)
         try:
             async for delta in deltas:
@@ -385,6 +389,9 @@ class StreamSession:
                             await self._push(await self._decide(item))
                     if framer.error is not None:
                         raise _Reported(framer.error)
+                    if flush_first and self.log.last_id > frames_before:
+                        flush_first = False
+                        await asyncio.sleep(0)
                     # FRAME_TIMEOUT_MS: a frame that stays open this long is abandoned,
                     # so a model that trickles forever cannot hold a tool call hostage.
                     if framer.open_frame_id is None:

@@ -113,8 +113,9 @@ async def test_headers_for_proxies_and_resume(make_gateway: HarnessFactory) -> N
 
 
 async def test_protocol_violation_ends_with_error_then_done(make_gateway: HarnessFactory) -> None:
-    text = f"hi {LB}END_OBJECT id=x{RB} never shown"
-    gw = await make_gateway([Script.from_tokens(tokens(text, 4))])
+    text = f"hi {LB}END_OBJECT id=x{RB} never shown" + " more" * 20
+    # Paced, so the violation comes while the upstream is still sending.
+    gw = await make_gateway([Script.from_tokens(tokens(text, 4), delay_ms=5)])
     events = await gw.stream()
     assert_well_formed(events)
     names = [e.event for e in frames(events)]
@@ -176,3 +177,21 @@ async def test_artifacts_are_written_when_the_stream_fails(make_gateway: Harness
     result = orjson.loads((run / "result.json").read_bytes())
     assert result["reason"] == "error" and result["error"]["code"] == "UPSTREAM_PROTOCOL"
     assert orjson.loads((run / "metrics.json").read_bytes())["reason"] == "error"
+
+
+async def test_system_prompts_are_rendered_once_per_schema_and_tool_set(
+    make_gateway: HarnessFactory,
+) -> None:
+    point = {"type": "object", "properties": {"x": {"type": "number"}}}
+    gw = await make_gateway([Script.from_tokens([sentinel_reply()])] * 4)
+    await gw.stream({"input": "a", "object_schemas": ["Action"]})
+    await gw.stream({"input": "b", "object_schemas": ["Action"]})
+    await gw.stream({"input": "c", "object_schemas": [{"name": "Point", "schema": point}]})
+    await gw.stream({"input": "d"})
+    systems = [r.json["messages"][0]["content"] for r in gw.upstream.requests]
+    assert systems[0] == systems[1] and "Action" in systems[0]
+    assert '"x"' in systems[2] and systems[3] != systems[0]
+    # The two registered-schema combinations are cached; the inline schema is not.
+    assert len(gw.gateway.prompts) == 2
+    assert systems[0] in gw.gateway.prompts.values()
+    assert not any("Point" in p for p in gw.gateway.prompts.values())
