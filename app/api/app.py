@@ -18,6 +18,7 @@ from fastapi.responses import JSONResponse, Response
 
 from app import __version__
 from app.api.deps import Gateway
+from app.api.fastpath import StreamFastPath
 from app.api.routes import ClientGone, router
 from app.api.servers import router as servers_router
 from app.core.schemas import builtin_registry
@@ -33,7 +34,7 @@ from app.settings import Settings
 from app.upstream.base import Upstream
 from app.upstream.llama_server import LlamaServerUpstream
 from app.upstream.openai_compat import OpenAICompatUpstream
-from app.upstream.transport import DEFAULT_LIMITS, LeanTransport
+from app.upstream.transport import DEFAULT_LIMITS, LeanTransport, UpstreamClient
 from tools import default_registry
 
 __all__ = ["PROMPTS_DIR", "create_app"]
@@ -151,7 +152,7 @@ def create_app(
         # read instead of one per HTTP chunk, and a fraction of httpcore's cost per
         # request (app/upstream/transport.py, bench/RESULTS.md).
         transport = LeanTransport(limits=DEFAULT_LIMITS)
-        async with httpx.AsyncClient(timeout=timeout, transport=transport) as client:
+        async with UpstreamClient(timeout=timeout, transport=transport) as client:
             effective, adapter = settings, upstream
             manager: ServerManager | None = None
             backend: Backend | None = None
@@ -207,6 +208,7 @@ def create_app(
     )
     app.include_router(router)
     app.include_router(servers_router)
+    app.add_middleware(StreamFastPath, gateway_app=app)
 
     @app.exception_handler(ToolForgeError)
     async def _ours(request: Request, exc: ToolForgeError) -> JSONResponse:

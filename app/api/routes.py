@@ -238,6 +238,7 @@ def _plan(
 
 
 _PROMPT_CACHE_MAX = 256
+_MAX_KEY_CHARS = 255
 
 
 def _system_prompt(
@@ -311,8 +312,17 @@ def _limits(gw: Gateway) -> SessionLimits:
 async def stream(
     request: Request,
     gw: GatewayDep,
-    idempotency_key: Annotated[str | None, Header(max_length=255)] = None,
+    idempotency_key: Annotated[str | None, Header()] = None,
 ) -> Response:
+    """Also called directly, past FastAPI, by :class:`app.api.fastpath.StreamFastPath`:
+    everything it needs is checked here, not in the signature."""
+    if idempotency_key is not None and len(idempotency_key) > _MAX_KEY_CHARS:
+        raise RequestError(
+            ErrorCode.BAD_REQUEST,
+            f"Idempotency-Key is {len(idempotency_key)} characters; at most "
+            f"{_MAX_KEY_CHARS} are allowed",
+            http_status=422,
+        )
     req = _parse(await _read_body(request, gw.settings.max_body_bytes))
     body_hash = ""
     if idempotency_key is not None:

@@ -107,9 +107,13 @@ class FrameStreamResponse(Response):
             while not gone:
                 batch, end = log.take(cursor)
                 if batch is not None:
-                    await send({"type": "http.response.body", "body": batch, "more_body": True})
+                    # The last batch ends the body in the same write (and syscall).
+                    last = log.closed and end == log.last_id
+                    await send({"type": "http.response.body", "body": batch, "more_body": not last})
                     cursor = end
                     log.written(cursor, len(batch), primary=primary)
+                    if last:
+                        return
                 elif log.closed:
                     await send({"type": "http.response.body", "body": b"", "more_body": False})
                     return

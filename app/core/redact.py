@@ -30,12 +30,20 @@ This module is sans-IO (``app/core``): stdlib only, no logging, clock or OS acce
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 import re
 import uuid
 from collections.abc import Iterable, Mapping
 from typing import Final
 
-__all__ = ["REDACTED", "SENSITIVE_KEYS", "normalize_key", "redact", "redact_text"]
+__all__ = [
+    "REDACTED",
+    "SENSITIVE_KEYS",
+    "normalize_key",
+    "redact",
+    "redact_serialisable",
+    "redact_text",
+]
 
 REDACTED: Final = "[REDACTED]"
 """What every secret is replaced with."""
@@ -147,8 +155,10 @@ def redact_text(s: str) -> str:
     return s
 
 
+@functools.lru_cache(maxsize=4096)
 def normalize_key(key: str) -> str:
     """The form in which key names are compared: case-folded, ``-`` read as ``_``."""
+    # Cached: documents repeat their keys ("type", "properties", ...) over and over.
     return key.strip().lower().replace("-", "_")
 
 
@@ -248,6 +258,62 @@ def redact(value: object, *, extra_keys: Iterable[str] = ()) -> object:
         else:
             _visit(*item, sensitive=sensitive, memo=memo, work=work)
     return root[0]
+
+
+def redact_serialisable(value: object, *, extra_keys: Iterable[str] = ()) -> object:
+    """:func:`redact` for a value about to be serialised (the artifact writer).
+
+    Plain JSON data (dicts with string keys, lists, strings, numbers) of modest depth
+    takes a direct walk at about a third of the general walk's cost per node; the one
+    difference is that shared references come back as separate copies, which is the
+    same thing once serialised. Anything else goes to :func:`redact`. Never raises.
+    """
+    try:
+        sensitive = SENSITIVE_KEYS | {normalize_key(k) for k in extra_keys if isinstance(k, str)}
+        return _redact_plain(value, sensitive, _PLAIN_DEPTH)
+    except _NotPlain:
+        return redact(value, extra_keys=extra_keys)
+    except Exception:  # a broken iterable of extra keys: the general walk copes
+        return redact(value, extra_keys=extra_keys)
+
+
+class _NotPlain(Exception):
+    """The value is not plain JSON data (or is nested deeper than the direct walk goes)."""
+
+
+# Well within the recursion limit; deeper documents take the iterative walk below.
+_PLAIN_DEPTH: Final = 64
+_PLAIN_SCALARS: Final = (bool, int, float, type(None))
+
+
+def _redact_plain(value: object, sensitive: frozenset[str], depth: int) -> object:
+    """:func:`redact` for dicts with ``str`` keys, lists, strings and numbers only.
+
+    The same result as the general walk for such values, at a fraction of its cost per
+    node (it needs no memo: plain data without cycles shares nothing that matters once
+    serialised). Raises :class:`_NotPlain` on anything else, a cycle included (it runs
+    out of ``depth``), so :func:`redact` can start over with the general walk.
+    """
+    kind = type(value)
+    if kind is str:
+        return redact_text(value)  # type: ignore[arg-type]
+    if kind in _PLAIN_SCALARS:
+        return value
+    if depth <= 0:
+        raise _NotPlain
+    if kind is dict:
+        out: dict[object, object] = {}
+        for key, child in value.items():  # type: ignore[attr-defined]
+            if type(key) is not str:
+                raise _NotPlain
+            if normalize_key(key) in sensitive:
+                out[redact_text(key)] = None if child is None else REDACTED
+            else:
+                out[redact_text(key)] = _redact_plain(child, sensitive, depth - 1)
+        return out
+    if kind is list:
+        return [_redact_plain(child, sensitive, depth - 1) for child in value]  # type: ignore[attr-defined]
+    raise _NotPlain
 
 
 def _visit(

@@ -10,13 +10,13 @@ Layout, under ``<root>/runs/<stream_id>/``::
 
 Why it is built this way:
 
-* **Everything goes through** :func:`app.core.redact.redact`, with the tools' redaction
+* **Everything goes through** :func:`app.core.redact.redact_serialisable`, with the tools' redaction
   lists added, before it is serialised: artifacts are the place secrets leak from.
 * **Each file is written atomically** (a temp file in the same directory, then
   ``os.replace``), so a reader (the demo UI, an eval harness, ``tail``) never sees a torn
   file, and a rerun for the same stream replaces files whole. There is no fsync:
   artifacts are diagnostics, and five disk flushes per stream buy only survival of a
-  power cut. Files are owner-only (``mkstemp``'s 0600): prompts and tool output are
+  power cut. Files are owner-only (0600, as ``mkstemp`` makes them): prompts and tool output are
   user data.
 * **Blocking work runs in** ``asyncio.to_thread``: redaction, encoding and disk I/O of a
   long stream must not stall the event loop that is serving other streams.
@@ -38,14 +38,14 @@ import json
 import math
 import os
 import re
-import tempfile
+import secrets
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Final
 
 import orjson
 
-from app.core.redact import redact
+from app.core.redact import redact_serialisable
 from app.errors import ErrorCode, RequestError
 
 __all__ = ["ARTIFACT_FILES", "RunArtifacts"]
@@ -141,12 +141,12 @@ class RunArtifacts:
             # One line per frame, each encoded on its own: an odd frame cannot spoil
             # its neighbours, and line i is always frame i.
             "frames.ndjson": b"".join(
-                _encode(redact(frame, extra_keys=self._frame_keys(frame))) + b"\n"
+                _encode(redact_serialisable(frame, extra_keys=self._frame_keys(frame))) + b"\n"
                 for frame in frames
             ),
         }
         for name, value in documents.items():
-            encoded = _encode(redact(value, extra_keys=self._all_keys), indent=True)
+            encoded = _encode(redact_serialisable(value, extra_keys=self._all_keys), indent=True)
             contents[name] = encoded + b"\n"
         failures: list[OSError] = []
         for name in ARTIFACT_FILES:
@@ -215,10 +215,17 @@ def _jsonable(value: object, depth: int) -> object:
 
 def _replace_atomically(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` so that readers see the old file or the new, never half."""
-    fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    # os.open/os.write rather than mkstemp + a file object: the same O_EXCL, owner-only
+    # temp file, in half the system calls (no buffered writer: no fstat, ioctl, lseek).
+    temp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+        finally:
+            os.close(fd)
         os.replace(temp, path)
     except BaseException:
         # Leave nothing behind, whatever interrupted us.

@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import AsyncGenerator, Mapping
-from typing import Any, Final
+from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Mapping
+from typing import Any, Final, cast
 
 import anyio
 import httpx
@@ -262,17 +262,33 @@ class OpenAICompatUpstream:
                 exchange.phase = FIRST_BYTE
                 exchange.until(first_byte_at)
 
-        http_request = self._client.build_request(
-            "POST",
-            self._url,
-            content=request_body(self.body(request)),
-            headers={**self._headers, "Content-Type": "application/json"},
-            timeout=self._timeout,
-            extensions={"trace": trace},
-        )
+        content = request_body(self.body(request))
+        headers = {**self._headers, "Content-Type": "application/json"}
+        lean = getattr(self._client, "lean", None)  # an UpstreamClient's transport
         try:
             with exchange.until(None):  # connect: bounded by httpx's connect/pool timeouts
-                response = await self._client.send(http_request, stream=True)
+                if lean is not None:
+                    # Straight to the transport (UpstreamClient says why); the body is
+                    # then read from the transport's stream without httpx's wrappers.
+                    http_request = httpx.Request(
+                        "POST",
+                        self._url,
+                        content=content,
+                        headers=headers,
+                        extensions={"timeout": self._timeout.as_dict(), "trace": trace},
+                    )
+                    response = await lean.handle_async_request(http_request)
+                    response.request = http_request
+                else:
+                    http_request = self._client.build_request(
+                        "POST",
+                        self._url,
+                        content=content,
+                        headers=headers,
+                        timeout=self._timeout,
+                        extensions={"trace": trace},
+                    )
+                    response = await self._client.send(http_request, stream=True)
         except BaseException:
             exchange.close()
             raise
@@ -284,7 +300,13 @@ class OpenAICompatUpstream:
             # A response built in memory (MockTransport with bytes content) is already read,
             # and aiter_raw() would refuse it; aiter_bytes() replays it. Identity encoding
             # makes the two the same bytes.
-            chunks = response.aiter_bytes() if response.is_stream_consumed else response.aiter_raw()
+            chunks: AsyncIterator[bytes]
+            if lean is not None:
+                chunks = aiter(cast(AsyncIterable[bytes], response.stream))
+            elif response.is_stream_consumed:
+                chunks = response.aiter_bytes()
+            else:
+                chunks = response.aiter_raw()
             with exchange.until(first_byte_at):
                 self._check_response(response, await self._excerpt(response))
                 chunk = await anext(chunks, None)

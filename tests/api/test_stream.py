@@ -195,3 +195,23 @@ async def test_system_prompts_are_rendered_once_per_schema_and_tool_set(
     assert len(gw.gateway.prompts) == 2
     assert systems[0] in gw.gateway.prompts.values()
     assert not any("Point" in p for p in gw.gateway.prompts.values())
+
+
+async def test_the_stream_route_is_still_documented(make_gateway: HarnessFactory) -> None:
+    # POST /v1/stream is served past FastAPI's routing (app/api/fastpath.py); its docs stay.
+    gw = await make_gateway()
+    schema = (await gw.client.get(f"{gw.url}/openapi.json")).json()
+    assert "post" in schema["paths"]["/v1/stream"]
+    params = {p["name"] for p in schema["paths"]["/v1/stream"]["post"].get("parameters", [])}
+    assert "idempotency-key" in params
+
+
+async def test_an_overlong_idempotency_key_is_a_typed_422(make_gateway: HarnessFactory) -> None:
+    gw = await make_gateway()
+    response = await gw.client.post(
+        f"{gw.url}/v1/stream", json={"input": "x"}, headers={"Idempotency-Key": "k" * 256}
+    )
+    assert response.status_code == 422
+    error = response.json()["error"]
+    assert error["code"] == "BAD_REQUEST" and "Idempotency-Key" in error["message"]
+    assert gw.gateway.registry._sessions == {}  # nothing started

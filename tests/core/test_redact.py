@@ -18,6 +18,7 @@ from app.core.redact import (
     _replace,
     normalize_key,
     redact,
+    redact_serialisable,
     redact_text,
 )
 
@@ -349,6 +350,35 @@ def test_redaction_is_total_and_idempotent(value: object) -> None:
     once = redact(value)
     twice = redact(once)
     assert repr(twice) == repr(once)  # repr, because NaN != NaN
+
+
+key_names = st.sampled_from(["token", "API-Key", "max_tokens", "name", "Password", "k"])
+
+
+@given(
+    st.recursive(
+        st.one_of(st.none(), st.booleans(), st.integers(), st.floats(), st.text()),
+        lambda children: st.one_of(
+            st.lists(children),
+            st.dictionaries(st.one_of(key_names, st.text()), children),
+        ),
+        max_leaves=30,
+    )
+)
+def test_redact_serialisable_matches_redact_on_plain_data(value: object) -> None:
+    assert repr(redact_serialisable(value, extra_keys=["k"])) == repr(
+        redact(value, extra_keys=["k"])
+    )
+
+
+def test_redact_serialisable_falls_back_for_everything_else() -> None:
+    deep: list[object] = ["sk-" + "a" * 30]
+    for _ in range(200):  # deeper than the direct walk goes
+        deep = [deep]
+    loop: list[object] = []
+    loop.append(loop)
+    for value in (deep, loop, {"t": ("sk-" + "b" * 30,)}, {1: {"token": "x"}}, {b"k"}):
+        assert repr(redact_serialisable(value)) == repr(redact(value))
 
 
 fragments = st.sampled_from(
