@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -271,7 +272,17 @@ class StreamSession:
         error: ToolForgeError | None = None
         if self._metrics is not None:
             self._metrics.stream_started()
-        log.info(STREAM_STARTED, stream_id=self.id, model=self.plan.chat.model, mode=self.plan.mode)
+        # Logged once this step yields (the upstream request is out by then): rendering
+        # and writing a log line costs tens of µs, and this is the time to first token.
+        asyncio.get_running_loop().call_soon(
+            functools.partial(
+                log.info,
+                STREAM_STARTED,
+                stream_id=self.id,
+                model=self.plan.chat.model,
+                mode=self.plan.mode,
+            )
+        )
         budget = self.plan.budget
         self.log.append(
             Frame(

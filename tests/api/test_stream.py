@@ -6,6 +6,7 @@ import asyncio
 import json
 
 import orjson
+import pytest
 
 from app.core.wire import PING_BYTES
 from app.eval.scripted_upstream import Script, Step
@@ -215,3 +216,17 @@ async def test_an_overlong_idempotency_key_is_a_typed_422(make_gateway: HarnessF
     error = response.json()["error"]
     assert error["code"] == "BAD_REQUEST" and "Idempotency-Key" in error["message"]
     assert gw.gateway.registry._sessions == {}  # nothing started
+
+
+async def test_each_stream_logs_its_start_and_end(
+    make_gateway: HarnessFactory, capsys: pytest.CaptureFixture[str]
+) -> None:
+    gw = await make_gateway([Script.from_tokens(["Hello", " there"])], log_level="INFO")
+    events = await gw.stream()
+    await gw.settle()
+    stream_id = frames(events)[0].data["stream_id"]
+    lines = [
+        json.loads(line) for line in capsys.readouterr().err.splitlines() if line.startswith("{")
+    ]
+    ours = [e["event"] for e in lines if e.get("stream_id") == stream_id]
+    assert ours[0] == "stream.started" and ours[-1] == "stream.finished"
