@@ -46,6 +46,7 @@ __all__ = [
     "rss_kb",
     "sockets_to",
     "spawn_gateway",
+    "spawn_proxy",
     "spawn_upstream",
 ]
 
@@ -195,6 +196,64 @@ def _serve_gateway(port: int, upstream: str, artifacts: str) -> None:
     run(create_app(settings), host="127.0.0.1", port=port, http="httptools", loop="auto")
 
 
+class _ProxyUp(asyncio.Protocol):
+    """The proxy's connection to the upstream: bytes back to the client as they come."""
+
+    def __init__(self, down: asyncio.Transport) -> None:
+        self.down = down
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self.down.write(data)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.down.close()
+
+
+class _ProxyDown(asyncio.Protocol):
+    """The proxy's client side: one upstream connection per client connection."""
+
+    def __init__(self, upstream_port: int) -> None:
+        self.upstream_port = upstream_port
+        self.pending: list[bytes] = []
+        self.up: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport: asyncio.Transport = transport  # type: ignore[assignment]
+        self.connecting = asyncio.ensure_future(self._connect())
+
+    async def _connect(self) -> None:
+        loop = asyncio.get_running_loop()
+        up, _ = await loop.create_connection(
+            lambda: _ProxyUp(self.transport), "127.0.0.1", self.upstream_port
+        )
+        self.up = up  # type: ignore[assignment]
+        for data in self.pending:
+            up.write(data)  # type: ignore[attr-defined]
+
+    def data_received(self, data: bytes) -> None:
+        if self.up is None:
+            self.pending.append(data)
+        else:
+            self.up.write(data)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.up is not None:
+            self.up.close()
+
+
+async def _serve_proxy(port: int, upstream_port: int) -> None:
+    """A bare TCP relay (uvloop): B1's floor for one more process and two more hops."""
+    loop = asyncio.get_running_loop()
+    server = await loop.create_server(lambda: _ProxyDown(upstream_port), "127.0.0.1", port)
+    stop = asyncio.Event()
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    async with server:
+        await stop.wait()
+
+
 # -- process control --------------------------------------------------------------------
 
 
@@ -260,6 +319,19 @@ class Proc:
 def spawn_upstream() -> Proc:
     port = free_port()
     proc = Proc("upstream", ["upstream", "--port", str(port)], port)
+    try:
+        proc.wait_listening()
+    except BaseException:
+        proc.stop()
+        raise
+    return proc
+
+
+def spawn_proxy(upstream_port: int) -> Proc:
+    """A bare TCP relay in front of the upstream, for B1's reference row."""
+    port = free_port()
+    args = ["proxy", "--port", str(port), "--upstream-port", str(upstream_port)]
+    proc = Proc("proxy", args, port)
     try:
         proc.wait_listening()
     except BaseException:
@@ -339,10 +411,16 @@ def main() -> None:
     gw.add_argument("--port", type=int, required=True)
     gw.add_argument("--upstream", required=True)
     gw.add_argument("--artifacts", required=True)
+    proxy = sub.add_parser("proxy")
+    proxy.add_argument("--port", type=int, required=True)
+    proxy.add_argument("--upstream-port", type=int, required=True)
     args = parser.parse_args()
     if args.what == "upstream":
         _use_uvloop()
         asyncio.run(_serve_upstream(args.port))
+    elif args.what == "proxy":
+        _use_uvloop()
+        asyncio.run(_serve_proxy(args.port, args.upstream_port))
     else:
         _serve_gateway(args.port, args.upstream, args.artifacts)
 

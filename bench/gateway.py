@@ -10,7 +10,8 @@ upstream's ``/v1/chat/completions`` for the same script the gateway gets.
 
 - B1: added time to first event. Direct: request sent → first ``data:`` content chunk;
   gateway: request sent → first ``text.delta`` frame of ``POST /v1/stream``. Sequential
-  requests on a kept-alive connection, direct and gateway alternating.
+  requests on a kept-alive connection, direct, gateway and a bare TCP relay (uvloop, in a
+  process of its own: the floor of one more hop on this machine) taking turns.
 - B2: one long stream at full speed; tokens/s direct vs gateway, gateway CPU µs per upstream
   token (utime + stime from /proc while the stream runs; the artifacts written after
   ``done`` are reported apart), plain text and text with an OBJECT frame every 50 tokens.
@@ -59,6 +60,7 @@ from bench._procs import (
     rss_kb,
     sockets_to,
     spawn_gateway,
+    spawn_proxy,
     spawn_upstream,
 )
 from bench._results import RESULTS, load_average, section_text, write_section
@@ -249,7 +251,8 @@ class Target:
 
     @property
     def direct(self) -> bool:
-        return self.name == "direct"
+        """The upstream's own stream format (direct, or through the bare proxy)."""
+        return self.name != "gateway"
 
 
 def _text_of(event: bytes, direct: bool) -> str | None:
@@ -420,18 +423,20 @@ class Report:
         self.add(f"- {text}: **{verdict(ok)}**")
 
 
-async def b1(rep: Report, direct: Target, gateway: Target, gw: Proc, n: int, warmup: int) -> None:
-    clients = {t.name: await Client.open(t.port) for t in (direct, gateway)}
-    requests = {
-        t.name: clients[t.name].request_bytes(t.path, t.body("ttft")) for t in (direct, gateway)
-    }
-    ttft: dict[str, list[float]] = {"direct": [], "gateway": []}
+async def b1(
+    rep: Report, direct: Target, gateway: Target, proxy: Target, gw: Proc, n: int, warmup: int
+) -> None:
+    targets = (direct, gateway, proxy)
+    clients = {t.name: await Client.open(t.port) for t in targets}
+    requests = {t.name: clients[t.name].request_bytes(t.path, t.body("ttft")) for t in targets}
+    ttft: dict[str, list[float]] = {t.name: [] for t in targets}
     cpu0 = 0.0
     try:
         for i in range(warmup + n):
             if i == warmup:
                 cpu0 = settle_cpu(gw.pid)
-            order = (direct, gateway) if i % 2 else (gateway, direct)
+            k = i % 3  # every order in turn
+            order = targets[k:] + targets[:k]
             for t in order:
                 sink = FirstText(t.direct)
                 t0, _ = await clients[t.name].stream(requests[t.name], sink, timeout_s=10)
@@ -446,7 +451,7 @@ async def b1(rep: Report, direct: Target, gateway: Target, gw: Proc, n: int, war
             c.close()
     cpu_req = (settle_cpu(gw.pid) - cpu0) / n * 1e3
     rep.facts["b1_cpu_ms"] = cpu_req
-    d, g = ttft["direct"], ttft["gateway"]
+    d, g, p = ttft["direct"], ttft["gateway"], ttft["proxy"]
     added50, added99 = median(g) - median(d), pct(g, 99) - pct(d, 99)
     rep.add(
         "",
@@ -460,10 +465,14 @@ async def b1(rep: Report, direct: Target, gateway: Target, gw: Proc, n: int, war
             for name, v in (
                 ("direct (first `data:` chunk)", d),
                 ("gateway (first `text.delta`)", g),
+                ("bare TCP proxy (uvloop relay; first `data:` chunk)", p),
             )
         ),
         f"| **added by the gateway** | **{added50:.3f}** | {pct(g, 90) - pct(d, 90):.3f} | "
         f"**{added99:.3f}** | |",
+        f"| added by the bare proxy (the floor of one more process on this machine) | "
+        f"{median(p) - median(d):.3f} | {pct(p, 90) - pct(d, 90):.3f} | "
+        f"{pct(p, 99) - pct(d, 99):.3f} | |",
         "",
         f"Gateway CPU per request: {cpu_req:.2f} ms (a 3-token stream, including the "
         "artifacts written after `done`).",
@@ -864,17 +873,14 @@ def notes(rep: Report) -> None:
     if "B1" in missed:
         lines.append(
             f"- **B1.** The gateway spends {f.get('b1_cpu_ms', 0):.1f} ms of CPU per request, "
-            "all threads (the artifacts thread writing five files after `done` is about a "
-            "third). Timestamps taken inside the gateway on this path (median of 300, "
-            "instrumented run): request parsed by uvicorn 0.10-0.15 ms after its bytes "
-            "arrive, handler entered 0.14 ms later (the fast path past FastAPI's routing), "
-            "session running 0.4 ms later (body, validation, plan, session, one loop turn), "
-            "upstream request written 0.35 ms later, then the upstream's own 0.4-0.6 ms, "
-            "then 0.3 ms from its first bytes to our first `text.delta` write. The same "
-            "code timed in a hot loop costs a fifth of that: after 10 ms idle each request "
-            "runs with cold caches on a shared 2-vCPU VM. A bare uvloop TCP proxy between "
-            "the same client and upstream adds 0.18 ms p50: the hops are not the cost, "
-            "Python work per request is."
+            "all threads, the artifacts thread after `done` included. The bare proxy row is "
+            "the floor of one more process and two more loopback hops on this machine; the "
+            "rest of the added time is Python work per request, in order: uvicorn parsing "
+            "the request, the handler (body, validation, plan, session), the session's "
+            "first step up to the upstream request, and from the upstream's first bytes to "
+            "our first `text.delta` write (docs/performance.md). After each idle gap this "
+            "code runs with cold caches on a shared 2-vCPU VM, several times slower than "
+            "the same code in a hot loop."
         )
     if "B2" in missed:
         lines.append(
@@ -990,7 +996,10 @@ async def run(args: argparse.Namespace, rep: Report) -> None:
         procs.append(gw)
         direct = Target("direct", up.port, "/v1/chat/completions", direct_body)
         gateway = Target("gateway", gw.port, "/v1/stream", gateway_body)
-        await b1(rep, direct, gateway, gw, args.b1_requests, args.b1_warmup)
+        proxy_proc = spawn_proxy(up.port)
+        procs.append(proxy_proc)
+        proxy = Target("proxy", proxy_proc.port, "/v1/chat/completions", direct_body)
+        await b1(rep, direct, gateway, proxy, gw, args.b1_requests, args.b1_warmup)
         await b2(rep, direct, gateway, gw, up, args.b2_tokens, args.b2_repeats)
         await b3(rep, direct, gateway, gw, args.b3_tokens, seed=11)
         # B4 on a fresh gateway: B1-B3's finished streams stay in its registry for
