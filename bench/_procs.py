@@ -316,28 +316,26 @@ class Proc:
         self.stderr.close()
 
 
-def spawn_upstream() -> Proc:
-    port = free_port()
-    proc = Proc("upstream", ["upstream", "--port", str(port)], port)
+def _spawn(name: str, args: list[str], port: int, env: dict[str, str] | None = None) -> Proc:
+    proc = Proc(name, args, port, env)
     try:
         proc.wait_listening()
     except BaseException:
         proc.stop()
         raise
     return proc
+
+
+def spawn_upstream() -> Proc:
+    port = free_port()
+    return _spawn("upstream", ["upstream", "--port", str(port)], port)
 
 
 def spawn_proxy(upstream_port: int) -> Proc:
     """A bare TCP relay in front of the upstream, for B1's reference row."""
     port = free_port()
     args = ["proxy", "--port", str(port), "--upstream-port", str(upstream_port)]
-    proc = Proc("proxy", args, port)
-    try:
-        proc.wait_listening()
-    except BaseException:
-        proc.stop()
-        raise
-    return proc
+    return _spawn("proxy", args, port)
 
 
 def spawn_gateway(upstream_url: str, artifacts: Path, env: dict[str, str] | None = None) -> Proc:
@@ -345,13 +343,7 @@ def spawn_gateway(upstream_url: str, artifacts: Path, env: dict[str, str] | None
     port = free_port()
     args = ["gateway", "--port", str(port), "--upstream", upstream_url]
     args += ["--artifacts", str(artifacts)]
-    proc = Proc("gateway", args, port, env)
-    try:
-        proc.wait_listening()
-    except BaseException:
-        proc.stop()
-        raise
-    return proc
+    return _spawn("gateway", args, port, env)
 
 
 # -- /proc probes -----------------------------------------------------------------------
