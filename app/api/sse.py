@@ -136,5 +136,8 @@ class FrameStreamResponse(Response):
 
 async def _until_disconnect(receive: Receive) -> None:
     """Return when the client disconnects (the request body was read by the route)."""
-    while (await receive())["type"] != "http.disconnect":
-        pass
+    try:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+    except Exception:  # a server that raises instead of sending http.disconnect: gone too
+        return
