@@ -19,6 +19,9 @@ unreachable, DNS or TLS failure → ``ConnectError``; a reset → ``ReadError``;
 before the response or inside a framed body, or a malformed response →
 ``RemoteProtocolError``. A body framed by neither Content-Length nor chunked ends at EOF:
 httptools does not expose ``llhttp_finish``, so EOF itself completes such a message.
+
+This module is the pool; one connection and its response body are
+:mod:`app.upstream.http11`.
 """
 
 from __future__ import annotations
@@ -32,256 +35,26 @@ from collections import deque
 from collections.abc import AsyncIterable, Awaitable, Callable
 from typing import Any, Final, TypeAlias
 
-import httptools
 import httpx
+
+from app.upstream.http11 import (
+    HIGH_WATER,
+    Body,
+    Connection,
+    Key,
+    read_error,
+    request_head,
+)
 
 __all__ = ["DEFAULT_LIMITS", "HIGH_WATER", "LeanTransport", "UpstreamClient"]
 
 DEFAULT_LIMITS: Final = httpx.Limits(
     max_connections=1000, max_keepalive_connections=100, keepalive_expiry=5.0
 )
-HIGH_WATER: Final = 64 * 1024
-"""Unread body bytes above which the socket is no longer read, so that TCP throttles the
-upstream while our consumer is slow. A read is up to 256 KiB (asyncio's and uvloop's read
-size), so the buffer peaks at about this plus one read."""
-
-_Key: TypeAlias = tuple[str, str, int]  # (scheme, host, port): one pool per origin
 _Timeouts: TypeAlias = dict[str, float | None]  # httpx's "timeout" extension
 _Trace: TypeAlias = Callable[[str, dict[str, Any]], Awaitable[None]]
 _PORTS: Final = {"http": 80, "https": 443}
 _EXTENSIONS: Final = frozenset({"timeout", "trace"})
-_PARSE_ERRORS: Final = (httptools.HttpParserError, httptools.HttpParserUpgrade)
-
-
-class _MessageAfterEnd(Exception):
-    """Raised in a parser callback: the server sent more after a complete response."""
-
-
-def _expire(waiter: asyncio.Future[None]) -> None:
-    if not waiter.done():
-        waiter.set_exception(TimeoutError())
-
-
-class _Connection(asyncio.Protocol):
-    """One connection. llhttp's callbacks fill in the current response; its reader (the
-    transport while it waits for the head, then :class:`_Body`) sleeps on ``waiter``."""
-
-    transport: asyncio.Transport  # set by connection_made, before anyone else sees us
-
-    def __init__(self, owner: LeanTransport, key: _Key) -> None:
-        self.owner = owner
-        self.key = key
-        self.loop = asyncio.get_running_loop()
-        self.parser = httptools.HttpResponseParser(self)
-        self.lost = False  # the socket is gone (EOF, reset, or closed by us)
-        self.error: BaseException | None = None  # a reset or a parse error; None: clean EOF
-        self.closed = False  # closed by the owner, its pool slot given back
-        self.in_pool = False
-        self.idle_since = 0.0
-        self.waiter: asyncio.Future[None] | None = None
-        self.drained: asyncio.Future[None] | None = None
-        self.write_paused = self.read_paused = False
-        self.reset()
-
-    def reset(self) -> None:
-        """Forget the last response, before the next one."""
-        self.status = 0
-        self.reason = b""
-        self.headers: list[tuple[bytes, bytes]] = []
-        self.head_done = self.complete = self.keep_alive = False
-        self.chunks: list[bytes] = []
-        self.buffered = 0
-        if self.read_paused:
-            self.resume_reading()
-
-    def write(self, data: bytes) -> None:
-        if not self.lost:  # uvloop raises on a closed transport; asyncio would ignore it
-            self.transport.write(data)
-
-    def resume_reading(self) -> None:
-        self.read_paused = False
-        self.transport.resume_reading()
-
-    async def wait(self, seconds: float | None) -> None:
-        """Sleep until the parser or the socket has news; ``TimeoutError`` after ``seconds``."""
-        waiter = self.waiter = self.loop.create_future()
-        if seconds is None:
-            await waiter
-            return
-        # A bare timer, not asyncio.timeout: this runs once per read.
-        timer = self.loop.call_later(seconds, _expire, waiter)
-        try:
-            await waiter
-        finally:
-            timer.cancel()
-
-    async def drain(self, seconds: float | None) -> None:
-        """Wait until the kernel takes our writes again (after ``pause_writing``)."""
-        async with asyncio.timeout(seconds):
-            while self.write_paused and not self.lost:
-                self.drained = self.loop.create_future()
-                await self.drained
-
-    # -- asyncio.Protocol ----------------------------------------------------------------
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]  # uvloop's: not subclasses
-
-    def data_received(self, data: bytes) -> None:
-        if self.in_pool:  # an idle connection must be silent: do not trust it again
-            self.owner._close(self)
-            return
-        if self.error is not None:
-            return
-        try:
-            self.parser.feed_data(data)
-        except _PARSE_ERRORS as exc:
-            if self.complete:  # bytes after the end: the response is fine, the connection not
-                self.keep_alive = False
-            else:
-                self.error = exc
-        if self.buffered > HIGH_WATER and not self.read_paused:
-            self.read_paused = True
-            self.transport.pause_reading()
-        self._wake()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.lost = True
-        if exc is not None:
-            self.error = self.error or exc
-        elif self.head_done and not self.complete and not self._framed():
-            self.complete = True  # a close-delimited body ends at EOF (RFC 9112 §6.3 item 8)
-        self._wake()
-        self.resume_writing()
-        if self.in_pool:
-            self.owner._close(self)
-
-    def pause_writing(self) -> None:
-        self.write_paused = True
-
-    def resume_writing(self) -> None:
-        self.write_paused = False
-        if self.drained is not None and not self.drained.done():
-            self.drained.set_result(None)
-
-    def _wake(self) -> None:
-        waiter, self.waiter = self.waiter, None
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
-
-    def _framed(self) -> bool:
-        framing = (b"content-length", b"transfer-encoding")
-        return any(name.lower() in framing for name, _ in self.headers)
-
-    # -- httptools callbacks ---------------------------------------------------------------
-
-    def on_message_begin(self) -> None:
-        if self.complete:
-            raise _MessageAfterEnd  # surfaces as a parse error in data_received
-
-    def on_status(self, status: bytes) -> None:
-        self.reason += status  # llhttp may deliver a span in pieces
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        self.headers.append((name, value))
-
-    def on_headers_complete(self) -> None:
-        self.status = self.parser.get_status_code()
-        if self.status < 200:  # interim (100 Continue, 103 Early Hints): skipped; llhttp
-            self.reason, self.headers = b"", []  # stops after a 101, and _read_error says so
-        else:
-            self.head_done = True
-
-    def on_body(self, body: bytes) -> None:
-        self.chunks.append(body)
-        self.buffered += len(body)
-
-    def on_message_complete(self) -> None:
-        if self.head_done:  # not the end of an interim response
-            self.complete = True
-            # Asked now: llhttp clears the flags behind the answer right after this callback.
-            self.keep_alive = self.parser.should_keep_alive()
-
-
-def _read_error(conn: _Connection, request: httpx.Request) -> httpx.TransportError:
-    """The httpx exception for a connection that ended (or broke) before the response did."""
-    error = conn.error
-    if conn.status == 101:  # we never ask for an upgrade (such requests go to the fallback)
-        return httpx.RemoteProtocolError("unexpected 101 Switching Protocols", request=request)
-    if isinstance(error, _PARSE_ERRORS):
-        return httpx.RemoteProtocolError(f"malformed response: {error}", request=request)
-    if error is not None:  # a reset, or a TLS failure mid-stream
-        return httpx.ReadError(str(error) or type(error).__name__, request=request)
-    if not conn.head_done:  # httpcore's words, so that logs read the same
-        message = "Server disconnected without sending a response."
-    else:
-        message = "peer closed connection without sending complete message body"
-    return httpx.RemoteProtocolError(message, request=request)
-
-
-class _Body(httpx.AsyncByteStream):
-    """The response body: each item is everything received since the previous one."""
-
-    def __init__(self, conn: _Connection, request: httpx.Request, timeout: float | None) -> None:
-        self._conn: _Connection | None = conn
-        self._request = request
-        self._timeout = timeout
-
-    def __aiter__(self) -> _Body:
-        return self
-
-    async def __anext__(self) -> bytes:
-        conn = self._conn
-        if conn is None:
-            raise StopAsyncIteration
-        if not conn.chunks:
-            try:
-                while not conn.chunks and not conn.complete:
-                    if conn.lost or conn.error is not None:
-                        raise _read_error(conn, self._request)
-                    await conn.wait(self._timeout)
-            except TimeoutError:
-                self._drop()
-                raise httpx.ReadTimeout("read timed out", request=self._request) from None
-            except BaseException:  # an error or a cancel: the connection is unusable
-                self._drop()
-                raise
-            if not conn.chunks:
-                self._conn = None
-                conn.owner._release(conn)
-                raise StopAsyncIteration
-        chunks = conn.chunks
-        data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
-        conn.chunks = []
-        conn.buffered = 0
-        if conn.read_paused:
-            conn.resume_reading()
-        return data
-
-    async def aclose(self) -> None:
-        # No await in here: a cancel arriving now must not leave the connection counted.
-        conn, self._conn = self._conn, None
-        if conn is not None and conn.complete:  # received in full: reusable even if unread
-            conn.owner._release(conn)
-        elif conn is not None:  # closed early: closed, not drained (the caller drains if it wants)
-            conn.owner._close(conn)
-
-    def _drop(self) -> None:
-        conn, self._conn = self._conn, None
-        if conn is not None:
-            conn.owner._close(conn)
-
-
-def _head(request: httpx.Request) -> bytes:
-    raw = request.headers.raw
-    lines = [b"%s %s HTTP/1.1\r\n" % (request.method.encode("ascii"), request.url.raw_path)]
-    lines += [b"%s: %s\r\n" % pair for pair in raw]
-    lines.append(b"\r\n")
-    head = b"".join(lines)
-    # h11 refuses CR or LF inside a header (request smuggling); two C-level counts check it.
-    if head.count(b"\n") != len(raw) + 2 or head.count(b"\r") != len(raw) + 2:
-        raise httpx.LocalProtocolError("illegal character in request head", request=request)
-    return head
 
 
 class LeanTransport(httpx.AsyncBaseTransport):
@@ -305,10 +78,10 @@ class LeanTransport(httpx.AsyncBaseTransport):
         self._verify = verify
         self._ssl = verify if isinstance(verify, ssl.SSLContext) else None
         self._fallback = fallback
-        self._idle: dict[_Key, list[_Connection]] = {}  # per origin, most recent last
+        self._idle: dict[Key, list[Connection]] = {}  # per origin, most recent last
         self._idle_count = 0
         self._open = 0  # connections counted against max_connections, connecting included
-        self._conns: set[_Connection] = set()
+        self._conns: set[Connection] = set()
         self._waiters: deque[asyncio.Future[None]] = deque()
         self._next_sweep = 0.0
         self._closed = False
@@ -343,7 +116,7 @@ class LeanTransport(httpx.AsyncBaseTransport):
                 await trace("http11.receive_response_headers.started", {"request": request})
             while not conn.head_done:
                 if conn.lost or conn.error is not None:
-                    raise _read_error(conn, request)
+                    raise read_error(conn, request)
                 try:
                     await conn.wait(timeouts.get("read"))
                 except TimeoutError:
@@ -353,12 +126,12 @@ class LeanTransport(httpx.AsyncBaseTransport):
                 head = (version, conn.status, conn.reason, conn.headers)
                 await trace("http11.receive_response_headers.complete", {"return_value": head})
         except BaseException:
-            self._close(conn)
+            self.discard(conn)
             raise
         return httpx.Response(
             conn.status,
             headers=conn.headers,
-            stream=_Body(conn, request, timeouts.get("read")),
+            stream=Body(conn, request, timeouts.get("read")),
             extensions={"http_version": version, "reason_phrase": conn.reason},
         )
 
@@ -366,13 +139,13 @@ class LeanTransport(httpx.AsyncBaseTransport):
         """Close every connection, idle or busy, and the fallback."""
         self._closed = True
         for conn in list(self._conns):
-            self._close(conn)
+            self.discard(conn)
         if self._fallback is not None:
             await self._fallback.aclose()
 
     async def _connect(
-        self, key: _Key, request: httpx.Request, timeouts: _Timeouts, trace: _Trace | None
-    ) -> _Connection:
+        self, key: Key, request: httpx.Request, timeouts: _Timeouts, trace: _Trace | None
+    ) -> Connection:
         scheme, host, port = key
         timeout = timeouts.get("connect")
         try:
@@ -382,7 +155,7 @@ class LeanTransport(httpx.AsyncBaseTransport):
             tls = self._ssl_context() if scheme == "https" else None
             async with asyncio.timeout(timeout):
                 _, conn = await asyncio.get_running_loop().create_connection(
-                    functools.partial(_Connection, self, key),
+                    functools.partial(Connection, self, key),
                     host,
                     port,
                     ssl=tls,
@@ -402,9 +175,9 @@ class LeanTransport(httpx.AsyncBaseTransport):
         return conn
 
     async def _send(
-        self, conn: _Connection, request: httpx.Request, timeouts: _Timeouts, trace: _Trace | None
+        self, conn: Connection, request: httpx.Request, timeouts: _Timeouts, trace: _Trace | None
     ) -> None:
-        head = _head(request)
+        head = request_head(request)
         try:
             body: bytes | None = request.content  # read already when built from bytes
         except httpx.RequestNotRead:
@@ -440,8 +213,8 @@ class LeanTransport(httpx.AsyncBaseTransport):
     # -- the pool ----------------------------------------------------------------------------
 
     async def _checkout(
-        self, key: _Key, request: httpx.Request, timeouts: _Timeouts
-    ) -> _Connection | None:
+        self, key: Key, request: httpx.Request, timeouts: _Timeouts
+    ) -> Connection | None:
         """An idle connection to ``key``, or ``None`` with a slot reserved for a new one."""
         loop = asyncio.get_running_loop()
         timeout = timeouts.get("pool")
@@ -455,13 +228,13 @@ class LeanTransport(httpx.AsyncBaseTransport):
                 conn.in_pool = False
                 if self._fresh(conn, loop.time()):
                     return conn
-                self._close(conn)
+                self.discard(conn)
             if limit is None or self._open < limit:
                 self._open += 1
                 return None
             if self._idle_count:  # full, but idle connections to other origins hold slots
                 oldest = min((s[0] for s in self._idle.values() if s), key=lambda c: c.idle_since)
-                self._close(oldest)
+                self.discard(oldest)
                 continue
             waiter = loop.create_future()
             self._waiters.append(waiter)
@@ -479,7 +252,7 @@ class LeanTransport(httpx.AsyncBaseTransport):
                     raise httpx.PoolTimeout(message, request=request) from None
                 raise
 
-    def _fresh(self, conn: _Connection, now: float) -> bool:
+    def _fresh(self, conn: Connection, now: float) -> bool:
         expiry = self._limits.keepalive_expiry
         if conn.lost or (expiry is not None and now - conn.idle_since >= expiry):
             return False
@@ -489,7 +262,7 @@ class LeanTransport(httpx.AsyncBaseTransport):
         poller.register(conn.transport.get_extra_info("socket"), select.POLLIN)
         return not poller.poll(0)
 
-    def _release(self, conn: _Connection) -> None:
+    def release(self, conn: Connection) -> None:
         """Pool a connection whose response was received in full, or close it."""
         limit = self._limits.max_keepalive_connections
         if (
@@ -499,7 +272,7 @@ class LeanTransport(httpx.AsyncBaseTransport):
             or self._closed
             or (limit is not None and self._idle_count >= limit)
         ):
-            self._close(conn)
+            self.discard(conn)
             return
         conn.reset()
         conn.in_pool = True
@@ -517,9 +290,9 @@ class LeanTransport(httpx.AsyncBaseTransport):
         self._next_sweep = now + expiry
         for stack in list(self._idle.values()):
             for conn in [c for c in stack if now - c.idle_since >= expiry]:
-                self._close(conn)
+                self.discard(conn)
 
-    def _close(self, conn: _Connection) -> None:
+    def discard(self, conn: Connection) -> None:
         """Close a connection and give its slot back (once, whoever asks)."""
         if conn.closed:
             return
