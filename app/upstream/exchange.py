@@ -22,9 +22,9 @@ exchange; what does not depend on the dialect is here.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterable, AsyncIterator, Mapping
 from types import TracebackType
-from typing import Any, Final
+from typing import Any, Final, cast
 
 import anyio
 import httpx
@@ -42,6 +42,7 @@ __all__ = [
     "describe",
     "drain",
     "json_default",
+    "open_stream",
     "request_body",
     "snippet",
 ]
@@ -239,6 +240,77 @@ class Exchange:
         return UpstreamError(
             ErrorCode.UPSTREAM_PROTOCOL, f"upstream HTTP failure ({describe(exc)})"
         )
+
+
+async def open_stream(
+    client: httpx.AsyncClient,
+    url: httpx.URL,
+    *,
+    content: bytes,
+    headers: Mapping[str, str],
+    timeouts: httpx.Timeout,
+    exchange: Exchange,
+    first_byte_s: float,
+) -> tuple[httpx.Response, AsyncIterator[bytes], float]:
+    """POST ``content`` for a streamed answer: the response, its body's chunks and the
+    first-byte deadline (loop time), with ``exchange`` in its :data:`FIRST_BYTE` phase.
+
+    The first-byte clock starts when the request goes out, after any connect (httpx's
+    ``trace`` extension says when; transports without tracing, such as MockTransport,
+    start it once the response is there). An ``UpstreamClient``'s lean transport gets
+    the request directly and its body is read without httpx's wrappers (the client
+    class says why). On failure the exchange is closed and the error raised as is.
+    """
+    loop = asyncio.get_running_loop()
+    first_byte_at: float | None = None
+
+    async def trace(name: str, info: Mapping[str, Any]) -> None:
+        nonlocal first_byte_at
+        if name.endswith("send_request_headers.started"):
+            first_byte_at = loop.time() + first_byte_s
+            exchange.phase = FIRST_BYTE
+            exchange.until(first_byte_at)
+
+    lean = getattr(client, "lean", None)  # app.upstream.transport.UpstreamClient
+    try:
+        with exchange.until(None):  # connect: bounded by httpx's connect/pool timeouts
+            if lean is not None:
+                http_request = httpx.Request(
+                    "POST",
+                    url,
+                    content=content,
+                    headers=headers,
+                    extensions={"timeout": timeouts.as_dict(), "trace": trace},
+                )
+                response = await lean.handle_async_request(http_request)
+                response.request = http_request
+            else:
+                http_request = client.build_request(
+                    "POST",
+                    url,
+                    content=content,
+                    headers=headers,
+                    timeout=timeouts,
+                    extensions={"trace": trace},
+                )
+                response = await client.send(http_request, stream=True)
+    except BaseException:
+        exchange.close()
+        raise
+    if first_byte_at is None:
+        first_byte_at = loop.time() + first_byte_s
+    exchange.phase = FIRST_BYTE
+    chunks: AsyncIterator[bytes]
+    if lean is not None:
+        chunks = aiter(cast(AsyncIterable[bytes], response.stream))
+    elif response.is_stream_consumed:
+        # A response built in memory (MockTransport with bytes content) is already read,
+        # and aiter_raw() would refuse it; aiter_bytes() replays it. Identity encoding
+        # (asked for by both adapters) makes the two the same bytes.
+        chunks = response.aiter_bytes()
+    else:
+        chunks = response.aiter_raw()
+    return response, chunks, first_byte_at
 
 
 async def drain(chunks: AsyncIterator[bytes]) -> None:

@@ -21,7 +21,7 @@ not finished (SPEC §4: cancel within 50 ms).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, Mapping
+from collections.abc import AsyncGenerator
 from typing import Any
 
 import anyio
@@ -31,10 +31,10 @@ from app.errors import ErrorCode, UpstreamError
 from app.upstream.base import ChatRequest, UpstreamDelta
 from app.upstream.exchange import (
     ERROR_BODY_BYTES,
-    FIRST_BYTE,
     STREAM,
     Exchange,
     drain,
+    open_stream,
     request_body,
 )
 from app.upstream.ollama_wire import (
@@ -106,36 +106,16 @@ class OllamaUpstream:
         """Yield deltas until the ``done`` line; raise :class:`UpstreamError` on failure."""
         loop = asyncio.get_running_loop()
         exchange = Exchange(str(self._url), self._connect_s, self._first_byte_s, self._idle_s)
-        first_byte_at: float | None = None
-
-        async def trace(name: str, info: Mapping[str, Any]) -> None:
-            # The first-byte clock starts when the request goes out, after any connect.
-            nonlocal first_byte_at
-            if name.endswith("send_request_headers.started"):
-                first_byte_at = loop.time() + self._first_byte_s
-                exchange.phase = FIRST_BYTE
-                exchange.until(first_byte_at)
-
-        http_request = self._client.build_request(
-            "POST",
+        response, chunks, first_byte_at = await open_stream(
+            self._client,
             self._url,
             content=request_body(self.body(request)),
             headers={"Content-Type": "application/json", "Accept-Encoding": "identity"},
-            timeout=self._timeout,
-            extensions={"trace": trace},
+            timeouts=self._timeout,
+            exchange=exchange,
+            first_byte_s=self._first_byte_s,
         )
         try:
-            with exchange.until(None):  # connect: bounded by httpx's connect/pool timeouts
-                response = await self._client.send(http_request, stream=True)
-        except BaseException:
-            exchange.close()
-            raise
-        try:
-            if first_byte_at is None:  # transports without tracing (MockTransport)
-                first_byte_at = loop.time() + self._first_byte_s
-            exchange.phase = FIRST_BYTE
-            # A body built in memory is already read; aiter_bytes() replays it.
-            chunks = response.aiter_bytes() if response.is_stream_consumed else response.aiter_raw()
             with exchange.until(first_byte_at):
                 if response.status_code >= 400:
                     raise http_error(

@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Mapping
-from typing import Any, Final, cast
+from collections.abc import AsyncGenerator
+from typing import Any, Final
 
 import anyio
 import httpx
@@ -36,11 +36,11 @@ from app.errors import ErrorCode, UpstreamError
 from app.upstream.base import ChatRequest, ToolCallDelta, UpstreamDelta
 from app.upstream.exchange import (
     ERROR_BODY_BYTES,
-    FIRST_BYTE,
     RETRYABLE_STATUS,
     STREAM,
     Exchange,
     drain,
+    open_stream,
     request_body,
     snippet,
 )
@@ -252,61 +252,16 @@ class OpenAICompatUpstream:
         """Yield deltas until ``[DONE]``; raise :class:`UpstreamError` on any failure."""
         loop = asyncio.get_running_loop()
         exchange = Exchange(str(self._url), self._connect_s, self._first_byte_s, self._idle_s)
-        first_byte_at: float | None = None
-
-        async def trace(name: str, info: Mapping[str, Any]) -> None:
-            # The first-byte clock starts when the request goes out, after any connect.
-            nonlocal first_byte_at
-            if name.endswith("send_request_headers.started"):
-                first_byte_at = loop.time() + self._first_byte_s
-                exchange.phase = FIRST_BYTE
-                exchange.until(first_byte_at)
-
-        content = request_body(self.body(request))
-        headers = {**self._headers, "Content-Type": "application/json"}
-        lean = getattr(self._client, "lean", None)  # an UpstreamClient's transport
+        response, chunks, first_byte_at = await open_stream(
+            self._client,
+            self._url,
+            content=request_body(self.body(request)),
+            headers={**self._headers, "Content-Type": "application/json"},
+            timeouts=self._timeout,
+            exchange=exchange,
+            first_byte_s=self._first_byte_s,
+        )
         try:
-            with exchange.until(None):  # connect: bounded by httpx's connect/pool timeouts
-                if lean is not None:
-                    # Straight to the transport (UpstreamClient says why); the body is
-                    # then read from the transport's stream without httpx's wrappers.
-                    http_request = httpx.Request(
-                        "POST",
-                        self._url,
-                        content=content,
-                        headers=headers,
-                        extensions={"timeout": self._timeout.as_dict(), "trace": trace},
-                    )
-                    response = await lean.handle_async_request(http_request)
-                    response.request = http_request
-                else:
-                    http_request = self._client.build_request(
-                        "POST",
-                        self._url,
-                        content=content,
-                        headers=headers,
-                        timeout=self._timeout,
-                        extensions={"trace": trace},
-                    )
-                    response = await self._client.send(http_request, stream=True)
-        except BaseException:
-            exchange.close()
-            raise
-        try:
-            # Transports without tracing (MockTransport) never started the first-byte clock.
-            if first_byte_at is None:
-                first_byte_at = loop.time() + self._first_byte_s
-            exchange.phase = FIRST_BYTE
-            # A response built in memory (MockTransport with bytes content) is already read,
-            # and aiter_raw() would refuse it; aiter_bytes() replays it. Identity encoding
-            # makes the two the same bytes.
-            chunks: AsyncIterator[bytes]
-            if lean is not None:
-                chunks = aiter(cast(AsyncIterable[bytes], response.stream))
-            elif response.is_stream_consumed:
-                chunks = response.aiter_bytes()
-            else:
-                chunks = response.aiter_raw()
             with exchange.until(first_byte_at):
                 self._check_response(response, await self._excerpt(response))
                 chunk = await anext(chunks, None)
