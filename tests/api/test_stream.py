@@ -230,3 +230,29 @@ async def test_each_stream_logs_its_start_and_end(
     ]
     ours = [e["event"] for e in lines if e.get("stream_id") == stream_id]
     assert ours[0] == "stream.started" and ours[-1] == "stream.finished"
+
+
+async def test_a_receive_that_raises_counts_as_the_client_leaving() -> None:
+    # Some ASGI servers raise from receive() once the client is gone instead of sending
+    # http.disconnect; the writer's watcher must end quietly either way.
+    from app.api.sse import _until_disconnect
+
+    messages = iter([{"type": "http.request", "body": b"", "more_body": False}])
+
+    async def receive() -> dict[str, object]:
+        for message in messages:
+            return message
+        raise OSError("connection reset")
+
+    async with asyncio.timeout(1):
+        await _until_disconnect(receive)  # type: ignore[arg-type]
+
+
+def test_the_gateway_dependency_runs_on_the_event_loop() -> None:
+    # FastAPI runs a plain ``def`` dependency in its thread pool: a thread hop before
+    # every request's first byte. get_gateway must stay a coroutine function.
+    import inspect
+
+    from app.api.deps import get_gateway
+
+    assert inspect.iscoroutinefunction(get_gateway)
