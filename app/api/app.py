@@ -7,6 +7,7 @@ artifacts before the upstream client goes away.
 
 from __future__ import annotations
 
+import gc
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -18,13 +19,14 @@ from fastapi.responses import JSONResponse, Response
 
 from app import __version__
 from app.api.deps import Gateway
-from app.api.fastpath import StreamFastPath
+from app.api.fastpath import GatewayApp
 from app.api.routes import ClientGone, router
 from app.api.servers import router as servers_router
 from app.core.schemas import builtin_registry
 from app.core.tools import ToolRegistry
 from app.errors import ErrorCode, RequestError, ServerError, ToolForgeError
 from app.log import BACKEND_SETUP, configure_logging, get_logger
+from app.runtime.artifacts import ArtifactStore
 from app.runtime.backends import Backend, BackendConfig, start_embedded, start_ollama
 from app.runtime.executor import ToolExecutor
 from app.runtime.metrics import GatewayMetrics
@@ -174,23 +176,33 @@ def create_app(
             elif adapter is None:
                 adapter = remote_upstream(settings, client)
             registry = StreamRegistry(resume_ttl_s=settings.resume_ttl_s)
+            executor = ToolExecutor(
+                tools if tools is not None else default_registry(),
+                concurrency=settings.tool_concurrency,
+                default_timeout_s=settings.tool_timeout_ms / 1000,
+            )
             app.state.gateway = Gateway(
                 settings=effective,
                 upstream=adapter,
                 client=client,
                 registry=registry,
                 metrics=GatewayMetrics(),
-                executor=ToolExecutor(
-                    tools if tools is not None else default_registry(),
-                    concurrency=settings.tool_concurrency,
-                    default_timeout_s=settings.tool_timeout_ms / 1000,
-                ),
+                executor=executor,
                 schemas=builtin_registry(),
                 system_template=system_template,
                 repair_template=repair_template,
+                # SPEC §4: each tool's own redaction list too.
+                artifacts=ArtifactStore(
+                    settings.artifacts_dir,
+                    tool_redact_keys={t.name: t.redact_keys for t in executor.registry},
+                ),
                 servers=manager,
                 backend=backend,
             )
+            # Everything built so far lives as long as the app: out of the collector's
+            # sight, so that the collections that run while streams are served (some in
+            # the middle of a request) walk only what requests allocate.
+            gc.freeze()
             if on_ready is not None:
                 on_ready(effective)
             try:
@@ -200,7 +212,7 @@ def create_app(
                 if manager is not None:
                     await manager.aclose()
 
-    app = FastAPI(
+    app = GatewayApp(
         title="ToolForge",
         version=__version__,
         summary="A streaming tool-calling gateway: typed SSE frames, tools mid-stream, valid JSON.",
@@ -208,7 +220,6 @@ def create_app(
     )
     app.include_router(router)
     app.include_router(servers_router)
-    app.add_middleware(StreamFastPath, gateway_app=app)
 
     @app.exception_handler(ToolForgeError)
     async def _ours(request: Request, exc: ToolForgeError) -> JSONResponse:

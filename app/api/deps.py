@@ -10,6 +10,7 @@ import httpx
 from fastapi import Depends, Request
 
 from app.core.schemas import SchemaRegistry
+from app.runtime.artifacts import ArtifactStore
 from app.runtime.backends import Backend
 from app.runtime.executor import ToolExecutor
 from app.runtime.metrics import GatewayMetrics
@@ -35,6 +36,7 @@ class Gateway:
     schemas: SchemaRegistry
     system_template: str
     repair_template: str
+    artifacts: ArtifactStore
     # SPEC §6: the managed servers (embedded llama-server, Ollama models) and the backend
     # started on them with its budget decision; None for a plain remote upstream.
     servers: ServerManager | None = None

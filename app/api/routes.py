@@ -15,7 +15,7 @@ import orjson
 from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
-from starlette.requests import ClientDisconnect
+from starlette.types import Receive
 
 from app.api.deps import Gateway, GatewayDep
 from app.api.models import ApprovalDecision, Sampling, StreamRequest
@@ -27,36 +27,47 @@ from app.core.schemas import ANY, CompiledSchema
 from app.core.tools import ToolSpec
 from app.errors import ErrorCode, RequestError
 from app.log import MODE_SELECTED, get_logger
-from app.runtime.artifacts import RunArtifacts
 from app.runtime.session import SessionLimits, StreamPlan, StreamSession
 from app.upstream.base import PROFILES, ChatRequest
 from app.upstream.probe import ModeDecision, probe_tool_mode
 
-__all__ = ["ClientGone", "router"]
+__all__ = ["ClientGone", "read_body", "router", "start_stream"]
 
 router = APIRouter()
 log = get_logger(__name__)
 
 
-async def _read_body(request: Request, limit: int) -> bytes:
-    """The body, refused with 413 as soon as it is known to exceed ``limit`` bytes."""
-    too_large = RequestError(
+async def read_body(receive: Receive, declared: str | None, limit: int) -> bytes:
+    """The request body from ASGI ``receive``, refused with 413 as soon as it is known to
+    exceed ``limit`` bytes (``declared``: the Content-Length header, if any)."""
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise _too_large(limit)
+    parts: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientGone()
+        chunk: bytes = message.get("body", b"")
+        more = message.get("more_body", False)
+        if not parts and not more:  # the usual case: the whole body in one message
+            if len(chunk) > limit:
+                raise _too_large(limit)
+            return chunk
+        size += len(chunk)
+        if size > limit:
+            raise _too_large(limit)
+        parts.append(chunk)
+        if not more:
+            return b"".join(parts)
+
+
+def _too_large(limit: int) -> RequestError:
+    return RequestError(
         ErrorCode.BODY_TOO_LARGE,
         f"request body over {limit} bytes (MAX_BODY_BYTES); send less context",
         http_status=413,
     )
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise too_large
-    body = bytearray()
-    try:
-        async for chunk in request.stream():
-            body += chunk
-            if len(body) > limit:
-                raise too_large
-    except ClientDisconnect:
-        raise ClientGone() from None
-    return bytes(body)
 
 
 class ClientGone(Exception):
@@ -314,8 +325,16 @@ async def stream(
     gw: GatewayDep,
     idempotency_key: Annotated[str | None, Header()] = None,
 ) -> Response:
-    """Also called directly, past FastAPI, by :class:`app.api.fastpath.StreamFastPath`:
-    everything it needs is checked here, not in the signature."""
+    """The route as FastAPI documents it. Requests are served by
+    :class:`app.api.fastpath.GatewayApp`, which reads the same two headers and calls
+    :func:`read_body` and :func:`start_stream` itself, past FastAPI."""
+    max_bytes = gw.settings.max_body_bytes
+    body = await read_body(request.receive, request.headers.get("content-length"), max_bytes)
+    return await start_stream(gw, body, idempotency_key)
+
+
+async def start_stream(gw: Gateway, body: bytes, idempotency_key: str | None) -> Response:
+    """``POST /v1/stream`` once the body is read: validate, plan, start the session."""
     if idempotency_key is not None and len(idempotency_key) > _MAX_KEY_CHARS:
         raise RequestError(
             ErrorCode.BAD_REQUEST,
@@ -323,7 +342,7 @@ async def stream(
             f"{_MAX_KEY_CHARS} are allowed",
             http_status=422,
         )
-    req = _parse(await _read_body(request, gw.settings.max_body_bytes))
+    req = _parse(body)
     body_hash = ""
     if idempotency_key is not None:
         # The parsed body, keys sorted: the same request sent with other spacing or key
@@ -344,12 +363,7 @@ async def stream(
         _plan(gw, req, stream_id, idempotency_key, decision),
         upstream=gw.upstream,
         limits=_limits(gw),
-        artifacts=RunArtifacts(
-            gw.settings.artifacts_dir,
-            stream_id,
-            # SPEC §4: each tool's own redaction list too.
-            tool_redact_keys={t.name: t.redact_keys for t in gw.executor.registry},
-        ),
+        artifacts=gw.artifacts.run(stream_id),
         metrics=gw.metrics,
         executor=gw.executor,
         repair_template=gw.repair_template,

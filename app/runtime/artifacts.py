@@ -48,7 +48,7 @@ import orjson
 from app.core.redact import redact_serialisable
 from app.errors import ErrorCode, RequestError
 
-__all__ = ["ARTIFACT_FILES", "RunArtifacts"]
+__all__ = ["ARTIFACT_FILES", "ArtifactStore", "RunArtifacts"]
 
 ARTIFACT_FILES: Final = (
     "frames.ndjson",
@@ -67,36 +67,53 @@ _STREAM_ID: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 _TOOL_EVENTS = frozenset({"tool.call", "tool.result"})
 
 
+class ArtifactStore:
+    """Where runs are written, and the redaction lists every run applies: built once per
+    app, so that starting a stream costs one small object (:meth:`run`)."""
+
+    def __init__(
+        self,
+        root: Path,
+        *,
+        redact_keys: Iterable[str] = (),
+        tool_redact_keys: Mapping[str, Iterable[str]] | None = None,
+    ) -> None:
+        self.runs = Path(root) / "runs"
+        self.redact_keys = tuple(redact_keys)
+        # A tool's own list (SPEC §4) applies to its tool.call / tool.result frames; the
+        # other files, which mix every tool's data, get every list.
+        self.tool_keys = {
+            name: (*self.redact_keys, *keys) for name, keys in (tool_redact_keys or {}).items()
+        }
+        self.all_keys = tuple(
+            {*self.redact_keys, *(k for keys in self.tool_keys.values() for k in keys)}
+        )
+
+    def run(self, stream_id: str) -> RunArtifacts:
+        """The artifacts of one stream; raises ``RequestError`` for an invalid id."""
+        return RunArtifacts(self, stream_id)
+
+
 class RunArtifacts:
     """The artifact directory of one stream: ``<root>/runs/<stream_id>/``.
 
     Construction only validates; nothing touches the disk until :meth:`write`.
     """
 
-    def __init__(
-        self,
-        root: Path,
-        stream_id: str,
-        *,
-        redact_keys: Iterable[str] = (),
-        tool_redact_keys: Mapping[str, Iterable[str]] | None = None,
-    ) -> None:
+    __slots__ = ("_store", "stream_id")
+
+    def __init__(self, store: ArtifactStore, stream_id: str) -> None:
         if not _STREAM_ID.fullmatch(stream_id) or ".." in stream_id:
             raise RequestError(
                 ErrorCode.BAD_REQUEST,
                 f"invalid stream id {stream_id!r}: use 1-128 letters, digits, '.', '_' or '-'",
             )
+        self._store = store
         self.stream_id = stream_id
-        self.directory = Path(root) / "runs" / stream_id
-        self._redact_keys = tuple(redact_keys)
-        # A tool's own list (SPEC §4) applies to its tool.call / tool.result frames; the
-        # other files, which mix every tool's data, get every list.
-        self._tool_keys = {
-            name: (*self._redact_keys, *keys) for name, keys in (tool_redact_keys or {}).items()
-        }
-        self._all_keys = tuple(
-            {*self._redact_keys, *(k for keys in self._tool_keys.values() for k in keys)}
-        )
+
+    @property
+    def directory(self) -> Path:
+        return self._store.runs / self.stream_id
 
     async def write(
         self,
@@ -128,15 +145,17 @@ class RunArtifacts:
         return self.directory
 
     def _frame_keys(self, frame: Mapping[str, object]) -> tuple[str, ...]:
+        store = self._store
         data = frame.get("data")
         if frame.get("event") in _TOOL_EVENTS and isinstance(data, Mapping):
-            return self._tool_keys.get(str(data.get("name")), self._redact_keys)
-        return self._redact_keys
+            return store.tool_keys.get(str(data.get("name")), store.redact_keys)
+        return store.redact_keys
 
     def _write_all(
         self, frames: Iterable[Mapping[str, object]], documents: dict[str, object]
     ) -> None:
-        self.directory.mkdir(parents=True, exist_ok=True)
+        directory = self.directory
+        directory.mkdir(parents=True, exist_ok=True)
         contents: dict[str, bytes] = {
             # One line per frame, each encoded on its own: an odd frame cannot spoil
             # its neighbours, and line i is always frame i.
@@ -146,12 +165,14 @@ class RunArtifacts:
             ),
         }
         for name, value in documents.items():
-            encoded = _encode(redact_serialisable(value, extra_keys=self._all_keys), indent=True)
+            encoded = _encode(
+                redact_serialisable(value, extra_keys=self._store.all_keys), indent=True
+            )
             contents[name] = encoded + b"\n"
         failures: list[OSError] = []
         for name in ARTIFACT_FILES:
             try:
-                _replace_atomically(self.directory / name, contents[name])
+                _replace_atomically(directory / name, contents[name])
             except OSError as exc:
                 failures.append(exc)
         if failures:

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import functools
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -270,19 +269,9 @@ class StreamSession:
         stats = self._stats
         stats.started = self._clock()
         error: ToolForgeError | None = None
-        if self._metrics is not None:
-            self._metrics.stream_started()
-        # Logged once this step yields (the upstream request is out by then): rendering
-        # and writing a log line costs tens of µs, and this is the time to first token.
-        asyncio.get_running_loop().call_soon(
-            functools.partial(
-                log.info,
-                STREAM_STARTED,
-                stream_id=self.id,
-                model=self.plan.chat.model,
-                mode=self.plan.mode,
-            )
-        )
+        # Counted and logged once this step yields (the upstream request is out by then):
+        # a log line and the metrics cost tens of µs, and this is the time to first token.
+        asyncio.get_running_loop().call_soon(self._started)
         budget = self.plan.budget
         self.log.append(
             Frame(
@@ -297,7 +286,7 @@ class StreamSession:
         )
         try:
             with self._scope:
-                messages = list(self.plan.chat.messages)
+                messages = self.plan.chat.messages  # each turn adds to a new list
                 while True:
                     chat = self._turn_request(messages)
                     turn = await self._turn(chat)
@@ -344,11 +333,18 @@ class StreamSession:
             self.log.append(Frame(ERROR, error.to_dict()))
         await self._finish(error)
 
+    def _started(self) -> None:
+        if self._metrics is not None:
+            self._metrics.stream_started()
+        log.info(STREAM_STARTED, stream_id=self.id, model=self.plan.chat.model, mode=self.plan.mode)
+
     def _turn_request(self, messages: Sequence[Mapping[str, Any]]) -> ChatRequest:
         """The next turn's request: the plan's with ``messages`` and, in constrained mode,
         the grammar of this turn (ids after every id seen so far; no tool call once
         ``max_tool_calls`` are spent)."""
-        chat = dataclasses.replace(self.plan.chat, messages=messages)
+        chat = self.plan.chat
+        if messages is not chat.messages:
+            chat = dataclasses.replace(chat, messages=messages)
         grammar = self.plan.grammar
         if grammar is None:
             return chat

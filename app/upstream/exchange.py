@@ -31,6 +31,7 @@ import httpx
 import orjson
 
 from app.errors import ErrorCode, UpstreamError
+from app.upstream.transport import PostTemplate
 
 __all__ = [
     "CONNECT",
@@ -244,10 +245,9 @@ class Exchange:
 
 async def open_stream(
     client: httpx.AsyncClient,
-    url: httpx.URL,
+    post: PostTemplate,
     *,
     content: bytes,
-    headers: Mapping[str, str],
     timeouts: httpx.Timeout,
     exchange: Exchange,
     first_byte_s: float,
@@ -258,38 +258,34 @@ async def open_stream(
     The first-byte clock starts when the request goes out, after any connect (httpx's
     ``trace`` extension says when; transports without tracing, such as MockTransport,
     start it once the response is there). An ``UpstreamClient``'s lean transport gets
-    the request directly and its body is read without httpx's wrappers (the client
-    class says why). On failure the exchange is closed and the error raised as is.
+    the request directly, with the head ``post`` serialised once, and its body is read
+    without httpx's wrappers (the client class says why). On failure the exchange is
+    closed and the error raised as is.
     """
     loop = asyncio.get_running_loop()
     first_byte_at: float | None = None
 
-    async def trace(name: str, info: Mapping[str, Any]) -> None:
+    def sent() -> None:
         nonlocal first_byte_at
+        first_byte_at = loop.time() + first_byte_s
+        exchange.phase = FIRST_BYTE
+        exchange.until(first_byte_at)
+
+    async def trace(name: str, info: Mapping[str, Any]) -> None:
         if name.endswith("send_request_headers.started"):
-            first_byte_at = loop.time() + first_byte_s
-            exchange.phase = FIRST_BYTE
-            exchange.until(first_byte_at)
+            sent()
 
     lean = getattr(client, "lean", None)  # app.upstream.transport.UpstreamClient
     try:
         with exchange.until(None):  # connect: bounded by httpx's connect/pool timeouts
             if lean is not None:
-                http_request = httpx.Request(
-                    "POST",
-                    url,
-                    content=content,
-                    headers=headers,
-                    extensions={"timeout": timeouts.as_dict(), "trace": trace},
-                )
-                response = await lean.handle_async_request(http_request)
-                response.request = http_request
+                response = await lean.post(post, content, timeouts.as_dict(), sent)
             else:
                 http_request = client.build_request(
                     "POST",
-                    url,
+                    post.url,
                     content=content,
-                    headers=headers,
+                    headers=post.headers,
                     timeout=timeouts,
                     extensions={"trace": trace},
                 )

@@ -199,7 +199,7 @@ class Connection(asyncio.Protocol):
             self.keep_alive = self.parser.should_keep_alive()
 
 
-def read_error(conn: Connection, request: httpx.Request) -> httpx.TransportError:
+def read_error(conn: Connection, request: httpx.Request | None) -> httpx.TransportError:
     """The httpx exception for a connection that ended (or broke) before the response did."""
     error = conn.error
     if conn.status == 101:  # we never ask for an upgrade (such requests go to the fallback)
@@ -218,7 +218,9 @@ def read_error(conn: Connection, request: httpx.Request) -> httpx.TransportError
 class Body(httpx.AsyncByteStream):
     """The response body: each item is everything received since the previous one."""
 
-    def __init__(self, conn: Connection, request: httpx.Request, timeout: float | None) -> None:
+    def __init__(
+        self, conn: Connection, request: httpx.Request | None, timeout: float | None
+    ) -> None:
         self._conn: Connection | None = conn
         self._request = request
         self._timeout = timeout

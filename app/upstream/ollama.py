@@ -44,6 +44,7 @@ from app.upstream.ollama_wire import (
     chat_body,
     http_error,
 )
+from app.upstream.transport import PostTemplate
 
 __all__ = ["OllamaModelNotFound", "OllamaUpstream", "ollama_root"]
 
@@ -83,6 +84,9 @@ class OllamaUpstream:
             raise ValueError(f"num_ctx must be a positive int, got {num_ctx!r}")
         self._client = client
         self._url = httpx.URL(ollama_root(base_url) + "/api/chat")
+        self._post = PostTemplate(
+            self._url, {"Content-Type": "application/json", "Accept-Encoding": "identity"}
+        )
         self._num_ctx = num_ctx
         self._keep_alive = keep_alive
         self._connect_s = connect_s
@@ -108,9 +112,8 @@ class OllamaUpstream:
         exchange = Exchange(str(self._url), self._connect_s, self._first_byte_s, self._idle_s)
         response, chunks, first_byte_at = await open_stream(
             self._client,
-            self._url,
+            self._post,
             content=request_body(self.body(request)),
-            headers={"Content-Type": "application/json", "Accept-Encoding": "identity"},
             timeouts=self._timeout,
             exchange=exchange,
             first_byte_s=self._first_byte_s,

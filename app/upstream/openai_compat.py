@@ -45,6 +45,7 @@ from app.upstream.exchange import (
     snippet,
 )
 from app.upstream.sse_decoder import UpstreamSSEDecoder
+from app.upstream.transport import PostTemplate
 
 __all__ = ["OpenAICompatUpstream"]
 
@@ -218,9 +219,10 @@ class OpenAICompatUpstream:
             raise ValueError(f"upstream base_url must be an http(s) URL, got {base_url!r}")
         self._client = client
         self._url = url
-        self._headers = {"Accept": "text/event-stream", "Accept-Encoding": "identity"}
+        headers = {"Accept": "text/event-stream", "Accept-Encoding": "identity"}
         if api_key:
-            self._headers["Authorization"] = f"Bearer {api_key}"
+            headers["Authorization"] = f"Bearer {api_key}"
+        self._post = PostTemplate(url, {**headers, "Content-Type": "application/json"})
         self._connect_s = connect_s
         self._first_byte_s = first_byte_s
         self._idle_s = idle_s
@@ -254,16 +256,16 @@ class OpenAICompatUpstream:
         exchange = Exchange(str(self._url), self._connect_s, self._first_byte_s, self._idle_s)
         response, chunks, first_byte_at = await open_stream(
             self._client,
-            self._url,
+            self._post,
             content=request_body(self.body(request)),
-            headers={**self._headers, "Content-Type": "application/json"},
             timeouts=self._timeout,
             exchange=exchange,
             first_byte_s=self._first_byte_s,
         )
         try:
             with exchange.until(first_byte_at):
-                self._check_response(response, await self._excerpt(response))
+                if response.status_code >= 400 or not self._is_sse(response):
+                    self._check_response(response, await self._excerpt(response))
                 chunk = await anext(chunks, None)
             exchange.phase = STREAM
             decoder = UpstreamSSEDecoder()
@@ -301,9 +303,7 @@ class OpenAICompatUpstream:
                 await response.aclose()
 
     async def _excerpt(self, response: httpx.Response) -> str:
-        """The start of an error or non-SSE body, for the error message; "" otherwise."""
-        if response.status_code < 400 and self._is_sse(response):
-            return ""
+        """The start of an error or non-SSE body, for the error message."""
         raw = b""
         async for part in response.aiter_bytes():
             raw += part

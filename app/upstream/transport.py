@@ -32,7 +32,7 @@ import functools
 import select
 import ssl
 from collections import deque
-from collections.abc import AsyncIterable, Awaitable, Callable
+from collections.abc import AsyncIterable, Awaitable, Callable, Mapping
 from typing import Any, Final, TypeAlias
 
 import httpx
@@ -46,7 +46,7 @@ from app.upstream.http11 import (
     request_head,
 )
 
-__all__ = ["DEFAULT_LIMITS", "HIGH_WATER", "LeanTransport", "UpstreamClient"]
+__all__ = ["DEFAULT_LIMITS", "HIGH_WATER", "LeanTransport", "PostTemplate", "UpstreamClient"]
 
 DEFAULT_LIMITS: Final = httpx.Limits(
     max_connections=1000, max_keepalive_connections=100, keepalive_expiry=5.0
@@ -55,6 +55,38 @@ _Timeouts: TypeAlias = dict[str, float | None]  # httpx's "timeout" extension
 _Trace: TypeAlias = Callable[[str, dict[str, Any]], Awaitable[None]]
 _PORTS: Final = {"http": 80, "https": 443}
 _EXTENSIONS: Final = frozenset({"timeout", "trace"})
+
+
+class PostTemplate:
+    """A POST that is sent again and again with other bodies: its URL and headers, and
+    for :meth:`LeanTransport.post` the request head, serialised once on first use.
+
+    Raises ``ValueError`` for a URL other than http(s); an illegal character in a header
+    (CR or LF) raises ``httpx.LocalProtocolError`` from :meth:`head`, as httpx would when
+    the request is sent.
+    """
+
+    __slots__ = ("_head", "headers", "key", "url")
+
+    def __init__(self, url: httpx.URL, headers: Mapping[str, str]) -> None:
+        scheme = url.scheme
+        if scheme != "http" and scheme != "https":
+            raise ValueError(f"not an http(s) URL: {url}")
+        self.url = url
+        self.headers: Mapping[str, str] = dict(headers)
+        self.key: Key = (scheme, url.raw_host.decode("ascii"), url.port or _PORTS[scheme])
+        self._head: bytes | None = None
+
+    def head(self) -> bytes:
+        """The request line and headers (Host first, as httpx sends them), ending with
+        ``Content-Length: `` for the caller to complete."""
+        if self._head is None:
+            request = httpx.Request("POST", self.url, headers=self.headers, content=b"")
+            full = request_head(request)  # checks for CR/LF
+            lines = full.split(b"\r\n")
+            kept = [line for line in lines[:-2] if not line.lower().startswith(b"content-length:")]
+            self._head = b"\r\n".join([*kept, b"Content-Length: "])
+        return self._head
 
 
 class LeanTransport(httpx.AsyncBaseTransport):
@@ -114,13 +146,7 @@ class LeanTransport(httpx.AsyncBaseTransport):
             await self._send(conn, request, timeouts, trace)
             if trace is not None:
                 await trace("http11.receive_response_headers.started", {"request": request})
-            while not conn.head_done:
-                if conn.lost or conn.error is not None:
-                    raise read_error(conn, request)
-                try:
-                    await conn.wait(timeouts.get("read"))
-                except TimeoutError:
-                    raise httpx.ReadTimeout("read timed out", request=request) from None
+            await self._head(conn, request, timeouts)
             version = b"HTTP/" + conn.parser.get_http_version().encode("ascii")
             if trace is not None:
                 head = (version, conn.status, conn.reason, conn.headers)
@@ -128,6 +154,61 @@ class LeanTransport(httpx.AsyncBaseTransport):
         except BaseException:
             self.discard(conn)
             raise
+        return self._response(conn, request, timeouts, version)
+
+    async def post(
+        self,
+        template: PostTemplate,
+        body: bytes,
+        timeouts: _Timeouts,
+        on_sent: Callable[[], None] | None = None,
+    ) -> httpx.Response:
+        """POST ``body`` with ``template``'s URL and headers: the response, its body unread.
+
+        What the adapters' streaming requests use: the same pool, connections, errors and
+        response as :meth:`handle_async_request`, without building an ``httpx.Request``
+        (about 17 µs hot and several times that cold, each request). The response has no
+        ``.request``, and the exceptions raised carry none. ``timeouts`` is httpx's
+        ``timeout`` extension; ``on_sent`` is called as the request goes out, after any
+        connect.
+        """
+        key = template.key
+        head = template.head()
+        conn = await self._checkout(key, None, timeouts)
+        if conn is None:  # a slot is reserved for us; _connect gives it back if it fails
+            conn = await self._connect(key, None, timeouts, None)
+        try:
+            if on_sent is not None:
+                on_sent()
+            # One write: one segment when small. The head ends with "Content-Length: ".
+            conn.write(b"".join((head, b"%d\r\n\r\n" % len(body), body)))
+            if conn.write_paused:
+                try:
+                    await conn.drain(timeouts.get("write"))
+                except TimeoutError:
+                    raise httpx.WriteTimeout("write timed out") from None
+            await self._head(conn, None, timeouts)
+        except BaseException:
+            self.discard(conn)
+            raise
+        version = b"HTTP/" + conn.parser.get_http_version().encode("ascii")
+        return self._response(conn, None, timeouts, version)
+
+    @staticmethod
+    async def _head(conn: Connection, request: httpx.Request | None, timeouts: _Timeouts) -> None:
+        """Until the response head is in."""
+        while not conn.head_done:
+            if conn.lost or conn.error is not None:
+                raise read_error(conn, request)
+            try:
+                await conn.wait(timeouts.get("read"))
+            except TimeoutError:
+                raise httpx.ReadTimeout("read timed out", request=request) from None
+
+    @staticmethod
+    def _response(
+        conn: Connection, request: httpx.Request | None, timeouts: _Timeouts, version: bytes
+    ) -> httpx.Response:
         return httpx.Response(
             conn.status,
             headers=conn.headers,
@@ -144,7 +225,7 @@ class LeanTransport(httpx.AsyncBaseTransport):
             await self._fallback.aclose()
 
     async def _connect(
-        self, key: Key, request: httpx.Request, timeouts: _Timeouts, trace: _Trace | None
+        self, key: Key, request: httpx.Request | None, timeouts: _Timeouts, trace: _Trace | None
     ) -> Connection:
         scheme, host, port = key
         timeout = timeouts.get("connect")
@@ -213,7 +294,7 @@ class LeanTransport(httpx.AsyncBaseTransport):
     # -- the pool ----------------------------------------------------------------------------
 
     async def _checkout(
-        self, key: Key, request: httpx.Request, timeouts: _Timeouts
+        self, key: Key, request: httpx.Request | None, timeouts: _Timeouts
     ) -> Connection | None:
         """An idle connection to ``key``, or ``None`` with a slot reserved for a new one."""
         loop = asyncio.get_running_loop()

@@ -3,13 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 
 import orjson
 import pytest
 from httpx_sse import aconnect_sse
 
 from app.eval.scripted_upstream import Script, Step
-from tests.api.conftest import Event, Harness, HarnessFactory, assert_well_formed, frames
+from tests.api.conftest import (
+    Event,
+    Harness,
+    HarnessFactory,
+    assert_well_formed,
+    frames,
+)
 
 
 async def _read_some(gw: Harness, body: dict[str, object], n: int) -> tuple[str, list[Event]]:
@@ -189,3 +196,32 @@ async def test_unavailable_modes_are_refused_clearly(make_gateway: HarnessFactor
     )
     assert response.status_code == 422
     assert response.json()["error"]["code"] == "MODE_UNAVAILABLE"
+
+
+async def test_a_body_sent_in_pieces_is_read_whole(make_gateway: HarnessFactory) -> None:
+    gw = await make_gateway([Script.from_tokens(["Hel", "lo"])])
+
+    async def pieces() -> AsyncIterator[bytes]:  # chunked, no Content-Length: several receives
+        for part in (b'{"inp', b'ut": "h', b'i", "mode": "sentinel"}'):
+            yield part
+
+    response = await gw.client.post(f"{gw.url}/v1/stream", content=pieces())
+    assert response.status_code == 200
+    assert "event: done" in response.text and "event: error" not in response.text
+    data = [orjson.loads(line[6:]) for line in response.text.splitlines() if line[:6] == "data: "]
+    assert "".join(d.get("chunk", "") for d in data) == "Hello"
+
+
+async def test_a_bug_before_the_stream_is_a_typed_500(
+    make_gateway: HarnessFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gw = await make_gateway()
+
+    async def broken(*args: object) -> None:
+        raise KeyError("oops")
+
+    monkeypatch.setattr("app.api.fastpath.start_stream", broken)
+    response = await gw.client.post(f"{gw.url}/v1/stream", json={"input": "hi"})
+    assert response.status_code == 500
+    assert response.json()["error"]["code"] == "INTERNAL"
+    assert (await gw.client.get(f"{gw.url}/healthz")).status_code == 200  # still serving

@@ -11,7 +11,7 @@ import pytest
 
 from app.core.redact import REDACTED
 from app.errors import RequestError
-from app.runtime.artifacts import ARTIFACT_FILES, RunArtifacts
+from app.runtime.artifacts import ARTIFACT_FILES, ArtifactStore
 
 FRAMES: list[dict[str, object]] = [
     {"id": 1, "event": "stream.begin", "data": {"stream_id": "s1", "model": "m"}},
@@ -22,7 +22,7 @@ FRAMES: list[dict[str, object]] = [
 
 
 async def write_sample(root: Path, stream_id: str = "s1", **extra: object) -> Path:
-    artifacts = RunArtifacts(root, stream_id, redact_keys=["ssn"])
+    artifacts = ArtifactStore(root, redact_keys=["ssn"]).run(stream_id)
     arguments: dict[str, object] = {
         "frames": FRAMES,
         "prompt": {"messages": [{"role": "user", "content": "my key is gsk_abcdef123456"}]},
@@ -111,8 +111,10 @@ async def test_odd_values_never_cost_a_file(tmp_path: Path) -> None:
 
 async def test_the_caller_may_keep_appending_frames(tmp_path: Path) -> None:
     frames: list[dict[str, object]] = [{"id": 1}]
-    pending = RunArtifacts(tmp_path, "s2").write(
-        frames=frames, prompt=None, result=None, tool_logs=[], metrics={}
+    pending = (
+        ArtifactStore(tmp_path)
+        .run("s2")
+        .write(frames=frames, prompt=None, result=None, tool_logs=[], metrics={})
     )
     directory = await pending
     frames.append({"id": 2})
@@ -125,14 +127,14 @@ async def test_the_caller_may_keep_appending_frames(tmp_path: Path) -> None:
 )
 def test_ids_that_could_escape_root_are_refused(tmp_path: Path, stream_id: str) -> None:
     with pytest.raises(RequestError) as info:
-        RunArtifacts(tmp_path, stream_id)
+        ArtifactStore(tmp_path).run(stream_id)
     assert info.value.http_status == 400
     assert not (tmp_path / "runs").exists()
 
 
 @pytest.mark.parametrize("stream_id", ["s1", "str_01HZX3", "a.b-c_d", "x" * 128])
 def test_ordinary_ids_are_accepted(tmp_path: Path, stream_id: str) -> None:
-    assert RunArtifacts(tmp_path, stream_id).directory == tmp_path / "runs" / stream_id
+    assert ArtifactStore(tmp_path).run(stream_id).directory == tmp_path / "runs" / stream_id
 
 
 async def test_a_file_system_failure_is_raised_after_trying_every_file(tmp_path: Path) -> None:

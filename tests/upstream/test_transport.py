@@ -25,8 +25,9 @@ import pytest
 from app.errors import ErrorCode, UpstreamError
 from app.eval.scripted_upstream import Script, ScriptedUpstream, Step
 from app.upstream.base import ChatRequest, UpstreamDelta
+from app.upstream.http11 import request_head
 from app.upstream.openai_compat import OpenAICompatUpstream
-from app.upstream.transport import HIGH_WATER, LeanTransport
+from app.upstream.transport import HIGH_WATER, LeanTransport, PostTemplate, UpstreamClient
 
 T = 0.1  # every timeout in these tests
 Reader = asyncio.StreamReader
@@ -421,6 +422,47 @@ async def test_request_bodies_arrive_intact() -> None:
     assert big_body == big_chunked_body == big
 
 
+BODIES = (b'{"a": 1}', "é".encode() * 5000)
+
+
+async def test_post_sends_what_httpx_would_and_reuses_the_connection() -> None:
+    headers = {"Accept": "text/event-stream", "Authorization": "Bearer k"}
+    sent: list[int] = []
+    async with serving(answer(ok(b"one"), ok(b"two"))) as (server, _, transport):
+        template = PostTemplate(httpx.URL(server.url + "v1/chat?x=1"), headers)
+        bodies = []
+        for body in BODIES:
+            response = await transport.post(template, body, {"read": T}, lambda: sent.append(1))
+            assert response.status_code == 200
+            bodies.append(b"".join([part async for part in response.stream]))  # type: ignore[union-attr]
+            await response.aclose()
+    assert bodies == [b"one", b"two"]
+    assert sent == [1, 1]
+    assert server.accepts == 1  # the second POST went over the pooled connection
+    for (head, body), sent_body in zip(server.requests, BODIES, strict=True):
+        expected = request_head(
+            httpx.Request("POST", template.url, headers=headers, content=sent_body)
+        )
+        assert sorted(head.split(b"\r\n")) == sorted(expected.split(b"\r\n"))
+        assert head.startswith(b"POST /v1/chat?x=1 HTTP/1.1\r\nHost: 127.0.0.1:")
+        assert body == sent_body
+
+
+async def test_post_errors_are_httpx_errors_without_a_request() -> None:
+    with pytest.raises(ValueError, match="http"):
+        PostTemplate(httpx.URL("ftp://127.0.0.1/"), {})
+    async with serving(then_close(b"HTTP/1.1 200 OK\r\nContent-")) as (server, _, transport):
+        bad = PostTemplate(httpx.URL(server.url), {"X-A": "a\r\nX-B: b"})
+        with pytest.raises(httpx.LocalProtocolError):
+            await transport.post(bad, b"{}", {"read": T})
+        template = PostTemplate(httpx.URL(server.url), {})
+        with pytest.raises(httpx.RemoteProtocolError, match="Server disconnected") as caught:
+            await transport.post(template, b"{}", {"read": T})
+        with pytest.raises(RuntimeError):
+            caught.value.request  # noqa: B018 (httpx raises: no request was built)
+        assert transport._open == 0
+
+
 async def test_header_injection_is_refused() -> None:
     async with serving(answer()) as (server, client, _):
         with pytest.raises(httpx.LocalProtocolError):
@@ -767,17 +809,24 @@ ADAPTER_SCRIPTS = [
 @pytest.mark.parametrize("script", ADAPTER_SCRIPTS, ids=lambda s: f"{s.end}-{len(s.steps)}")
 async def test_the_adapter_sees_the_same_over_either_transport(script: Script) -> None:
     results = []
-    for transport in (LeanTransport(), httpx.AsyncHTTPTransport()):
+    clients: list[Callable[[], httpx.AsyncClient]] = [
+        lambda: UpstreamClient(transport=LeanTransport()),  # LeanTransport.post
+        lambda: httpx.AsyncClient(transport=LeanTransport()),  # handle_async_request
+        lambda: httpx.AsyncClient(transport=httpx.AsyncHTTPTransport()),
+    ]
+    for make in clients:
         async with ScriptedUpstream([script, Script.from_tokens(["next"])]) as up:
-            async with httpx.AsyncClient(transport=transport) as client:
+            async with make() as client:
                 results.append(await collect(client, up.base_url))
                 results.append(await collect(client, up.base_url))
             async with asyncio.timeout(1):
                 await up.wait_connections_closed()
-    ours, ours_next, theirs, theirs_next = results
-    assert ours[1] == theirs[1]
-    assert ours[0] == theirs[0] or script.end == "rst"  # an RST may drop the data before it
-    assert ours_next == theirs_next == ([UpstreamDelta("next"), UpstreamDelta("", "stop")], None)
+    posted, posted_next, ours, ours_next, theirs, theirs_next = results
+    assert posted[1] == ours[1] == theirs[1]
+    if script.end != "rst":  # an RST may drop the data before it
+        assert posted[0] == ours[0] == theirs[0]
+    expected = ([UpstreamDelta("next"), UpstreamDelta("", "stop")], None)
+    assert posted_next == ours_next == theirs_next == expected
     if script.end == "hang_before_headers":
         assert ours[1] == (
             ErrorCode.UPSTREAM_TIMEOUT,
