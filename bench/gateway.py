@@ -999,9 +999,14 @@ async def run(args: argparse.Namespace, rep: Report) -> None:
         proxy_proc = spawn_proxy(up.port)
         procs.append(proxy_proc)
         proxy = Target("proxy", proxy_proc.port, "/v1/chat/completions", direct_body)
-        await b1(rep, direct, gateway, proxy, gw, args.b1_requests, args.b1_warmup)
-        await b2(rep, direct, gateway, gw, up, args.b2_tokens, args.b2_repeats)
-        await b3(rep, direct, gateway, gw, args.b3_tokens, seed=11)
+        if "b1" in args.only:
+            await b1(rep, direct, gateway, proxy, gw, args.b1_requests, args.b1_warmup)
+        if "b2" in args.only:
+            await b2(rep, direct, gateway, gw, up, args.b2_tokens, args.b2_repeats)
+        if "b3" in args.only:
+            await b3(rep, direct, gateway, gw, args.b3_tokens, seed=11)
+        if "b4" not in args.only:
+            return
         # B4 on a fresh gateway: B1-B3's finished streams stay in its registry for
         # RESUME_TTL_S and would blur the memory figures.
         gw.stop()
@@ -1026,7 +1031,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="~30 s smoke run; no RESULTS.md")
     parser.add_argument("--no-write", action="store_true", help="do not update bench/RESULTS.md")
+    parser.add_argument(
+        "--only",
+        default="b1,b2,b3,b4",
+        help="comma-separated subset of b1,b2,b3,b4 to run (implies --no-write)",
+    )
     args = parser.parse_args()
+    args.only = set(args.only.lower().split(","))
+    if not args.only <= {"b1", "b2", "b3", "b4"}:
+        parser.error(f"--only: unknown benchmark in {sorted(args.only)}")
+    if args.only != {"b1", "b2", "b3", "b4"}:
+        args.no_write = True
     q = args.quick
     args.b1_requests, args.b1_warmup = (60, 10) if q else (300, 30)
     args.b2_tokens, args.b2_repeats = (10_000, 1) if q else (50_000, 3)

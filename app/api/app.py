@@ -20,7 +20,7 @@ from fastapi.responses import JSONResponse, Response
 from app import __version__
 from app.api.deps import Gateway
 from app.api.fastpath import GatewayApp
-from app.api.routes import ClientGone, router
+from app.api.routes import ClientGone, router, session_limits
 from app.api.servers import router as servers_router
 from app.core.schemas import builtin_registry
 from app.core.tools import ToolRegistry
@@ -196,6 +196,7 @@ def create_app(
                     settings.artifacts_dir,
                     tool_redact_keys={t.name: t.redact_keys for t in executor.registry},
                 ),
+                limits=session_limits(effective),
                 servers=manager,
                 backend=backend,
             )

@@ -15,6 +15,7 @@ from app.runtime.backends import Backend
 from app.runtime.executor import ToolExecutor
 from app.runtime.metrics import GatewayMetrics
 from app.runtime.servers import ServerManager
+from app.runtime.session import SessionLimits
 from app.runtime.streams import StreamRegistry
 from app.settings import Settings
 from app.upstream.base import Upstream
@@ -37,6 +38,7 @@ class Gateway:
     system_template: str
     repair_template: str
     artifacts: ArtifactStore
+    limits: SessionLimits  # from the settings, for every stream
     # SPEC §6: the managed servers (embedded llama-server, Ollama models) and the backend
     # started on them with its budget decision; None for a plain remote upstream.
     servers: ServerManager | None = None

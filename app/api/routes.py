@@ -8,7 +8,7 @@ import difflib
 import hashlib
 import secrets
 from collections.abc import Mapping, Sequence
-from typing import Annotated, Any
+from typing import Annotated, Any, Final
 
 import httpx
 import orjson
@@ -28,6 +28,7 @@ from app.core.tools import ToolSpec
 from app.errors import ErrorCode, RequestError
 from app.log import MODE_SELECTED, get_logger
 from app.runtime.session import SessionLimits, StreamPlan, StreamSession
+from app.settings import Settings
 from app.upstream.base import PROFILES, ChatRequest
 from app.upstream.probe import ModeDecision, probe_tool_mode
 
@@ -121,14 +122,20 @@ def _validation_error(exc: ValidationError) -> RequestError:
     )
 
 
+_ASKED: Final = {
+    mode: ModeDecision(mode, "asked for by the request") for mode in ("sentinel", "native")
+}
+
+
 async def _decide_mode(gw: Gateway, req: StreamRequest) -> ModeDecision:
     """``mode``: as asked, or for ``auto`` probed once per model and cached (SPEC §4).
 
     ``constrained`` needs an upstream that takes GBNF grammars: one the settings call a
     llama-server (``UPSTREAM_KIND``, the managed default), or one the probe finds is.
     """
-    if req.mode in ("sentinel", "native"):
-        return ModeDecision(req.mode, "asked for by the request")
+    asked = _ASKED.get(req.mode)
+    if asked is not None:
+        return asked
     if req.mode == "constrained" and gw.settings.upstream_kind == "llama_server":
         return ModeDecision(
             "constrained", "asked for by the request (UPSTREAM_KIND=llama_server)", grammar=True
@@ -243,7 +250,7 @@ def _plan(
         idempotency_key=key,
         budget=gw.backend.decision.to_dict() if gw.backend is not None else None,
         result_schema=req.result_schema,
-        registered={name: registry.get(name) for name in registry.names()},
+        registered=registry.all(),
         grammar=_grammar(mode, req, schemas, visible, max_depth=settings.max_json_depth, chat=chat),
     )
 
@@ -308,14 +315,14 @@ def _grammar(
     )
 
 
-def _limits(gw: Gateway) -> SessionLimits:
-    s = gw.settings
+def session_limits(settings: Settings) -> SessionLimits:
+    """The per-stream limits the settings give (built once per app: see ``Gateway``)."""
     return SessionLimits(
-        queue_max_frames=s.queue_max_frames,
-        max_frame_bytes=s.max_frame_bytes,
-        max_json_depth=s.max_json_depth,
-        frame_timeout_s=s.frame_timeout_ms / 1000,
-        repair_retries=s.repair_retries,
+        queue_max_frames=settings.queue_max_frames,
+        max_frame_bytes=settings.max_frame_bytes,
+        max_json_depth=settings.max_json_depth,
+        frame_timeout_s=settings.frame_timeout_ms / 1000,
+        repair_retries=settings.repair_retries,
     )
 
 
@@ -362,7 +369,7 @@ async def start_stream(gw: Gateway, body: bytes, idempotency_key: str | None) ->
     session = StreamSession(
         _plan(gw, req, stream_id, idempotency_key, decision),
         upstream=gw.upstream,
-        limits=_limits(gw),
+        limits=gw.limits,
         artifacts=gw.artifacts.run(stream_id),
         metrics=gw.metrics,
         executor=gw.executor,

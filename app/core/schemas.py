@@ -37,6 +37,7 @@ import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
+from types import MappingProxyType
 from typing import Annotated, Any, Final, Literal
 
 import orjson
@@ -285,6 +286,7 @@ class SchemaRegistry:
     def __init__(self, parent: SchemaRegistry | None = None) -> None:
         self._parent = parent
         self._own: dict[str, CompiledSchema] = {}
+        self._all: Mapping[str, CompiledSchema] | None = None  # all(), until a registration
 
     def scoped(self) -> SchemaRegistry:
         """A child registry: lookups fall through to this one, registrations stay local."""
@@ -306,6 +308,7 @@ class SchemaRegistry:
             )
         compiled = compile_schema(schema, name=name)
         self._own[name] = compiled
+        self._all = None
         return compiled
 
     def register_model(self, name: str, model: type[BaseModel]) -> CompiledSchema:
@@ -335,6 +338,18 @@ class SchemaRegistry:
             'or give an inline {"name", "schema"}',
             http_status=422,
         )
+
+    def all(self) -> Mapping[str, CompiledSchema]:
+        """Every schema visible from here, by name, read-only. The gateway's registry
+        builds it once (until the next registration); a request's scoped layer with no
+        inline schemas shares it."""
+        if self._parent is None:
+            if self._all is None:
+                self._all = MappingProxyType(dict(self._own))
+            return self._all
+        if not self._own:
+            return self._parent.all()
+        return MappingProxyType({**self._parent.all(), **self._own})
 
     def names(self) -> list[str]:
         """Every name visible from here, sorted."""

@@ -34,7 +34,7 @@ import dataclasses
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 import anyio
 
@@ -210,10 +210,12 @@ class StreamSession:
 
     # -- lifecycle ---------------------------------------------------------------------
 
-    def start(self) -> None:
+    def start(self) -> asyncio.Task[None]:
+        """Start the stream's task (once) and return it."""
         if self._task is not None:
             raise RuntimeError("a session starts once")
         self._task = asyncio.create_task(self._run(), name=f"stream:{self.id}")
+        return self._task
 
     @property
     def running(self) -> bool:
@@ -360,7 +362,8 @@ class StreamSession:
             max_depth=self._limits.max_json_depth,
             seen_ids=self._seen_ids,
         )
-        raw: list[str] = []
+        raw: list[str] = []  # this turn's text: blocks of _RAW_BLOCK deltas, then the rest
+        pieces = 0  # deltas in raw since the last block
         assembler = (
             ToolCallAssembler(id_prefix=f"call_{stats.turns}_")
             if self.plan.mode == "native"
@@ -385,6 +388,10 @@ class StreamSession:
                             stats.first_token_at = now
                     stats.chunks += 1
                     raw.append(delta.text)
+                    pieces += 1
+                    if pieces == _RAW_BLOCK:  # one string per block: memory per open stream
+                        raw[-_RAW_BLOCK:] = ["".join(raw[-_RAW_BLOCK:])]
+                        pieces = 0
                     for item in framer.feed(delta.text):
                         if type(item) is Frame:
                             await self._push(item)
@@ -768,6 +775,9 @@ def _native(call: AssembledCall) -> BodyClosed:
 def _with_grammar(chat: ChatRequest, grammar: str) -> ChatRequest:
     # ``grammar``: llama-server's request field for a GBNF grammar.
     return dataclasses.replace(chat, extra={**chat.extra, "grammar": grammar})
+
+
+_RAW_BLOCK: Final = 64
 
 
 def _up_to_end(raw: list[str], call: BodyClosed) -> str:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -40,8 +41,9 @@ class StreamRegistry:
         self._ttl = resume_ttl_s
         self._clock = clock
         self._sessions: dict[str, StreamSession] = {}
+        # (stream, its idempotency key) in the order the streams ended
+        self._ended: deque[tuple[StreamSession, str | None]] = deque()
         self._keys: dict[str, _IdempotencyRecord] = {}
-        self._last_sweep = float("-inf")
 
     def __len__(self) -> int:
         return len(self._sessions)
@@ -101,29 +103,30 @@ class StreamRegistry:
         self._sessions[session.id] = session
         if idempotency_key is not None:
             self._keys[idempotency_key] = _IdempotencyRecord(body_hash, session.id)
-        session.start()
+        ended = (session, idempotency_key)
+        session.start().add_done_callback(lambda _: self._ended.append(ended))
 
     def sweep(self) -> None:
         """Forget streams that ended more than the TTL ago (and their keys).
 
-        A full pass is O(streams kept), so it runs at most once a second (or twice per
-        TTL when that is shorter); lookups check their own stream's expiry exactly.
+        Streams are looked at in the order they ended, so a sweep costs the expired ones
+        only, never a pass over every stream kept; lookups check their own stream's expiry.
         """
         now = self._clock()
-        if now - self._last_sweep < min(1.0, self._ttl / 2):
-            return
-        self._last_sweep = now
-        expired = {
-            sid
-            for sid, s in self._sessions.items()
-            if s.finished_at is not None and now - s.finished_at > self._ttl
-        }
-        if not expired:
-            return
-        for sid in expired:
-            del self._sessions[sid]
-        for key in [k for k, r in self._keys.items() if r.stream_id in expired]:
-            del self._keys[key]
+        ended = self._ended
+        while ended:
+            finished_at = ended[0][0].finished_at
+            # None: a task cancelled before its first step (the loop closing) never ends
+            # its stream; nothing can resume it either.
+            if finished_at is not None and now - finished_at <= self._ttl:
+                break
+            session, key = ended.popleft()
+            if self._sessions.get(session.id) is session:
+                del self._sessions[session.id]
+            if key is not None:
+                record = self._keys.get(key)
+                if record is not None and record.stream_id == session.id:
+                    del self._keys[key]
 
     def cancel_all(self, reason: str) -> list[StreamSession]:
         """Cancel every running stream (each still ends with ``done``); returns them."""

@@ -68,6 +68,15 @@ async def test_pause_execute_resume_in_one_stream(make_gateway: HarnessFactory) 
     await gw.settle()
 
 
+async def test_a_long_turn_is_resumed_with_all_of_its_text(make_gateway: HarnessFactory) -> None:
+    # Hundreds of deltas before the call: the turn's text is kept in joined blocks.
+    said = "".join(f"w{i} " for i in range(150)) + call("t1", "places.search", SEARCH)
+    gw = await make_gateway([tokens(said + " IGNORED", size=3), tokens(sentinel_reply())])
+    events = await gw.stream({"input": "Find pizza near me"})
+    assert_well_formed(events)
+    assert gw.upstream.requests[1].json["messages"][-2] == {"role": "assistant", "content": said}
+
+
 async def test_tools_are_taught_in_the_system_prompt(make_gateway: HarnessFactory) -> None:
     gw = await make_gateway([tokens(sentinel_reply())])
     await gw.stream({"input": "x", "tools": ["places.search"]})

@@ -114,6 +114,18 @@ def test_inline_schema_is_accepted_in_a_scope_only(registry: SchemaRegistry) -> 
     assert compiled.is_valid({"x": 3, "y": -1}) and not compiled.is_valid({"x": 0, "y": 0})
     assert "Point" not in registry and "Point" in scope
     assert "Point" not in registry.scoped()  # another request never sees it
+    assert dict(scope.all()) == {name: scope.get(name) for name in scope.names()}
+    assert "Point" not in registry.all()
+
+
+def test_all_is_built_once_and_follows_registrations(registry: SchemaRegistry) -> None:
+    everything = registry.all()
+    assert registry.all() is everything and registry.scoped().all() is everything
+    assert dict(everything) == {name: registry.get(name) for name in registry.names()}
+    registry.register("Extra", {"type": "string"})
+    assert "Extra" not in everything and registry.all()["Extra"] is registry.get("Extra")
+    with pytest.raises(TypeError):
+        registry.all()["x"] = registry.get("Extra")  # type: ignore[index]
 
 
 BAD_SCHEMAS = [

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import tracemalloc
 
 import pytest
 
@@ -95,3 +96,20 @@ async def test_append_after_close_is_refused() -> None:
     log.close()
     with pytest.raises(RuntimeError):
         log.append(text(0))
+
+
+def test_frames_are_stored_compactly() -> None:
+    # One buffer and an offset per frame: no object per frame (a bytes object alone
+    # costs 33 bytes of header and a list slot on top of its payload).
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        log = FrameLog(max_pending=10_000)
+        for i in range(2_000):
+            log.append(text(i))
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    payload = sum(len(b) for b in log.encoded_after(0))
+    assert held < payload * 1.3 + 2_000 * 8
+    assert log.take(1_998) == (b"".join(log.encoded_after(1_998)), 2_000)

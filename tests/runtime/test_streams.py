@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -11,13 +12,26 @@ from app.runtime.streams import StreamRegistry
 
 
 class FakeSession:
+    """A session and its task in one: ended at once unless ``running``."""
+
     def __init__(self, sid: str, *, running: bool = False, finished_at: float | None = 0.0) -> None:
         self.id = sid
         self.running = running
         self.finished_at = finished_at
+        self._callbacks: list[Callable[[object], None]] = []
 
-    def start(self) -> None:
-        pass
+    def start(self) -> FakeSession:
+        return self
+
+    def add_done_callback(self, callback: Callable[[object], None]) -> None:
+        self._callbacks.append(callback)
+        if not self.running:
+            callback(self)
+
+    def end(self, at: float) -> None:
+        self.running, self.finished_at = False, at
+        for callback in self._callbacks:
+            callback(self)
 
 
 def registry(now: list[float], ttl: float = 10.0) -> StreamRegistry:
@@ -36,7 +50,7 @@ def test_a_finished_stream_is_found_until_its_ttl_then_404() -> None:
     assert err.value.http_status == 404
 
 
-def test_full_sweeps_are_rate_limited_but_reclaim_memory() -> None:
+def test_sweeps_reclaim_memory_and_keys() -> None:
     now = [0.0]
     reg = registry(now, ttl=1.0)
     for i in range(100):
@@ -63,3 +77,28 @@ def test_idempotency_records() -> None:
     assert reg.replay_for("k", "h1") is running
     now[0] = 100.0
     assert reg.replay_for("k", "h1") is None  # expired: a new stream may start
+
+
+def test_sweeps_go_in_the_order_streams_ended() -> None:
+    now = [0.0]
+    reg = registry(now, ttl=10.0)
+    late: Any = FakeSession("late", running=True, finished_at=None)
+    reg.start(late, idempotency_key="k", body_hash="h")
+    reg.start(FakeSession("early", finished_at=0.0))  # type: ignore[arg-type]
+    now[0] = 5.0
+    late.end(5.0)
+    now[0] = 10.5  # "early" expired, "late" has 4.5 s left
+    reg.sweep()
+    assert len(reg) == 1 and reg.get("late") is late
+    assert reg.replay_for("k", "h") is late
+    now[0] = 15.5
+    reg.sweep()
+    assert len(reg) == 0 and reg.replay_for("k", "h") is None
+
+
+def test_a_session_that_never_ended_is_not_kept_once_its_task_is_done() -> None:
+    now = [0.0]
+    reg = registry(now)
+    reg.start(FakeSession("cut", finished_at=None))  # type: ignore[arg-type]
+    reg.sweep()
+    assert len(reg) == 0
