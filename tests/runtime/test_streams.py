@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable
 from typing import Any
 
@@ -102,3 +103,15 @@ def test_a_session_that_never_ended_is_not_kept_once_its_task_is_done() -> None:
     reg.start(FakeSession("cut", finished_at=None))  # type: ignore[arg-type]
     reg.sweep()
     assert len(reg) == 0
+
+
+def test_the_young_generation_is_collected_as_a_stream_ends() -> None:
+    reg = registry([0.0])
+    session: Any = FakeSession("s", running=True, finished_at=None)
+    reg.start(session)
+    gc.collect(0)
+    keep = [[] for _ in range(gc.get_threshold()[0] // 2)]  # containers count as allocations
+    assert gc.get_count()[0] >= len(keep) // 2  # below the threshold: none ran yet
+    session.end(1.0)
+    assert gc.get_count()[0] < 10
+    del keep
