@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
-from typing import Annotated
+from typing import Annotated, Any
 
 import httpx
 from fastapi import Depends, Request
@@ -45,9 +45,10 @@ class Gateway:
     backend: Backend | None = None
     # mode=auto: one probe per model, shared by concurrent first requests, then cached.
     modes: dict[str, asyncio.Future[ModeDecision]] = field(default_factory=dict)
-    # Rendered system prompts by (result schema, schema names, tool names): see
-    # app.api.routes._system_prompt.
-    prompts: dict[tuple[object, ...], str] = field(default_factory=dict)
+    # What each combination of schemas, tools and mode makes of a plan (the system prompt
+    # among it), by (result schema, object schema names, tool names, mode): see
+    # app.api.routes._shape.
+    shapes: dict[tuple[object, ...], Any] = field(default_factory=dict)
 
 
 async def get_gateway(request: Request) -> Gateway:

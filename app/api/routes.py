@@ -184,15 +184,29 @@ async def _probe(gw: Gateway, model: str) -> ModeDecision:
     return await asyncio.shield(probe)
 
 
-def _plan(
-    gw: Gateway,
-    req: StreamRequest,
-    stream_id: str,
-    key: str | None,
-    decision: ModeDecision,
-) -> StreamPlan:
-    settings = gw.settings
-    mode = decision.mode
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Shape:
+    """What a request's schemas, tools and mode make of its plan, apart from its messages
+    and sampling: the same for every request that names the same registered schemas and
+    tools, so it is built once per combination (``Gateway.shapes``)."""
+
+    schemas: Mapping[str, CompiledSchema]
+    visible: Sequence[ToolSpec[Any]]
+    system: str
+    extra: Mapping[str, Any]  # native mode: the upstream's own tools
+    record: Mapping[str, Any]  # the prompt record's parts that follow from the above
+
+
+def _shape(gw: Gateway, req: StreamRequest, mode: str) -> _Shape:
+    """The request's :class:`_Shape`: cached unless it has inline schemas (those are the
+    caller's own, checked and compiled per request)."""
+    key: tuple[object, ...] | None = None
+    if all(isinstance(item, str) for item in req.object_schemas):
+        tools_named = tuple(req.tools) if req.tools is not None else None
+        key = (req.result_schema, tuple(req.object_schemas), tools_named, mode)
+        cached: _Shape | None = gw.shapes.get(key)
+        if cached is not None:
+            return cached
     # Schemas: the result schema, the object schemas (registered names or inline ones,
     # checked against the metaschema: a bad one is a 422), and Any.
     registry = gw.schemas.scoped()
@@ -208,19 +222,54 @@ def _plan(
     for name in req.tools or ():
         tools.check_allowed(name)  # unknown or internal tool names are the caller's error
     visible = tools.visible(req.tools)
-    system = _system_prompt(gw, req, schemas, visible)
-    messages = build_messages(system, req.chat_messages())
+    tool_dicts = [t.to_dict() for t in visible]
     extra: dict[str, Any] = {}
     if mode == "native" and visible:  # the upstream's own function calling (SPEC §4)
-        extra = {
-            "tools": to_openai_tools([t.to_dict() for t in visible]),
-            "tool_choice": "auto",
-        }
-    chat = ChatRequest(model=req.model or settings.model_id, messages=messages, extra=extra)
+        extra = {"tools": to_openai_tools(tool_dicts), "tool_choice": "auto"}
+    shape = _Shape(
+        schemas=schemas,
+        visible=visible,
+        system=render_system_prompt(
+            gw.system_template,
+            result_schema=req.result_schema,
+            schemas={name: c.schema for name, c in schemas.items() if name != ANY},
+            tools=[
+                {"name": t.name, "description": t.description, "input_schema": t.input_schema}
+                for t in visible
+            ],
+        ),
+        extra=extra,
+        record={
+            "result_schema": req.result_schema,
+            "schemas": {name: c.schema for name, c in schemas.items()},
+            "tools": tool_dicts,
+            "registered": registry.all(),
+        },
+    )
+    if key is not None:
+        if len(gw.shapes) >= _SHAPE_CACHE_MAX:
+            gw.shapes.clear()  # combinations are few in practice; never grow unbounded
+        gw.shapes[key] = shape
+    return shape
+
+
+def _plan(
+    gw: Gateway,
+    req: StreamRequest,
+    stream_id: str,
+    key: str | None,
+    decision: ModeDecision,
+) -> StreamPlan:
+    settings = gw.settings
+    mode = decision.mode
+    shape = _shape(gw, req, mode)
+    messages = build_messages(shape.system, req.chat_messages())
+    chat = ChatRequest(model=req.model or settings.model_id, messages=messages, extra=shape.extra)
     if req.profile is not None:
         chat = PROFILES[req.profile].apply(chat)
     if req.sampling is not None:  # explicit sampling wins over the profile
         chat = dataclasses.replace(chat, **req.sampling.model_dump(exclude_none=True))
+    record = shape.record
     prompt_record: dict[str, Any] = {
         "model": chat.model,
         "mode": mode,
@@ -233,9 +282,9 @@ def _plan(
             "max_tokens": chat.max_tokens,
             "top_p": chat.top_p,
         },
-        "result_schema": req.result_schema,
-        "schemas": {name: c.schema for name, c in schemas.items()},
-        "tools": [t.to_dict() for t in visible],
+        "result_schema": record["result_schema"],
+        "schemas": record["schemas"],
+        "tools": record["tools"],
         "max_tool_calls": req.max_tool_calls,
     }
     return StreamPlan(
@@ -244,52 +293,21 @@ def _plan(
         mode=mode,
         on_disconnect=req.on_disconnect,
         prompt_record=prompt_record,
-        schemas=schemas,
-        tools_allow=tuple(t.name for t in visible),
+        schemas=shape.schemas,
+        tools_allow=tuple(t.name for t in shape.visible),
         max_tool_calls=req.max_tool_calls,
         idempotency_key=key,
         budget=gw.backend.decision.to_dict() if gw.backend is not None else None,
         result_schema=req.result_schema,
-        registered=registry.all(),
-        grammar=_grammar(mode, req, schemas, visible, max_depth=settings.max_json_depth, chat=chat),
+        registered=record["registered"],
+        grammar=_grammar(
+            mode, req, shape.schemas, shape.visible, max_depth=settings.max_json_depth, chat=chat
+        ),
     )
 
 
-_PROMPT_CACHE_MAX = 256
+_SHAPE_CACHE_MAX = 256
 _MAX_KEY_CHARS = 255
-
-
-def _system_prompt(
-    gw: Gateway,
-    req: StreamRequest,
-    schemas: Mapping[str, CompiledSchema],
-    visible: Sequence[ToolSpec[Any]],
-) -> str:
-    """The system prompt for these schemas and tools, rendered once per combination.
-
-    Requests that name only registered schemas share one string (it is kilobytes, and
-    every open stream holds its prompt); inline schemas are the caller's own, never cached.
-    """
-    key: tuple[object, ...] | None = None
-    if all(isinstance(item, str) for item in req.object_schemas):
-        key = (req.result_schema, tuple(schemas), tuple(t.name for t in visible))
-        cached = gw.prompts.get(key)
-        if cached is not None:
-            return cached
-    system = render_system_prompt(
-        gw.system_template,
-        result_schema=req.result_schema,
-        schemas={name: c.schema for name, c in schemas.items() if name != ANY},
-        tools=[
-            {"name": t.name, "description": t.description, "input_schema": t.input_schema}
-            for t in visible
-        ],
-    )
-    if key is not None:
-        if len(gw.prompts) >= _PROMPT_CACHE_MAX:
-            gw.prompts.clear()  # combinations are few in practice; never grow unbounded
-        gw.prompts[key] = system
-    return system
 
 
 def _grammar(

@@ -193,9 +193,10 @@ async def test_system_prompts_are_rendered_once_per_schema_and_tool_set(
     assert systems[0] == systems[1] and "Action" in systems[0]
     assert '"x"' in systems[2] and systems[3] != systems[0]
     # The two registered-schema combinations are cached; the inline schema is not.
-    assert len(gw.gateway.prompts) == 2
-    assert systems[0] in gw.gateway.prompts.values()
-    assert not any("Point" in p for p in gw.gateway.prompts.values())
+    cached = [shape.system for shape in gw.gateway.shapes.values()]
+    assert len(cached) == 2
+    assert systems[0] in cached
+    assert not any("Point" in p for p in cached)
 
 
 async def test_the_stream_route_is_still_documented(make_gateway: HarnessFactory) -> None:
