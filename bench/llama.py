@@ -70,7 +70,19 @@ async def gateway_tokens(client: httpx.AsyncClient, url: str, body: dict[str, An
 
 
 async def direct_tokens(client: httpx.AsyncClient, url: str, body: dict[str, Any]) -> Timing:
-    """POST llama-server's /v1/chat/completions; the arrival time of every content token."""
+    """POST llama-server's /v1/chat/completions; the arrival time of every content token.
+
+    llama-server sometimes closes a kept-alive connection just as the next request goes
+    out on it (the gateway retries that case too, app/upstream/llama_server.py): then the
+    request is sent again on a new connection, and timed from there.
+    """
+    try:
+        return await _direct_tokens(client, url, body)
+    except httpx.RemoteProtocolError:
+        return await _direct_tokens(client, url, body)
+
+
+async def _direct_tokens(client: httpx.AsyncClient, url: str, body: dict[str, Any]) -> Timing:
     started = time.perf_counter()
     arrivals: list[float] = []
     chunks: list[str] = []

@@ -76,7 +76,17 @@ class UpstreamSSEDecoder:
     :data:`MAX_LINE_BYTES` or an event over :data:`MAX_EVENT_CHARS`.
     """
 
-    __slots__ = ("_at_start", "_error", "_event_chars", "_line_bytes", "_lines", "_sse", "_text")
+    __slots__ = (
+        "_at_start",
+        "_clean",
+        "_error",
+        "_event_chars",
+        "_last_id",
+        "_line_bytes",
+        "_lines",
+        "_sse",
+        "_text",
+    )
 
     def __init__(self) -> None:
         # Strict: a model's tokens must not silently turn into U+FFFD. (Not "utf-8-sig":
@@ -88,6 +98,11 @@ class UpstreamSSEDecoder:
         self._line_bytes = 0  # bytes of the current, unterminated line
         self._event_chars = 0  # characters of field lines in the current event
         self._error: UpstreamError | None = None
+        # Nothing is held back: no partial line, event or character (the last chunk
+        # ended with a blank line, or none came yet). Then a chunk of whole data-only
+        # events can take the fast path.
+        self._clean = True
+        self._last_id = ""  # the id every event carries until an id field changes it
 
     def feed(self, data: bytes) -> list[SSEMessage]:
         """Decode one chunk of the body; return the events it completed, in order."""
@@ -95,13 +110,43 @@ class UpstreamSSEDecoder:
             raise self._error
         if not data:
             return []
+        if self._clean and data[-2:] == b"\n\n" and b"\r" not in data:
+            messages = self._data_events(data)
+            if messages is not None:
+                return messages
         overflow = self._line_overflow(data)
         if overflow >= 0:
             # Report the earliest fault in byte order, however the stream was chunked:
             # the bytes before the overflow may hold an invalid character or a huge event.
             self._decode(data[:overflow])
             raise self._fail(f"upstream SSE line longer than {MAX_LINE_BYTES} bytes")
-        return self._decode(data)
+        messages = self._decode(data)
+        self._clean = data[-2:] == b"\n\n"
+        if messages:
+            self._last_id = messages[-1].id
+        return messages
+
+    def _data_events(self, data: bytes) -> list[SSEMessage] | None:
+        """The fast path, for what OpenAI-compatible servers send: whole events of one
+        ``data:`` line each, ``\n`` line ends. ``None``: anything else (other fields,
+        comments, blank-line runs, a BOM at the start, invalid UTF-8, a line over the
+        limit), which the general path decodes, with the same result."""
+        if self._at_start and data[:3] == b"\xef\xbb\xbf":
+            return None
+        out: list[SSEMessage] = []
+        last_id = self._last_id
+        for line in data[:-2].split(b"\n\n"):
+            if line[:5] != b"data:" or b"\n" in line or len(line) > MAX_LINE_BYTES:
+                return None
+            try:
+                text = line[6:].decode() if line[5:6] == b" " else line[5:].decode()
+            except UnicodeDecodeError:
+                return None
+            if len(line) > MAX_EVENT_CHARS:
+                return None
+            out.append(SSEMessage(text, "message", last_id))
+        self._at_start = False
+        return out
 
     def close(self) -> list[SSEMessage]:
         """End of stream: flush held-back bytes; an unterminated event is discarded."""

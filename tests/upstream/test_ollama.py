@@ -41,7 +41,8 @@ from app.upstream.openai_compat import _parse_chunk
 
 FIXTURES = Path(__file__).parent / "fixtures" / "ollama"
 STREAMS = ("chat_text.ndjson", "chat_tool_calls.ndjson", "chat_length.ndjson")
-T = 0.2  # every timeout in these tests
+T = 0.2  # the first-byte and idle timeouts in these tests
+CONNECT_S = 5.0  # no test here times a connect out: a loaded machine may take a while
 NUM_CTX = 8192
 BASE = "http://ollama.test:11434"
 REQUEST = ChatRequest(model="qwen3:8b", messages=[{"role": "user", "content": "ramen?"}])
@@ -123,7 +124,7 @@ def adapter(client: httpx.AsyncClient, base_url: str = BASE, **kw: Any) -> Ollam
     return OllamaUpstream(
         client,
         base_url,
-        **{"num_ctx": NUM_CTX, "connect_s": T, "first_byte_s": T, "idle_s": T, **kw},
+        **{"num_ctx": NUM_CTX, "connect_s": CONNECT_S, "first_byte_s": T, "idle_s": T, **kw},
     )
 
 

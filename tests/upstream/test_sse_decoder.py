@@ -206,3 +206,16 @@ def test_cost_per_event() -> None:
         decoder.feed(CHUNK)
     per_event_us = (time.perf_counter() - start) / n * 1e6
     assert per_event_us < 40, per_event_us
+
+
+def test_whole_data_events_take_the_fast_path_and_keep_the_last_id() -> None:
+    decoder = UpstreamSSEDecoder()
+    assert decoder.feed(b"id: 7\nevent: e\ndata: a\n\n") == [M("a", event="e", id="7")]
+    # From here on whole data-only events never reach the general (line by line) decoder.
+    with mock.patch.object(decoder, "_sse", None):
+        assert decoder.feed(CHUNK + b"data:b\n\n") == [
+            M(CHUNK[6:-2].decode(), id="7"),
+            M("b", id="7"),
+        ]
+    assert decoder.feed(b"data: c\n") == []  # half an event: the general path again
+    assert decoder.feed(b"\ndata: d\n\n") == [M("c", id="7"), M("d", id="7")]
