@@ -27,6 +27,7 @@ and for tests.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from array import array
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
@@ -53,8 +54,11 @@ class FrameLog:
         self._max_pending = max_pending
         self._clock = clock
         self._closed = False
-        self._grew: asyncio.Event | None = None  # set when frames are appended or closed
-        self._drained: asyncio.Event | None = None  # set when the primary reader advances
+        # Futures of the readers waiting for frames (or the close), and of the producer
+        # waiting for the primary reader to advance. One future per waiter, not an
+        # asyncio.Event: an Event carries a deque of about 600 bytes, per open stream.
+        self._readers: list[asyncio.Future[None]] = []
+        self._producer: asyncio.Future[None] | None = None
         self._primary_cursor: int | None = None  # None: no primary reader attached
         self.high_water = 0  # the most frames ever waiting for the primary reader
         self.paused_s = 0.0  # total time the producer waited for room
@@ -82,9 +86,8 @@ class FrameLog:
         started = self._clock()
         try:
             while self.pending() >= self._max_pending:
-                if self._drained is None:
-                    self._drained = asyncio.Event()
-                await self._drained.wait()
+                self._producer = asyncio.get_running_loop().create_future()
+                await self._producer
         finally:
             self.paused_s += self._clock() - started
 
@@ -109,10 +112,12 @@ class FrameLog:
         self._wake_readers()
 
     def _wake_readers(self) -> None:
-        grew = self._grew
-        if grew is not None:
-            self._grew = None
-            grew.set()
+        readers = self._readers
+        if readers:
+            self._readers = []
+            for waiter in readers:
+                if not waiter.done():
+                    waiter.set_result(None)
 
     # -- reader side -------------------------------------------------------------------
 
@@ -125,10 +130,11 @@ class FrameLog:
         self._wake_producer()
 
     def _wake_producer(self) -> None:
-        drained = self._drained
-        if drained is not None:
-            self._drained = None
-            drained.set()
+        producer = self._producer
+        if producer is not None:
+            self._producer = None
+            if not producer.done():
+                producer.set_result(None)
 
     def _start(self, frame_index: int) -> int:
         return self._ends[frame_index - 1] if frame_index else 0
@@ -167,9 +173,14 @@ class FrameLog:
 
     async def wait(self) -> None:
         """Until a frame is appended, the log closes, or :meth:`wake` is called."""
-        if self._grew is None:
-            self._grew = asyncio.Event()
-        await self._grew.wait()
+        waiter = asyncio.get_running_loop().create_future()
+        self._readers.append(waiter)
+        try:
+            await waiter
+        finally:
+            if waiter.cancelled():  # the reader gave up: no longer waiting
+                with contextlib.suppress(ValueError):
+                    self._readers.remove(waiter)
 
     def wake(self) -> None:
         """Wake every waiting reader (a ping is due, a client left): each checks why."""

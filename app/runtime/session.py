@@ -203,7 +203,8 @@ class StreamSession:
         self._approvals: dict[str, asyncio.Future[bool]] = {}
         self._tool_logs: list[dict[str, object]] = []
         self._stats = _Stats()
-        self.finished = asyncio.Event()  # set once done is appended and artifacts written
+        self._ended = False  # done is appended and the artifacts are written
+        self._end_waiters: list[asyncio.Future[None]] = []
         self.reason: str | None = None
         self.finished_at: float | None = None
         self.stats: dict[str, Any] = {}
@@ -252,7 +253,11 @@ class StreamSession:
 
     async def wait(self) -> None:
         """Until the stream ended and its artifacts are written."""
-        await self.finished.wait()
+        if self._ended:
+            return
+        waiter = asyncio.get_running_loop().create_future()
+        self._end_waiters.append(waiter)
+        await waiter  # one future per caller: a cancelled one leaves the others waiting
 
     # -- the producer ------------------------------------------------------------------
 
@@ -679,7 +684,11 @@ class StreamSession:
                 self.log.paused_s,
             )
         await self._write_artifacts(reason, error)
-        self.finished.set()
+        self._ended = True
+        for waiter in self._end_waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+        self._end_waiters.clear()
 
     def _summary(self, ended: float) -> dict[str, Any]:
         stats = self._stats

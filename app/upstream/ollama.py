@@ -110,7 +110,7 @@ class OllamaUpstream:
         """Yield deltas until the ``done`` line; raise :class:`UpstreamError` on failure."""
         loop = asyncio.get_running_loop()
         exchange = Exchange(str(self._url), self._connect_s, self._first_byte_s, self._idle_s)
-        response, chunks, first_byte_at = await open_stream(
+        response, chunks, first_byte_at, close = await open_stream(
             self._client,
             self._post,
             content=request_body(self.body(request)),
@@ -127,6 +127,7 @@ class OllamaUpstream:
                         url=str(self._url),
                         model=request.model,
                     )
+                del response  # checked: only the body is read from here on
                 chunk = await anext(chunks, None)
             exchange.phase = STREAM
             decoder = NDJSONDecoder()
@@ -155,7 +156,7 @@ class OllamaUpstream:
             # Shielded: the cancel that may have brought us here must not cut the close
             # short, or httpcore keeps the connection ACTIVE in its pool.
             with anyio.CancelScope(shield=True):
-                await response.aclose()
+                await close()
 
 
 async def _excerpt(response: httpx.Response) -> str:

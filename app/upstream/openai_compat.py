@@ -254,7 +254,7 @@ class OpenAICompatUpstream:
         """Yield deltas until ``[DONE]``; raise :class:`UpstreamError` on any failure."""
         loop = asyncio.get_running_loop()
         exchange = Exchange(str(self._url), self._connect_s, self._first_byte_s, self._idle_s)
-        response, chunks, first_byte_at = await open_stream(
+        response, chunks, first_byte_at, close = await open_stream(
             self._client,
             self._post,
             content=request_body(self.body(request)),
@@ -266,6 +266,7 @@ class OpenAICompatUpstream:
             with exchange.until(first_byte_at):
                 if response.status_code >= 400 or not self._is_sse(response):
                     self._check_response(response, await self._excerpt(response))
+                del response  # checked: only the body is read from here on
                 chunk = await anext(chunks, None)
             exchange.phase = STREAM
             decoder = UpstreamSSEDecoder()
@@ -300,7 +301,7 @@ class OpenAICompatUpstream:
             # Shielded: the cancel that may have brought us here must not cut the close
             # short, or httpcore keeps the connection ACTIVE in its pool (see exchange.drain).
             with anyio.CancelScope(shield=True):
-                await response.aclose()
+                await close()
 
     async def _excerpt(self, response: httpx.Response) -> str:
         """The start of an error or non-SSE body, for the error message."""

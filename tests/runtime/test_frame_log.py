@@ -113,3 +113,17 @@ def test_frames_are_stored_compactly() -> None:
     payload = sum(len(b) for b in log.encoded_after(0))
     assert held < payload * 1.3 + 2_000 * 8
     assert log.take(1_998) == (b"".join(log.encoded_after(1_998)), 2_000)
+
+
+async def test_a_reader_that_gives_up_does_not_disturb_the_others() -> None:
+    log = FrameLog(max_pending=10)
+    quitter = asyncio.create_task(log.wait())
+    stayer = asyncio.create_task(log.wait())
+    await asyncio.sleep(0)
+    quitter.cancel()
+    await asyncio.sleep(0)
+    assert quitter.cancelled() and not stayer.done()
+    assert len(log._readers) == 1  # the cancelled waiter is gone: nothing builds up
+    log.append(text(0))
+    await asyncio.wait_for(stayer, 1)
+    assert log._readers == []

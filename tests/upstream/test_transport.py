@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import socket
 import ssl
 import struct
 import subprocess
+import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -832,3 +834,27 @@ async def test_the_adapter_sees_the_same_over_either_transport(script: Script) -
             ErrorCode.UPSTREAM_TIMEOUT,
             "upstream first-byte timeout: no response in 0.1 s",
         )
+
+
+async def test_the_adapter_keeps_only_the_body_of_an_open_stream() -> None:
+    # An httpx.Response is about 1.2 KB; every open stream would hold one (bench B4).
+    responses: list[weakref.ref[httpx.Response]] = []
+    transport = LeanTransport()
+    post = transport.post
+
+    async def spy(*args: Any, **kwargs: Any) -> httpx.Response:
+        response = await post(*args, **kwargs)
+        responses.append(weakref.ref(response))
+        return response
+
+    script = Script(steps=(Step(text="a"), Step(text="b", delay_ms=200)))
+    async with ScriptedUpstream([script]) as up:
+        async with UpstreamClient(transport=transport) as client:
+            transport.post = spy  # type: ignore[method-assign]
+            upstream = OpenAICompatUpstream(client, up.base_url, connect_s=5, idle_s=5)
+            stream = upstream.stream(REQUEST)
+            assert await anext(stream) == UpstreamDelta("a")
+            gc.collect()
+            assert [ref() for ref in responses] == [None]  # mid-stream, the response is gone
+            rest = [d async for d in stream]
+            assert rest[0] == UpstreamDelta("b")
