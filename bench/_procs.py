@@ -267,7 +267,12 @@ class Proc:
     """A child server process; ``stop()`` always ends it (TERM, then KILL)."""
 
     def __init__(
-        self, name: str, args: list[str], port: int, env: dict[str, str] | None = None
+        self,
+        name: str,
+        args: list[str],
+        port: int,
+        env: dict[str, str] | None = None,
+        cwd: Path = ROOT,
     ) -> None:
         self.name = name
         self.port = port
@@ -276,7 +281,7 @@ class Proc:
         self.stderr = tempfile.TemporaryFile()
         self.popen = subprocess.Popen(
             [sys.executable, "-m", "bench._procs", *args],
-            cwd=ROOT,
+            cwd=cwd,  # the code that runs: this checkout's, or another's (bench.ab)
             stdout=subprocess.DEVNULL,
             stderr=self.stderr,
             env={**os.environ, **(env or {})},
