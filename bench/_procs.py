@@ -321,8 +321,10 @@ class Proc:
         self.stderr.close()
 
 
-def _spawn(name: str, args: list[str], port: int, env: dict[str, str] | None = None) -> Proc:
-    proc = Proc(name, args, port, env)
+def _spawn(
+    name: str, args: list[str], port: int, env: dict[str, str] | None = None, cwd: Path = ROOT
+) -> Proc:
+    proc = Proc(name, args, port, env, cwd)
     try:
         proc.wait_listening()
     except BaseException:
@@ -343,12 +345,15 @@ def spawn_proxy(upstream_port: int) -> Proc:
     return _spawn("proxy", args, port)
 
 
-def spawn_gateway(upstream_url: str, artifacts: Path, env: dict[str, str] | None = None) -> Proc:
-    """A gateway process in front of ``upstream_url``; ``env``: more settings (SPEC §8)."""
+def spawn_gateway(
+    upstream_url: str, artifacts: Path, env: dict[str, str] | None = None, cwd: Path = ROOT
+) -> Proc:
+    """A gateway process in front of ``upstream_url``; ``env``: more settings (SPEC §8);
+    ``cwd``: the checkout whose code runs (bench.ab runs another revision's)."""
     port = free_port()
     args = ["gateway", "--port", str(port), "--upstream", upstream_url]
     args += ["--artifacts", str(artifacts)]
-    return _spawn("gateway", args, port, env)
+    return _spawn("gateway", args, port, env, cwd)
 
 
 # -- /proc probes -----------------------------------------------------------------------

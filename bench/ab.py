@@ -18,7 +18,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from bench._procs import ROOT, Proc, cpu_seconds, free_port, spawn_upstream
+from bench._procs import ROOT, Proc, cpu_seconds, spawn_gateway, spawn_upstream
 from bench.gateway import (
     MS,
     PAUSE_S,
@@ -32,27 +32,6 @@ from bench.gateway import (
 )
 
 
-def spawn_gateway_at(root: Path, upstream_url: str, artifacts: Path) -> Proc:
-    """A gateway process running the code under ``root``."""
-    port = free_port()
-    args = [
-        "gateway",
-        "--port",
-        str(port),
-        "--upstream",
-        upstream_url,
-        "--artifacts",
-        str(artifacts),
-    ]
-    proc = Proc("gateway", args, port, cwd=root)
-    try:
-        proc.wait_listening()
-    except BaseException:
-        proc.stop()
-        raise
-    return proc
-
-
 async def compare(base: Path, requests: int, warmup: int) -> list[str]:
     artifacts = Path(tempfile.mkdtemp(prefix="toolforge-ab-"))
     procs: list[Proc] = []
@@ -61,8 +40,8 @@ async def compare(base: Path, requests: int, warmup: int) -> list[str]:
         procs.append(up)
         url = f"http://127.0.0.1:{up.port}/v1"
         gateways = {
-            "base": spawn_gateway_at(base, url, artifacts),
-            "work": spawn_gateway_at(ROOT, url, artifacts),
+            "base": spawn_gateway(url, artifacts, cwd=base),
+            "work": spawn_gateway(url, artifacts),
         }
         procs += gateways.values()
         ports = {"direct": up.port, **{name: p.port for name, p in gateways.items()}}
