@@ -12,6 +12,7 @@ and the connections close on their own.
 from __future__ import annotations
 
 import asyncio
+import signal
 from typing import Any
 
 import uvicorn
@@ -58,4 +59,10 @@ def run(app: FastAPI, *, host: str, port: int, **options: Any) -> None:
     (uvicorn[standard]), no access log; ``options`` go to ``uvicorn.Config``."""
     options = {"log_level": "warning", "access_log": False, **options}
     config = uvicorn.Config(app, host=host, port=port, **options)
-    GatewayServer(config, app).run()
+    try:
+        GatewayServer(config, app).run()
+    except KeyboardInterrupt:
+        # Ctrl-C: uvicorn has shut down (every stream ended with done, managed servers
+        # stopped) and re-raised SIGINT, which asyncio turns into KeyboardInterrupt. Exit
+        # as a shell expects after SIGINT, without a traceback.
+        raise SystemExit(128 + signal.SIGINT) from None
