@@ -194,7 +194,10 @@ class _Shape:
     visible: Sequence[ToolSpec[Any]]
     system: str
     extra: Mapping[str, Any]  # native mode: the upstream's own tools
-    record: Mapping[str, Any]  # the prompt record's parts that follow from the above
+    registered: Mapping[str, CompiledSchema]  # every schema the request can name
+    # For the prompt record (artifacts): the schema documents and the tools' descriptions.
+    schema_docs: Mapping[str, Any]
+    tool_dicts: Sequence[Mapping[str, Any]]
 
 
 def _shape(gw: Gateway, req: StreamRequest, mode: str) -> _Shape:
@@ -239,12 +242,9 @@ def _shape(gw: Gateway, req: StreamRequest, mode: str) -> _Shape:
             ],
         ),
         extra=extra,
-        record={
-            "result_schema": req.result_schema,
-            "schemas": {name: c.schema for name, c in schemas.items()},
-            "tools": tool_dicts,
-            "registered": registry.all(),
-        },
+        registered=registry.all(),
+        schema_docs={name: c.schema for name, c in schemas.items()},
+        tool_dicts=tool_dicts,
     )
     if key is not None:
         if len(gw.shapes) >= _SHAPE_CACHE_MAX:
@@ -269,7 +269,6 @@ def _plan(
         chat = PROFILES[req.profile].apply(chat)
     if req.sampling is not None:  # explicit sampling wins over the profile
         chat = dataclasses.replace(chat, **req.sampling.model_dump(exclude_none=True))
-    record = shape.record
     prompt_record: dict[str, Any] = {
         "model": chat.model,
         "mode": mode,
@@ -282,9 +281,9 @@ def _plan(
             "max_tokens": chat.max_tokens,
             "top_p": chat.top_p,
         },
-        "result_schema": record["result_schema"],
-        "schemas": record["schemas"],
-        "tools": record["tools"],
+        "result_schema": req.result_schema,
+        "schemas": shape.schema_docs,
+        "tools": shape.tool_dicts,
         "max_tool_calls": req.max_tool_calls,
     }
     return StreamPlan(
@@ -299,7 +298,7 @@ def _plan(
         idempotency_key=key,
         budget=gw.backend.decision.to_dict() if gw.backend is not None else None,
         result_schema=req.result_schema,
-        registered=record["registered"],
+        registered=shape.registered,
         grammar=_grammar(
             mode, req, shape.schemas, shape.visible, max_depth=settings.max_json_depth, chat=chat
         ),
