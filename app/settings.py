@@ -50,6 +50,9 @@ class Settings(BaseSettings):
         120.0, validation_alias="UPSTREAM_FIRST_BYTE_TIMEOUT_S"
     )
     upstream_idle_timeout_s: float = Field(60.0, validation_alias="UPSTREAM_IDLE_TIMEOUT_S")
+    # A spare connection when the upstream closed the last idle one, so the next stream's
+    # request goes out at once (llama-server closes after every streamed response).
+    upstream_preconnect: bool = Field(True, validation_alias="UPSTREAM_PRECONNECT")
 
     # -- streaming --------------------------------------------------------------------
     # 15 s: below the 30-60 s idle cut of common proxies and load balancers.

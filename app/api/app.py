@@ -152,8 +152,9 @@ def create_app(
         )
         # The lean transport (httptools under httpx's API): one Python step per socket
         # read instead of one per HTTP chunk, and a fraction of httpcore's cost per
-        # request (app/upstream/transport.py, bench/RESULTS.md).
-        transport = LeanTransport(limits=DEFAULT_LIMITS)
+        # request (app/upstream/transport.py, bench/RESULTS.md). With preconnect, a spare
+        # connection replaces one the upstream closed, ahead of the next request.
+        transport = LeanTransport(limits=DEFAULT_LIMITS, preconnect=settings.upstream_preconnect)
         async with UpstreamClient(timeout=timeout, transport=transport) as client:
             effective, adapter = settings, upstream
             manager: ServerManager | None = None

@@ -32,8 +32,9 @@ as JSON. To send bytes that are not UTF-8, write them as surrogate escapes:
 The server records the chat-completion requests (``requests``, ``wait_for_requests``) and
 every request (``all_requests``: probes and health checks too), and counts open
 connections (``open_connections``, ``wait_connections_closed``), so tests can assert what
-the gateway sent and that it left nothing open. ``pace=False`` ignores every delay
-(full-speed benches); by default ``delay_ms`` is honoured with ``asyncio.sleep``.
+the gateway sent, on which connection (``RecordedRequest.connection``), and that it left
+nothing open. ``pace=False`` ignores every delay (full-speed benches); by default
+``delay_ms`` is honoured with ``asyncio.sleep``.
 """
 
 from __future__ import annotations
@@ -221,6 +222,7 @@ class RecordedRequest:
     headers: Mapping[str, str]
     body: bytes
     json: Any = field(default=None)
+    connection: int = 0  # which connection carried it: 1 for the first one accepted, ...
 
 
 _NOT_FOUND: Final = Script(
@@ -321,13 +323,14 @@ class ScriptedUpstream:
         self._writers.add(writer)
         self.open_connections += 1
         self.connections_total += 1
+        serial = self.connections_total
         self._idle.clear()
         sock = writer.get_extra_info("socket")
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         # drain() then waits until the kernel has every byte, which rst relies on.
         writer.transport.set_write_buffer_limits(0)
         try:
-            while (request := await self._read_request(reader)) is not None:
+            while (request := await self._read_request(reader, serial)) is not None:
                 self.all_requests.append(request)
                 if request.path.split("?", 1)[0].endswith("/chat/completions"):
                     self.requests.append(request)
@@ -347,7 +350,9 @@ class ScriptedUpstream:
             self._writers.discard(writer)
 
     @staticmethod
-    async def _read_request(reader: asyncio.StreamReader) -> RecordedRequest | None:
+    async def _read_request(
+        reader: asyncio.StreamReader, connection: int
+    ) -> RecordedRequest | None:
         try:
             head = await reader.readuntil(b"\r\n\r\n")
         except asyncio.IncompleteReadError:
@@ -364,7 +369,7 @@ class ScriptedUpstream:
             parsed = orjson.loads(body) if body else None
         except orjson.JSONDecodeError:
             parsed = None
-        return RecordedRequest(method, path, headers, body, parsed)
+        return RecordedRequest(method, path, headers, body, parsed, connection)
 
     def _select(self, request: RecordedRequest) -> Script:
         path = request.path.split("?", 1)[0]

@@ -73,6 +73,7 @@ class Connection(asyncio.Protocol):
         self.error: BaseException | None = None  # a reset or a parse error; None: clean EOF
         self.closed = False  # closed by the owner, its pool slot given back
         self.in_pool = False
+        self.spare = False  # opened ahead of need (LeanTransport preconnect), not used yet
         self.idle_since = 0.0
         self.waiter: asyncio.Future[None] | None = None
         self.drained: asyncio.Future[None] | None = None

@@ -216,3 +216,27 @@ async def test_a_body_that_lingers_after_done_is_released(make_gateway: HarnessF
         await gw.upstream.wait_connections_closed()
     transport = gw.gateway.client._transport  # type: ignore[attr-defined]
     assert transport.connections == 0, f"{transport.connections} upstream connections kept"
+
+
+@pytest.mark.parametrize("preconnect", [True, False], ids=["preconnect", "off"])
+async def test_a_spare_connection_replaces_the_one_the_upstream_closed(
+    make_gateway: HarnessFactory, preconnect: bool
+) -> None:
+    # Like llama-server, the upstream closes the connection after each streamed response;
+    # with UPSTREAM_PRECONNECT (the default) the next stream's request finds a connection
+    # already open.
+    script = {"steps": [{"text": "hi"}], "chunked": False}
+    gw = await make_gateway([script] * 3, upstream_preconnect=preconnect)
+    up = gw.upstream
+    for n in range(1, 4):
+        assert frames(await gw.stream())[-1].data["reason"] == "stop"
+        if preconnect:  # wait for the spare that replaces this stream's connection
+            async with asyncio.timeout(2):
+                while (up.connections_total, up.open_connections) != (n + 1, 1):  # noqa: ASYNC110
+                    await asyncio.sleep(0.005)
+    # With a spare, each stream after the first went out on the connection opened after
+    # the stream before it ended.
+    assert [r.connection for r in up.requests] == [1, 2, 3]
+    if not preconnect:
+        await asyncio.sleep(0.05)
+        assert (up.connections_total, up.open_connections) == (3, 0)

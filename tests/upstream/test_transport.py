@@ -393,6 +393,144 @@ async def test_aclose_closes_pooled_and_busy_connections() -> None:
     assert (transport._open, transport._idle_count) == (0, 0)
 
 
+# -- preconnect ------------------------------------------------------------------------------
+
+
+def one_per_connection(*, says_close: bool = False) -> Handler:
+    """llama-server's way: one response per connection, then the server closes it (without
+    a word, or with ``Connection: close``). Each request's connection is recorded."""
+
+    async def handler(server: Server, reader: Reader, writer: Writer) -> None:
+        accepted = server.accepts
+        if await server.request(reader):
+            server.served_by.append(accepted)  # type: ignore[attr-defined]
+            writer.write(ok(b"x", "Connection: close") if says_close else ok(b"x"))
+            await writer.drain()
+
+    return handler
+
+
+def spare_ready(transport: LeanTransport) -> bool:
+    return any(conn.spare for stack in transport._idle.values() for conn in stack)
+
+
+@pytest.mark.parametrize("says_close", [False, True], ids=["silent-close", "connection-close"])
+async def test_preconnect_has_a_connection_ready_when_the_server_closed_the_last(
+    says_close: bool,
+) -> None:
+    async with serving(one_per_connection(says_close=says_close), preconnect=True) as (
+        server,
+        client,
+        transport,
+    ):
+        server.served_by = []  # type: ignore[attr-defined]
+        for n in range(1, 6):
+            assert (await client.get(server.url)).text == "x"
+            await until(lambda n=n: spare_ready(transport) and server.accepts == n + 1)
+        assert transport._open == 1
+    # Every request after the first went out on the spare opened after the one before.
+    assert server.served_by == [1, 2, 3, 4, 5]  # type: ignore[attr-defined]
+
+
+async def test_without_preconnect_a_closed_connection_is_not_replaced() -> None:
+    async with serving(one_per_connection()) as (server, client, transport):
+        server.served_by = []  # type: ignore[attr-defined]
+        await client.get(server.url)
+        await until(lambda: transport._open == 0)
+        await asyncio.sleep(0.05)
+        assert (server.accepts, transport._open) == (1, 0)
+
+
+async def test_preconnect_leaves_an_origin_alone_once_nobody_uses_it() -> None:
+    # The server closes the idle connection after the keep-alive window has passed.
+    limits = httpx.Limits(keepalive_expiry=0.05)
+    close = asyncio.Event()
+
+    async def handler(server: Server, reader: Reader, writer: Writer) -> None:
+        await server.request(reader)
+        writer.write(ok())
+        await close.wait()
+
+    async with serving(handler, preconnect=True, limits=limits) as (server, client, transport):
+        await client.get(server.url)
+        await asyncio.sleep(0.06)
+        close.set()
+        await until(lambda: transport._open == 0)
+        await asyncio.sleep(0.05)
+        assert (server.accepts, transport._spares) == (1, {})
+
+
+async def test_a_spare_the_server_drops_unused_is_not_replaced() -> None:
+    # A server that closes every new connection at once must not get a reconnect loop.
+    async def handler(server: Server, reader: Reader, writer: Writer) -> None:
+        if server.accepts == 1:
+            await server.request(reader)
+            writer.write(ok(b"x"))
+            await writer.drain()
+
+    async with serving(handler, preconnect=True) as (server, client, transport):
+        await client.get(server.url)
+        await until(lambda: server.accepts == 2)  # the spare
+        await until(lambda: transport._open == 0)  # dropped by the server, unused
+        await asyncio.sleep(0.05)
+        assert (server.accepts, transport._spares) == (2, {})
+
+
+async def test_a_spare_that_cannot_connect_gives_its_slot_back() -> None:
+    async def handler(server: Server, reader: Reader, writer: Writer) -> None:
+        await server.request(reader)
+        server._server.close()  # nothing listens any more: the spare is refused
+        writer.write(ok(b"x"))
+        await writer.drain()
+
+    async with serving(handler, preconnect=True) as (server, client, transport):
+        assert (await client.get(server.url)).text == "x"
+        await until(lambda: transport._open == 0 and not transport._spares)
+        with pytest.raises(httpx.ConnectError):
+            await client.get(server.url)
+    assert server.accepts == 1
+
+
+def slow_connects(monkeypatch: pytest.MonkeyPatch, delay_s: float) -> list[int]:
+    """Make connects on this event loop take ``delay_s`` longer; returns a list that
+    counts them."""
+    calls: list[int] = []
+    loop = asyncio.get_running_loop()
+    connect = loop.create_connection
+
+    async def slow(*args: Any, **kw: Any) -> Any:
+        calls.append(1)
+        await asyncio.sleep(delay_s)
+        return await connect(*args, **kw)
+
+    monkeypatch.setattr(loop, "create_connection", slow)
+    return calls
+
+
+async def test_a_request_takes_the_spare_that_is_still_connecting(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    async with serving(one_per_connection(), preconnect=True) as (server, client, transport):
+        server.served_by = []  # type: ignore[attr-defined]
+        await client.get(server.url)
+        calls = slow_connects(monkeypatch, 0.05)
+        await until(lambda: bool(transport._spares))
+        assert (await client.get(server.url)).text == "x"  # waited for the spare
+        assert len(calls) == 1
+    assert server.served_by == [1, 2]  # type: ignore[attr-defined]
+
+
+async def test_aclose_stops_a_spare_still_connecting(monkeypatch: pytest.MonkeyPatch) -> None:
+    async with serving(one_per_connection(), preconnect=True) as (server, client, transport):
+        server.served_by = []  # type: ignore[attr-defined]
+        await client.get(server.url)
+        slow_connects(monkeypatch, 10)
+        await until(lambda: bool(transport._spares))
+        spare = next(iter(transport._spares.values()))
+    # serving() checked that nothing is left open or counted
+    assert spare.cancelled()
+
+
 # -- requests --------------------------------------------------------------------------------
 
 
