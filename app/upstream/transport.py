@@ -46,7 +46,14 @@ from app.upstream.http11 import (
     request_head,
 )
 
-__all__ = ["DEFAULT_LIMITS", "HIGH_WATER", "LeanTransport", "PostTemplate", "UpstreamClient"]
+__all__ = [
+    "DEFAULT_LIMITS",
+    "HIGH_WATER",
+    "PRECONNECT_WINDOW_S",
+    "LeanTransport",
+    "PostTemplate",
+    "UpstreamClient",
+]
 
 DEFAULT_LIMITS: Final = httpx.Limits(
     max_connections=1000, max_keepalive_connections=100, keepalive_expiry=5.0
@@ -55,6 +62,9 @@ _Timeouts: TypeAlias = dict[str, float | None]  # httpx's "timeout" extension
 _Trace: TypeAlias = Callable[[str, dict[str, Any]], Awaitable[None]]
 _PORTS: Final = {"http": 80, "https": 443}
 _EXTENSIONS: Final = frozenset({"timeout", "trace"})
+PRECONNECT_WINDOW_S: Final = 60.0
+"""With ``preconnect``, how long after an origin's last request a spare is kept ready."""
+_SPARE_MIN_LIFE_S: Final = 1.0  # a spare closed sooner was refused, not timed out
 
 
 class PostTemplate:
@@ -99,14 +109,16 @@ class LeanTransport(httpx.AsyncBaseTransport):
     this transport does not (see the module docstring); :meth:`aclose` closes it too.
 
     ``preconnect``: when the last idle connection to an origin goes away (the server closed
-    it, or answered ``Connection: close``) and a request went to that origin within the
-    last ``keepalive_expiry`` seconds, open a spare connection to it in the background, so
-    that the next request finds one ready instead of waiting for the TCP (and TLS)
-    handshake. llama-server closes the connection after every streamed response (seen
-    with 11434.0.0 and with plain httpx): without a spare, every stream pays a connect
-    (0.1-0.4 ms on loopback) before its request goes out. At most one spare per origin
-    is connecting at a time; a failed one is not retried, and an idle origin gets no new
-    spare once the window has passed. Envoy calls the same idea a preconnect policy.
+    it after a response, answered ``Connection: close``, or timed out an idle one) and a
+    request went to that origin within the last :data:`PRECONNECT_WINDOW_S` seconds, open
+    a spare connection to it in the background, so that the next request finds one ready
+    instead of waiting for the TCP (and TLS) handshake. llama-server closes the connection
+    after every streamed response (seen with 11434.0.0 and with plain httpx) and an idle
+    one after 5 s: without a spare, every stream pays a connect (0.1-0.4 ms on loopback)
+    before its request goes out. At most one spare per origin is connecting at a time; a
+    failed one is not retried, one the server drops within a second of opening it is not
+    replaced, and an origin nobody asked for within the window gets no new spare. Envoy
+    calls the same idea a preconnect policy.
     """
 
     def __init__(
@@ -423,10 +435,10 @@ class LeanTransport(httpx.AsyncBaseTransport):
         # abort(), not close(): no flush, and no wait for a stalling peer's TLS close_notify.
         conn.transport.abort()
         self._wake()
-        # Closed by the server (or expired, or it spoke out of turn) while idle. Not a spare
-        # that never carried a request: a server that drops every connection at once
-        # would have us reconnecting in a loop.
-        if idle and not conn.spare:
+        # Closed by the server (its keep-alive timeout, or it spoke out of turn) while idle.
+        # Not a spare dropped as soon as it was opened: a server that refuses every new
+        # connection that way would have us reconnecting in a loop.
+        if idle and not (conn.spare and conn.loop.time() - conn.idle_since < _SPARE_MIN_LIFE_S):
             self._replace(conn.key)
 
     # -- preconnect ------------------------------------------------------------------------
@@ -437,8 +449,7 @@ class LeanTransport(httpx.AsyncBaseTransport):
             return
         recent = self._recent.get(key)
         loop = asyncio.get_running_loop()
-        expiry = self._limits.keepalive_expiry
-        if recent is None or (expiry is not None and loop.time() - recent[0] >= expiry):
+        if recent is None or loop.time() - recent[0] >= PRECONNECT_WINDOW_S:
             return  # nobody asked for this origin lately: let it rest
         task = loop.create_task(self._spare(key, recent[1]), name=f"preconnect:{key[1]}")
         self._spares[key] = task

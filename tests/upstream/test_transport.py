@@ -26,6 +26,7 @@ import pytest
 
 from app.errors import ErrorCode, UpstreamError
 from app.eval.scripted_upstream import Script, ScriptedUpstream, Step
+from app.upstream import transport as transport_module
 from app.upstream.base import ChatRequest, UpstreamDelta
 from app.upstream.http11 import request_head
 from app.upstream.openai_compat import OpenAICompatUpstream
@@ -441,23 +442,49 @@ async def test_without_preconnect_a_closed_connection_is_not_replaced() -> None:
         assert (server.accepts, transport._open) == (1, 0)
 
 
-async def test_preconnect_leaves_an_origin_alone_once_nobody_uses_it() -> None:
-    # The server closes the idle connection after the keep-alive window has passed.
-    limits = httpx.Limits(keepalive_expiry=0.05)
+async def test_preconnect_leaves_an_origin_alone_once_nobody_uses_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(transport_module, "PRECONNECT_WINDOW_S", 0.05)
     close = asyncio.Event()
 
     async def handler(server: Server, reader: Reader, writer: Writer) -> None:
         await server.request(reader)
         writer.write(ok())
-        await close.wait()
+        await close.wait()  # then the server times the idle connection out
 
-    async with serving(handler, preconnect=True, limits=limits) as (server, client, transport):
+    async with serving(handler, preconnect=True) as (server, client, transport):
         await client.get(server.url)
         await asyncio.sleep(0.06)
         close.set()
         await until(lambda: transport._open == 0)
         await asyncio.sleep(0.05)
         assert (server.accepts, transport._spares) == (1, {})
+
+
+async def test_a_spare_the_server_times_out_is_replaced_within_the_window(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # llama-server closes an idle connection after 5 s; the gateway keeps a spare ready
+    # for the next request as long as the origin was used within the window.
+    monkeypatch.setattr(transport_module, "_SPARE_MIN_LIFE_S", 0.02)
+
+    async def handler(server: Server, reader: Reader, writer: Writer) -> None:
+        accepted = server.accepts
+        if accepted == 2:  # the first spare: timed out while idle
+            await asyncio.sleep(0.05)
+            return
+        if await server.request(reader):
+            server.served_by.append(accepted)  # type: ignore[attr-defined]
+            writer.write(ok(b"x"))
+            await writer.drain()
+
+    async with serving(handler, preconnect=True) as (server, client, transport):
+        server.served_by = []  # type: ignore[attr-defined]
+        await client.get(server.url)
+        await until(lambda: server.accepts == 3 and spare_ready(transport))
+        assert (await client.get(server.url)).text == "x"
+    assert server.served_by == [1, 3]  # type: ignore[attr-defined]
 
 
 async def test_a_spare_the_server_drops_unused_is_not_replaced() -> None:
