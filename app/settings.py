@@ -85,6 +85,9 @@ class Settings(BaseSettings):
     # llama-server reuses the KV cache of a common prompt prefix: a resumed turn only
     # processes its new tokens. Off only to measure what the cache saves (bench/llama.py).
     llama_cache_prompt: bool = Field(True, validation_alias="LLAMA_CACHE_PROMPT")
+    # Below the gateway's CPU priority, so a token is relayed as soon as it exists while
+    # llama-server keeps every core busy (app/runtime/servers.py ServerManager).
+    llama_nice: int = Field(10, ge=0, le=19, validation_alias="LLAMA_NICE")
     # Use an existing binary/model instead of building/downloading (Docker, packagers).
     llama_server_bin: Path | None = Field(None, validation_alias="LLAMA_SERVER_BIN")
     local_model_path: Path | None = Field(None, validation_alias="LOCAL_MODEL_PATH")

@@ -33,6 +33,7 @@ import orjson
 
 from app.runtime.local_backend import SMOLLM2_135M, LocalBackend, cache_root
 from app.runtime.servers import LlamaServerSpec, ServerManager
+from app.settings import Settings
 from bench._procs import Proc, spawn_gateway
 from bench._results import load_average, write_section
 
@@ -222,7 +223,8 @@ async def run(runs: int) -> list[str]:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         async with httpx.AsyncClient(timeout=httpx.Timeout(600, connect=5)) as client:
-            manager = ServerManager(client, root / "servers")
+            # The gateway's default priority for its llama-server (LLAMA_NICE).
+            manager = ServerManager(client, root / "servers", nice=Settings().llama_nice)
             args = ("--ctx-size", "8192", "--parallel", "2")
             server = await manager.ensure(LlamaServerSpec(binary, model, SMOLLM2_135M.name, args))
             procs: list[Proc] = []

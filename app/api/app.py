@@ -166,6 +166,7 @@ def create_app(
                     client,
                     settings.artifacts_dir / "servers",
                     start_timeout_s=settings.server_start_timeout_s,
+                    nice=settings.llama_nice,
                 )
                 try:
                     backend = await _start_backend(settings, client, manager)

@@ -69,6 +69,22 @@ async def test_start_polls_health_then_reads_props(manager: ServerManager, binar
         assert (await client.get(f"{server.base_url}/health")).status_code == 200
 
 
+@pytest.mark.parametrize("nice", [0, 7])
+async def test_the_server_runs_nice_below_the_gateway(
+    binary: Path, tmp_path: Path, nice: int
+) -> None:
+    # LLAMA_NICE: the server's threads (which inherit it) yield the CPU to the gateway.
+    async with httpx.AsyncClient() as client:
+        manager = ServerManager(client, tmp_path / "logs", start_timeout_s=10, nice=nice)
+        try:
+            server = await manager.ensure(spec(binary))
+            assert server.process is not None
+            ours = os.getpriority(os.PRIO_PROCESS, 0)
+            assert os.getpriority(os.PRIO_PROCESS, server.process.pid) == min(ours + nice, 19)
+        finally:
+            await manager.aclose()
+
+
 async def test_same_spec_is_reused_and_another_spec_starts_another(
     manager: ServerManager, binary: Path
 ) -> None:
