@@ -283,7 +283,7 @@ async def run(runs: int) -> list[str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=8)
+    parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--no-write", action="store_true", help="do not update RESULTS.md")
     args = parser.parse_args()
     lines = asyncio.run(run(args.runs))
