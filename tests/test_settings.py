@@ -17,6 +17,7 @@ def test_defaults_are_the_documented_ones(monkeypatch: pytest.MonkeyPatch) -> No
     assert (s.ping_interval_s, s.queue_max_frames, s.resume_ttl_s) == (15.0, 128, 300.0)
     assert (s.max_frame_bytes, s.max_json_depth, s.max_body_bytes) == (65536, 16, 1048576)
     assert (s.frame_timeout_ms, s.tool_timeout_ms, s.repair_retries) == (15000, 8000, 1)
+    assert (s.upstream_preconnect, s.llama_nice) == (True, 10)
 
 
 def test_environment_names_of_the_spec(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -26,7 +27,10 @@ def test_environment_names_of_the_spec(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PING_INTERVAL_S", "2.5")
     monkeypatch.setenv("QUEUE_MAX_FRAMES", "16")
     monkeypatch.setenv("ARTIFACTS_DIR", "/tmp/x")
+    monkeypatch.setenv("UPSTREAM_PRECONNECT", "false")
+    monkeypatch.setenv("LLAMA_NICE", "0")
     s = Settings()
+    assert (s.upstream_preconnect, s.llama_nice) == (False, 0)
     assert (s.upstream_base_url, s.upstream_api_key, s.model_id) == (
         "http://up:1/v1",
         "sk-secret",
@@ -53,7 +57,16 @@ def test_arguments_override_the_environment(monkeypatch: pytest.MonkeyPatch) -> 
     assert Settings(model_id="from-flag").model_id == "from-flag"
 
 
-@pytest.mark.parametrize(("name", "value"), [("QUEUE_MAX_FRAMES", "0"), ("PING_INTERVAL_S", "-1")])
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("QUEUE_MAX_FRAMES", "0"),
+        ("PING_INTERVAL_S", "-1"),
+        ("LLAMA_NICE", "-1"),  # raising priority needs privileges; the server's is lowered
+        ("LLAMA_NICE", "20"),  # Linux nice ends at 19
+        ("UPSTREAM_PRECONNECT", "sometimes"),
+    ],
+)
 def test_bad_values_are_refused(monkeypatch: pytest.MonkeyPatch, name: str, value: str) -> None:
     monkeypatch.setenv(name, value)
     with pytest.raises(ValueError, match=name):
