@@ -25,6 +25,7 @@ import contextlib
 import functools
 import os
 import random
+import shutil
 import signal
 import socket
 import subprocess
@@ -319,6 +320,20 @@ class Proc:
                 self.popen.kill()
                 self.popen.wait(timeout=5)
         self.stderr.close()
+
+
+@contextlib.contextmanager
+def scratch(prefix: str) -> Iterator[tuple[Path, list[Proc]]]:
+    """A temporary artifacts directory and a list for the child processes a run starts;
+    on exit the processes are stopped, the newest first, and the directory removed."""
+    artifacts = Path(tempfile.mkdtemp(prefix=prefix))
+    procs: list[Proc] = []
+    try:
+        yield artifacts, procs
+    finally:
+        for proc in reversed(procs):
+            proc.stop()
+        shutil.rmtree(artifacts, ignore_errors=True)
 
 
 def _spawn(

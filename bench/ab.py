@@ -18,7 +18,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from bench._procs import ROOT, Proc, cpu_seconds, spawn_gateway, spawn_upstream
+from bench._procs import ROOT, cpu_seconds, scratch, spawn_gateway, spawn_upstream
 from bench.gateway import (
     MS,
     PAUSE_S,
@@ -33,9 +33,7 @@ from bench.gateway import (
 
 
 async def compare(base: Path, requests: int, warmup: int) -> list[str]:
-    artifacts = Path(tempfile.mkdtemp(prefix="toolforge-ab-"))
-    procs: list[Proc] = []
-    try:
+    with scratch("toolforge-ab-") as (artifacts, procs):
         up = spawn_upstream()
         procs.append(up)
         url = f"http://127.0.0.1:{up.port}/v1"
@@ -79,10 +77,6 @@ async def compare(base: Path, requests: int, warmup: int) -> list[str]:
                 f"CPU {cpu:.2f} ms per request"
             )
         return lines
-    finally:
-        for proc in reversed(procs):
-            proc.stop()
-        shutil.rmtree(artifacts, ignore_errors=True)
 
 
 def main() -> None:

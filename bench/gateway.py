@@ -39,11 +39,9 @@ import os
 import platform
 import random
 import re
-import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -58,6 +56,7 @@ from bench._procs import (
     paced_delays,
     plain_tokens,
     rss_kb,
+    scratch,
     sockets_to,
     spawn_gateway,
     spawn_proxy,
@@ -986,9 +985,7 @@ def _uvloop() -> None:
 
 
 async def run(args: argparse.Namespace, rep: Report) -> None:
-    artifacts = Path(tempfile.mkdtemp(prefix="toolforge-bench-"))
-    procs: list[Proc] = []
-    try:
+    with scratch("toolforge-bench-") as (artifacts, procs):
         up = spawn_upstream()
         procs.append(up)
         url = f"http://127.0.0.1:{up.port}/v1"
@@ -1021,10 +1018,6 @@ async def run(args: argparse.Namespace, rep: Report) -> None:
         finally:
             warm.close()
         await b4(rep, direct, gateway, gw, up, args.b4_streams, args.b4_tokens)
-    finally:
-        for proc in reversed(procs):
-            proc.stop()
-        shutil.rmtree(artifacts, ignore_errors=True)
 
 
 def main() -> None:
