@@ -20,6 +20,9 @@ async def test_servers_report_the_managed_server_and_the_cpu_decision(live: Live
     (server,) = body["servers"]
     assert server["state"] == "ready" and server["backend"] == "llama-server"
     assert server["total_slots"] == 2 and server["slot_n_ctx"] == 4096  # full on a CPU
+    # LLAMA_NICE's default: the server runs 10 below the gateway's CPU priority.
+    ours = os.getpriority(os.PRIO_PROCESS, 0)
+    assert os.getpriority(os.PRIO_PROCESS, server["pid"]) == min(ours + 10, 19)
     budget = body["budget"]
     assert budget["device"] == "cpu" and budget["budget_tokens"] == 4096
     assert "no NVIDIA GPU" in budget["reason"]
