@@ -262,10 +262,13 @@ class StreamSession:
     # -- the producer ------------------------------------------------------------------
 
     async def _push(self, frame: Frame) -> None:
-        log_ = self.log
-        if log_.pending() >= self._limits.queue_max_frames:
-            await log_.wait_for_room()
-        log_.append(frame)
+        if self.log.pending() >= self._limits.queue_max_frames:
+            await self.log.wait_for_room()
+        self._append(frame)
+
+    def _append(self, frame: Frame) -> None:
+        """Into the frame log, with room checked (``_push``, or the token loop itself)."""
+        self.log.append(frame)
         event = frame.event
         if event == RESULT_END:
             self._stats.results.append(frame.data)
@@ -376,6 +379,7 @@ class StreamSession:
         )
         frame_opened_at: float | None = None
         frame_timeout = self._limits.frame_timeout_s
+        queue_max = self._limits.queue_max_frames
         turn_started: float | None = self._clock()
         # Until the stream's first content frame is out, hand it to the writer as soon
         # as it exists rather than after the rest of the read it came in (TTFT).
@@ -399,7 +403,10 @@ class StreamSession:
                         pieces = 0
                     for item in framer.feed(delta.text):
                         if type(item) is Frame:
-                            await self._push(item)
+                            if self.log.pending() < queue_max:
+                                self._append(item)  # the usual case: no coroutine per token
+                            else:
+                                await self._push(item)
                         elif isinstance(item, BodyClosed):
                             if item.kind is FrameKind.TOOL_CALL:
                                 if self.plan.grammar is not None:

@@ -234,11 +234,17 @@ class Body(httpx.AsyncByteStream):
         if conn is None:
             raise StopAsyncIteration
         if not conn.chunks:
+            timeout = self._timeout
             try:
                 while not conn.chunks and not conn.complete:
                     if conn.lost or conn.error is not None:
                         raise read_error(conn, self._request)
-                    await conn.wait(self._timeout)
+                    if timeout is None:  # the adapters' case (their own deadlines): one
+                        # frame less per read than conn.wait, which every token pays
+                        waiter = conn.waiter = conn.loop.create_future()
+                        await waiter
+                    else:
+                        await conn.wait(timeout)
             except TimeoutError:
                 self._drop()
                 raise httpx.ReadTimeout("read timed out", request=self._request) from None

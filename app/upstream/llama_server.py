@@ -18,14 +18,14 @@ OpenAI-compatible adapter's; what differs is data (STYLE: dialect differences ar
 llama-server sometimes closes a kept-alive connection instead of answering the next
 request on it (seen here: 1 to 4 times in 12 reuses after a finished stream, with plain
 httpx, no gateway). Nothing of that request reached the model, so the adapter sends it
-once more on a fresh connection; a failure after the first token is never retried.
+once more on a fresh connection (``OpenAICompatUpstream(retry_unanswered=True)``); a
+failure after the first byte of an answer is never retried.
 
 The context a slot really has comes from ``GET /props`` (:meth:`LlamaServerUpstream.props`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 from collections.abc import AsyncGenerator
 from typing import Any
@@ -61,6 +61,7 @@ class LlamaServerUpstream:
             connect_s=connect_s,
             first_byte_s=first_byte_s,
             idle_s=idle_s,
+            retry_unanswered=True,
         )
         self._connect_s = connect_s
         self._defaults: dict[str, Any] = {"cache_prompt": cache_prompt}
@@ -74,21 +75,10 @@ class LlamaServerUpstream:
         """The JSON body sent for ``request``: the OpenAI body plus llama-server's fields."""
         return self._inner.body(self._with_defaults(request))
 
-    async def stream(self, request: ChatRequest) -> AsyncGenerator[UpstreamDelta, None]:
-        """The OpenAI-compatible stream, tried a second time when llama-server drops a
-        kept-alive connection before answering (see the module docstring)."""
-        request = self._with_defaults(request)
-        for attempt in range(2):
-            started = False
-            try:
-                async with contextlib.aclosing(self._inner.stream(request)) as deltas:
-                    async for delta in deltas:
-                        started = True
-                        yield delta
-                return
-            except UpstreamError as exc:
-                if started or attempt or exc.code is not ErrorCode.UPSTREAM_UNAVAILABLE:
-                    raise
+    def stream(self, request: ChatRequest) -> AsyncGenerator[UpstreamDelta, None]:
+        """The OpenAI-compatible adapter's stream itself, not a generator around it: a
+        layer more would cost every token a resume and a suspend (see its ``stream``)."""
+        return self._inner.stream(self._with_defaults(request))
 
     def _with_defaults(self, request: ChatRequest) -> ChatRequest:
         # The request's own extra wins (a caller may turn cache_prompt off for a benchmark).

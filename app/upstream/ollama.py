@@ -130,6 +130,7 @@ class OllamaUpstream:
                 del response  # checked: only the body is read from here on
                 chunk = await anext(chunks, None)
             exchange.phase = STREAM
+            next_chunk = chunks.__anext__
             decoder = NDJSONDecoder()
             lines = ChatLineParser()
             while True:
@@ -150,7 +151,10 @@ class OllamaUpstream:
                     )
                 chunk = None  # never reprocess a chunk, whatever the read raised
                 with exchange.until(loop.time() + self._idle_s):
-                    chunk = await anext(chunks, None)
+                    try:  # not anext(chunks, None): a wrapper object per read (see openai_compat)
+                        chunk = await next_chunk()
+                    except StopAsyncIteration:
+                        chunk = None
         finally:
             exchange.close()
             # Shielded: the cancel that may have brought us here must not cut the close

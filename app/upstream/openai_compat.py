@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any, Final
 
 import anyio
@@ -202,6 +202,10 @@ class OpenAICompatUpstream:
     one); ``first_byte_s`` from sending the request to the first body byte (covers prompt
     processing, which on a CPU can take a minute for a long context); ``idle_s`` allowed
     between two body chunks once the stream has started.
+
+    ``retry_unanswered``: send a request once more when the server closed its connection
+    without answering (llama-server does this to kept-alive connections, see
+    :mod:`app.upstream.llama_server`).
     """
 
     def __init__(
@@ -213,6 +217,7 @@ class OpenAICompatUpstream:
         connect_s: float = 5.0,
         first_byte_s: float = 120.0,
         idle_s: float = 30.0,
+        retry_unanswered: bool = False,
     ) -> None:
         url = httpx.URL(base_url.rstrip("/") + "/chat/completions")
         if url.scheme not in ("http", "https") or not url.host:
@@ -226,6 +231,7 @@ class OpenAICompatUpstream:
         self._connect_s = connect_s
         self._first_byte_s = first_byte_s
         self._idle_s = idle_s
+        self._retry_unanswered = retry_unanswered
         # Reads are bounded by our asyncio deadlines, so httpx's read/write timeouts are off.
         self._timeout = httpx.Timeout(connect=connect_s, read=None, write=None, pool=connect_s)
 
@@ -253,21 +259,13 @@ class OpenAICompatUpstream:
     async def stream(self, request: ChatRequest) -> AsyncGenerator[UpstreamDelta, None]:
         """Yield deltas until ``[DONE]``; raise :class:`UpstreamError` on any failure."""
         loop = asyncio.get_running_loop()
-        exchange = Exchange(str(self._url), self._connect_s, self._first_byte_s, self._idle_s)
-        response, chunks, first_byte_at, close = await open_stream(
-            self._client,
-            self._post,
-            content=request_body(self.body(request)),
-            timeouts=self._timeout,
-            exchange=exchange,
-            first_byte_s=self._first_byte_s,
-        )
+        exchange, chunk, chunks, close = await self._open(request_body(self.body(request)))
+        # Each token passes through as few frames as possible: this generator reads the
+        # body's iterator itself (no anext() wrapper, no adapter generator around it).
+        # On a CPU that also runs the model, every layer costs each token tens of µs,
+        # which the model loses (bench/RESULTS.md, llama-server).
+        next_chunk = chunks.__anext__
         try:
-            with exchange.until(first_byte_at):
-                if response.status_code >= 400 or not self._is_sse(response):
-                    self._check_response(response, await self._excerpt(response))
-                del response  # checked: only the body is read from here on
-                chunk = await anext(chunks, None)
             exchange.phase = STREAM
             decoder = UpstreamSSEDecoder()
             idle_s = self._idle_s
@@ -295,13 +293,61 @@ class OpenAICompatUpstream:
                     )
                 chunk = None  # stays None if the mapper turns a post-finish drop into EOF
                 with exchange.until(loop.time() + idle_s):
-                    chunk = await anext(chunks, None)
+                    try:
+                        chunk = await next_chunk()
+                    except StopAsyncIteration:
+                        chunk = None
         finally:
             exchange.close()
             # Shielded: the cancel that may have brought us here must not cut the close
             # short, or httpcore keeps the connection ACTIVE in its pool (see exchange.drain).
             with anyio.CancelScope(shield=True):
                 await close()
+
+    async def _open(
+        self, content: bytes
+    ) -> tuple[Exchange, bytes | None, AsyncIterator[bytes], Callable[[], Awaitable[None]]]:
+        """Send the request and read the first body chunk: the exchange, that chunk
+        (``None``: an empty body), the body's iterator and its closer.
+
+        With ``retry_unanswered``, a request whose connection the server closed before
+        any answer (``UPSTREAM_UNAVAILABLE``: nothing reached the model) is sent once more
+        on a new connection; anything after the first byte of an answer never is.
+        """
+        attempts = 2 if self._retry_unanswered else 1
+        for attempt in range(1, attempts + 1):
+            exchange = Exchange(str(self._url), self._connect_s, self._first_byte_s, self._idle_s)
+            try:
+                return exchange, *await self._first_chunk(exchange, content)
+            except UpstreamError as exc:
+                if attempt == attempts or exc.code is not ErrorCode.UPSTREAM_UNAVAILABLE:
+                    raise
+        raise AssertionError("unreachable: the last attempt returns or raises")
+
+    async def _first_chunk(
+        self, exchange: Exchange, content: bytes
+    ) -> tuple[bytes | None, AsyncIterator[bytes], Callable[[], Awaitable[None]]]:
+        response, chunks, first_byte_at, close = await open_stream(
+            self._client,
+            self._post,
+            content=content,
+            timeouts=self._timeout,
+            exchange=exchange,
+            first_byte_s=self._first_byte_s,
+        )
+        chunk: bytes | None = None
+        try:
+            with exchange.until(first_byte_at):
+                if response.status_code >= 400 or not self._is_sse(response):
+                    self._check_response(response, await self._excerpt(response))
+                del response  # checked: only the body is read from here on
+                chunk = await anext(chunks, None)
+        except BaseException:
+            exchange.close()
+            with anyio.CancelScope(shield=True):
+                await close()
+            raise
+        return chunk, chunks, close
 
     async def _excerpt(self, response: httpx.Response) -> str:
         """The start of an error or non-SSE body, for the error message."""

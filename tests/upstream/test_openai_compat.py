@@ -447,6 +447,53 @@ async def test_read_error_mid_stream_is_an_early_close() -> None:
     assert error.message == f"{EARLY} (ReadError: connection reset by peer)"
 
 
+@pytest.mark.parametrize(("retry_unanswered", "attempts"), [(False, 1), (True, 2)])
+async def test_a_request_dropped_unanswered_is_sent_again_only_when_asked(
+    retry_unanswered: bool, attempts: int
+) -> None:
+    sent: list[httpx.Request] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        sent.append(request)
+        raise httpx.RemoteProtocolError("Server disconnected without sending a response.")
+
+    async with mock_client(handler) as c:
+        upstream = adapter(c, "http://upstream.test/v1", retry_unanswered=retry_unanswered)
+        _, error = await collect(upstream)
+    assert error is not None and error.code is UNAVAILABLE
+    assert len(sent) == attempts and sent[-1].content == sent[0].content
+
+
+@pytest.mark.parametrize("status", [500, 503])
+async def test_an_answer_is_never_sent_again_even_an_error(status: int) -> None:
+    sent: list[httpx.Request] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        sent.append(request)
+        return httpx.Response(status, json={"error": {"message": "busy"}})
+
+    async with mock_client(handler) as c:
+        _, error = await collect(adapter(c, "http://upstream.test/v1", retry_unanswered=True))
+    assert error is not None and error.code is ErrorCode.UPSTREAM_HTTP_ERROR and len(sent) == 1
+
+
+async def test_a_stream_broken_after_its_first_token_is_not_sent_again() -> None:
+    sent: list[httpx.Request] = []
+
+    async def body() -> AsyncIterator[bytes]:
+        yield chunk_event("a").encode()
+        raise httpx.RemoteProtocolError("peer closed connection")
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        sent.append(request)
+        return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=body())
+
+    async with mock_client(handler) as c:
+        deltas, error = await collect(adapter(c, "http://upstream.test/v1", retry_unanswered=True))
+    assert deltas == [UpstreamDelta("a")] and len(sent) == 1
+    assert error is not None and error.code is ErrorCode.UPSTREAM_PROTOCOL
+
+
 async def test_body_sends_extra_last_and_serialises_read_only_mappings() -> None:
     seen: list[Any] = []
 
