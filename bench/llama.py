@@ -35,7 +35,7 @@ import orjson
 from app.runtime.local_backend import SMOLLM2_135M, LocalBackend, cache_root
 from app.runtime.servers import LlamaServerSpec, ServerManager
 from app.settings import Settings
-from bench._procs import Proc, spawn_gateway
+from bench._procs import Proc, cpu_seconds, spawn_gateway
 from bench._results import load_average, write_section
 
 HEADING = "## llama-server (bench/llama.py)"
@@ -117,6 +117,7 @@ class Timing:
         if len(arrivals) < 2:
             raise RuntimeError(f"too few tokens to time ({len(arrivals)}): {text!r}")
         self.ttft_ms = arrivals[0] * 1e3
+        self.tokens = len(arrivals)
         self.tokens_per_s = (len(arrivals) - 1) / (arrivals[-1] - arrivals[0])
         self.text = text
         self.stream_id = stream_id
@@ -136,10 +137,11 @@ def median(values: list[float]) -> float:
 
 
 async def same_prompt(
-    client: httpx.AsyncClient, gateway: str, server: str, artifacts: Path, runs: int
+    client: httpx.AsyncClient, gateway: Proc, server: str, artifacts: Path, runs: int
 ) -> tuple[list[str], list[bool]]:
+    url = f"http://127.0.0.1:{gateway.port}"
     print("same prompt: warming up", flush=True)
-    warm = await gateway_tokens(client, gateway, STORY)
+    warm = await gateway_tokens(client, url, STORY)
     prompt = await artifact(artifacts / "runs" / warm.stream_id / "prompt.json")
     sampling = STORY["sampling"]
     direct_body = {
@@ -154,14 +156,21 @@ async def same_prompt(
     via: list[Timing] = []
     alone: list[Timing] = []
     print(f"same prompt: {runs} pairs", flush=True)
+    cpu_before = cpu_seconds(gateway.pid)
     for i in range(runs):  # alternating, and the order flips each pair
         pair = [
-            ("gateway", gateway_tokens(client, gateway, STORY)),
+            ("gateway", gateway_tokens(client, url, STORY)),
             ("direct", direct_tokens(client, server, direct_body)),
         ]
         for side, run in pair if i % 2 == 0 else reversed(pair):
             (via if side == "gateway" else alone).append(await run)
+    await asyncio.sleep(0.5)  # the last stream's artifacts are written after its done
+    cpu_us = (cpu_seconds(gateway.pid) - cpu_before) * 1e6 / sum(t.tokens for t in via)
     same_text = all(v.text == a.text for v, a in zip(via, alone, strict=True))
+    # Each pair ran back to back, so its ratio is free of the machine's slow drifts; its
+    # spread says how far one pair can be from another here (the noise of the result).
+    pairs = [v.tokens_per_s / a.tokens_per_s for v, a in zip(via, alone, strict=True)]
+    low, mid, high = statistics.quantiles(pairs, n=4)
     g_ttft, d_ttft = median([t.ttft_ms for t in via]), median([t.ttft_ms for t in alone])
     g_tps, d_tps = median([t.tokens_per_s for t in via]), median([t.tokens_per_s for t in alone])
     tps_ratio, ttft_ratio = g_tps / d_tps, g_ttft / d_ttft
@@ -178,6 +187,11 @@ async def same_prompt(
         f"- tokens/s ratio {tps_ratio:.3f} ≥ 0.98: **{'MET' if tps_ratio >= 0.98 else 'MISSED'}**",
         f"- TTFT ratio {ttft_ratio:.3f} ≤ 1.02: **{'MET' if ttft_ratio <= 1.02 else 'MISSED'}**",
         f"- same text on both sides in every pair (same prompt, same seed): {same_text}",
+        f"- tokens/s ratio of each pair: median {mid:.3f}, quartiles {low:.3f}–{high:.3f} "
+        f"(the spread is this machine's noise from one stream to the next)",
+        f"- gateway CPU per token: {cpu_us:.0f} µs (utime + stime of its process over the "
+        f"{runs} streams, ÷ their tokens); the model's threads share the same "
+        f"{len(os.sched_getaffinity(0))} cores",
     ]
     return lines, [tps_ratio >= 0.98, ttft_ratio <= 1.02]
 
@@ -255,7 +269,7 @@ async def run(runs: int) -> list[str]:
                     side: f"http://127.0.0.1:{p.port}" for side, p in zip(dirs, procs, strict=True)
                 }
                 part_a, met_a = await same_prompt(
-                    client, urls["on"], server.base_url, dirs["on"], runs
+                    client, procs[0], server.base_url, dirs["on"], runs
                 )
                 part_b, met_b = await resume_cost(client, urls, dirs, max(3, runs // 2))
             finally:
