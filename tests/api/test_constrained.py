@@ -48,6 +48,24 @@ async def test_each_turn_carries_the_grammar_of_its_ids(make_gateway: HarnessFac
     assert "tools" not in first and "BEGIN_TOOL_CALL" in first["messages"][0]["content"]
 
 
+async def test_usage_adds_up_over_turns_the_grammar_ended(make_gateway: HarnessFactory) -> None:
+    # The grammar ends the generation at the call's END, so that turn's usage chunk
+    # follows at once and is read (unlike sentinel mode, tests/api/test_tools.py).
+    scripts = [
+        Script.from_tokens(
+            [places_call("t1")], usage={"prompt_tokens": 40, "completion_tokens": 30}
+        ),
+        Script.from_tokens(
+            [sentinel_reply()], usage={"prompt_tokens": 90, "completion_tokens": 12}
+        ),
+    ]
+    gw = await make_gateway(scripts, upstream_kind="llama_server")
+    events = await gw.stream({"input": "pizza?", "mode": "constrained", "max_tool_calls": 1})
+    assert_well_formed(events)
+    (done,) = named(events, "done")
+    assert done["usage"] == {"prompt_tokens": 130, "completion_tokens": 42}
+
+
 async def test_no_tool_call_once_max_tool_calls_are_spent(make_gateway: HarnessFactory) -> None:
     gw = await make_gateway(
         [Script.from_tokens([places_call("t1")]), Script.from_tokens([sentinel_reply()])],

@@ -68,6 +68,24 @@ async def test_pause_execute_resume_in_one_stream(make_gateway: HarnessFactory) 
     await gw.settle()
 
 
+async def test_usage_counts_the_turns_the_upstream_reported(make_gateway: HarnessFactory) -> None:
+    # The first turn ends at the call's END: the gateway closes its request, so the usage
+    # chunk at the end of that generation never arrives (docs/protocol.md, done.usage).
+    first = Script.from_tokens(
+        ["Let me look. ", call("t1", "places.search", SEARCH), " more"],
+        usage={"prompt_tokens": 40, "completion_tokens": 30},
+    )
+    last = Script.from_tokens(
+        [sentinel_reply()], usage={"prompt_tokens": 90, "completion_tokens": 12}
+    )
+    gw = await make_gateway([first, last])
+    events = await gw.stream({"input": "Find pizza near me", "profile": "demo"})
+    assert_well_formed(events)
+    (done,) = named(events, "done")
+    assert done["usage"] == {"prompt_tokens": 90, "completion_tokens": 12}
+    await gw.settle()
+
+
 async def test_a_long_turn_is_resumed_with_all_of_its_text(make_gateway: HarnessFactory) -> None:
     # Hundreds of deltas before the call: the turn's text is kept in joined blocks.
     said = "".join(f"w{i} " for i in range(150)) + call("t1", "places.search", SEARCH)
