@@ -300,6 +300,8 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--no-write", action="store_true", help="do not update RESULTS.md")
     args = parser.parse_args()
+    if args.runs < 2:
+        parser.error("--runs must be at least 2 (medians and quartiles of pairs)")
     lines = asyncio.run(run(args.runs))
     print("\n".join([HEADING, *lines]))
     if not args.no_write:
