@@ -17,7 +17,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 from starlette.types import Receive
 
-from app.api.deps import Gateway, GatewayDep
+from app.api.deps import Gateway, GatewayDep, PlanShape
 from app.api.models import ApprovalDecision, Sampling, StreamRequest
 from app.api.sse import FrameStreamResponse
 from app.core.gbnf import FrameGrammar
@@ -184,30 +184,14 @@ async def _probe(gw: Gateway, model: str) -> ModeDecision:
     return await asyncio.shield(probe)
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class _Shape:
-    """What a request's schemas, tools and mode make of its plan, apart from its messages
-    and sampling: the same for every request that names the same registered schemas and
-    tools, so it is built once per combination (``Gateway.shapes``)."""
-
-    schemas: Mapping[str, CompiledSchema]
-    visible: Sequence[ToolSpec[Any]]
-    system: str
-    extra: Mapping[str, Any]  # native mode: the upstream's own tools
-    registered: Mapping[str, CompiledSchema]  # every schema the request can name
-    # For the prompt record (artifacts): the schema documents and the tools' descriptions.
-    schema_docs: Mapping[str, Any]
-    tool_dicts: Sequence[Mapping[str, Any]]
-
-
-def _shape(gw: Gateway, req: StreamRequest, mode: str) -> _Shape:
-    """The request's :class:`_Shape`: cached unless it has inline schemas (those are the
+def _shape(gw: Gateway, req: StreamRequest, mode: str) -> PlanShape:
+    """The request's :class:`PlanShape`: cached unless it has inline schemas (those are the
     caller's own, checked and compiled per request)."""
     key: tuple[object, ...] | None = None
     if all(isinstance(item, str) for item in req.object_schemas):
         tools_named = tuple(req.tools) if req.tools is not None else None
         key = (req.result_schema, tuple(req.object_schemas), tools_named, mode)
-        cached: _Shape | None = gw.shapes.get(key)
+        cached: PlanShape | None = gw.shapes.get(key)
         if cached is not None:
             return cached
     # Schemas: the result schema, the object schemas (registered names or inline ones,
@@ -229,7 +213,7 @@ def _shape(gw: Gateway, req: StreamRequest, mode: str) -> _Shape:
     extra: dict[str, Any] = {}
     if mode == "native" and visible:  # the upstream's own function calling (SPEC §4)
         extra = {"tools": to_openai_tools(tool_dicts), "tool_choice": "auto"}
-    shape = _Shape(
+    shape = PlanShape(
         schemas=schemas,
         visible=visible,
         system=render_system_prompt(

@@ -10,6 +10,7 @@ import time
 import pytest
 
 from app.eval.scripted_upstream import Script, Step
+from app.upstream.transport import UpstreamClient
 from tests.api.conftest import Harness, HarnessFactory, assert_well_formed, frames, open_raw_stream
 
 
@@ -183,6 +184,13 @@ async def test_slow_client_pauses_the_upstream_and_loses_nothing(
     assert session.reason == "stop"
 
 
+def upstream_connections(gw: Harness) -> int:
+    """Connections the gateway's upstream pool holds open (its lean transport's count)."""
+    client = gw.gateway.client
+    assert isinstance(client, UpstreamClient)  # what create_app builds
+    return client.lean.connections
+
+
 async def test_many_hang_ups_leave_no_upstream_connection_open(
     make_gateway: HarnessFactory,
 ) -> None:
@@ -200,8 +208,7 @@ async def test_many_hang_ups_leave_no_upstream_connection_open(
     await gw.settle()
     async with asyncio.timeout(3):
         await gw.upstream.wait_connections_closed()
-    transport = gw.gateway.client._transport  # type: ignore[attr-defined]
-    assert transport.connections == 0, f"{transport.connections} upstream connections kept"
+    assert upstream_connections(gw) == 0, f"{upstream_connections(gw)} upstream connections kept"
 
 
 async def test_a_body_that_lingers_after_done_is_released(make_gateway: HarnessFactory) -> None:
@@ -214,8 +221,7 @@ async def test_a_body_that_lingers_after_done_is_released(make_gateway: HarnessF
     await gw.settle()
     async with asyncio.timeout(3):
         await gw.upstream.wait_connections_closed()
-    transport = gw.gateway.client._transport  # type: ignore[attr-defined]
-    assert transport.connections == 0, f"{transport.connections} upstream connections kept"
+    assert upstream_connections(gw) == 0, f"{upstream_connections(gw)} upstream connections kept"
 
 
 @pytest.mark.parametrize("preconnect", [True, False], ids=["preconnect", "off"])
