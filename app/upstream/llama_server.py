@@ -19,7 +19,7 @@ llama-server sometimes closes a kept-alive connection instead of answering the n
 request on it (seen here: 1 to 4 times in 12 reuses after a finished stream, with plain
 httpx, no gateway). Nothing of that request reached the model, so the adapter sends it
 once more on a fresh connection (``OpenAICompatUpstream(retry_unanswered=True)``); a
-failure after the first byte of an answer is never retried.
+failure once the answer's body has begun is never retried.
 
 The context a slot really has comes from ``GET /props`` (:meth:`LlamaServerUpstream.props`).
 """

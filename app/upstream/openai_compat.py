@@ -262,8 +262,8 @@ class OpenAICompatUpstream:
         exchange, chunk, chunks, close = await self._open(request_body(self.body(request)))
         # Each token passes through as few frames as possible: this generator reads the
         # body's iterator itself (no anext() wrapper, no adapter generator around it).
-        # On a CPU that also runs the model, every layer costs each token tens of µs,
-        # which the model loses (bench/RESULTS.md, llama-server).
+        # On a CPU that also runs the model, every layer costs each token several µs,
+        # which the model loses (docs/performance.md, tokens/s in front of a local model).
         next_chunk = chunks.__anext__
         try:
             exchange.phase = STREAM
@@ -310,9 +310,10 @@ class OpenAICompatUpstream:
         """Send the request and read the first body chunk: the exchange, that chunk
         (``None``: an empty body), the body's iterator and its closer.
 
-        With ``retry_unanswered``, a request whose connection the server closed before
-        any answer (``UPSTREAM_UNAVAILABLE``: nothing reached the model) is sent once more
-        on a new connection; anything after the first byte of an answer never is.
+        With ``retry_unanswered``, a request whose connection the server closed or
+        refused before the first chunk of an answer (``UPSTREAM_UNAVAILABLE``) is sent
+        once more on a new connection: nothing of it has reached the session yet. An
+        HTTP error answer, a timeout, or a failure once the body has begun never is.
         """
         attempts = 2 if self._retry_unanswered else 1
         for attempt in range(1, attempts + 1):
