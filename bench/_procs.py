@@ -34,10 +34,13 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
+
+import orjson
 
 __all__ = [
     "CLK_TCK",
+    "WRITTEN",
     "Proc",
     "cpu_seconds",
     "frames_tokens",
@@ -175,13 +178,31 @@ def _use_uvloop() -> None:
         asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
 
 
+WRITTEN: Final = "written:"
+
+
 async def _serve_upstream(port: int) -> None:
-    from app.eval.scripted_upstream import ScriptedUpstream
+    from app.eval.scripted_upstream import Script, ScriptedUpstream
+
+    def choose(request: Any) -> Any:
+        # model "written:M": when each step of the latest answer to model M went out
+        # (perf_counter_ns, the clock the load generator reads too), as a JSON list.
+        model = request.get("model") if isinstance(request, dict) else None
+        if isinstance(model, str) and model.startswith(WRITTEN):
+            wanted = model[len(WRITTEN) :]
+            latest = next(
+                (r for r in reversed(up.requests) if r.json and r.json.get("model") == wanted),
+                None,
+            )
+            body = orjson.dumps(latest.written_ns if latest is not None else None).decode()
+            return Script(end="status", status=200, body=body)
+        return script_for(request)
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, stop.set)
-    async with ScriptedUpstream(script_for=script_for, pace=True, port=port):
+    up = ScriptedUpstream(script_for=choose, pace=True, port=port)
+    async with up:
         print("ready", flush=True)
         await stop.wait()
 

@@ -32,9 +32,11 @@ as JSON. To send bytes that are not UTF-8, write them as surrogate escapes:
 The server records the chat-completion requests (``requests``, ``wait_for_requests``) and
 every request (``all_requests``: probes and health checks too), and counts open
 connections (``open_connections``, ``wait_connections_closed``), so tests can assert what
-the gateway sent, on which connection (``RecordedRequest.connection``), and that it left
-nothing open. ``pace=False`` ignores every delay (full-speed benches); by default
-``delay_ms`` is honoured with ``asyncio.sleep``.
+the gateway sent, on which connection (``RecordedRequest.connection``), when each step of
+its answer went out (``RecordedRequest.written_ns``, ``time.perf_counter_ns`` once the
+step's bytes are with the kernel: what a benchmark compares its client's arrival times
+with), and that it left nothing open. ``pace=False`` ignores every delay (full-speed
+benches); by default ``delay_ms`` is honoured with ``asyncio.sleep``.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ import asyncio
 import itertools
 import socket
 import struct
+import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -223,6 +226,7 @@ class RecordedRequest:
     body: bytes
     json: Any = field(default=None)
     connection: int = 0  # which connection carried it: 1 for the first one accepted, ...
+    written_ns: list[int] = field(default_factory=list)  # when each step of the answer went out
 
 
 _NOT_FOUND: Final = Script(
@@ -425,6 +429,7 @@ class ScriptedUpstream:
             for piece in step.encode(model):
                 writer.write(frame(piece))
                 await writer.drain()
+            request.written_ns.append(time.perf_counter_ns())
         if self._pace and script.end_delay_ms:
             await asyncio.sleep(script.end_delay_ms / 1000)
         match script.end:

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import socket
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -372,6 +374,19 @@ async def test_script_for_selects_by_request_and_no_script_is_a_500() -> None:
         _, error = await collect(adapter(c, up.base_url))
         assert error is not None
         assert "no script left" in error.message
+
+
+async def test_the_upstream_records_when_each_step_went_out() -> None:
+    script = [{"text": "a"}, {"text": "b", "delay_ms": 30}, {"text": "c", "delay_ms": 30}]
+    async with served([*script, {"finish": "stop"}]) as (up, c):
+        started = time.perf_counter_ns()
+        deltas, error = await collect(adapter(c, up.base_url))
+        finished = time.perf_counter_ns()
+    assert error is None and [d.text for d in deltas][:3] == ["a", "b", "c"]
+    written = up.requests[0].written_ns
+    assert len(written) == 4  # three text steps and the finish chunk
+    assert started < written[0] and written[-1] < finished
+    assert all(b - a >= 25_000_000 for a, b in itertools.pairwise(written[:3]))  # the delays
 
 
 async def test_pace_false_ignores_delays() -> None:
