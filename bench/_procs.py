@@ -48,6 +48,7 @@ __all__ = [
     "paced_delays",
     "plain_tokens",
     "rss_kb",
+    "settle_cpu",
     "sockets_to",
     "spawn_gateway",
     "spawn_proxy",
@@ -191,7 +192,11 @@ async def _serve_upstream(port: int) -> None:
         if isinstance(model, str) and model.startswith(WRITTEN):
             wanted = model[len(WRITTEN) :]
             latest = next(
-                (r for r in reversed(up.requests) if r.json and r.json.get("model") == wanted),
+                (
+                    r
+                    for r in reversed(up.requests)
+                    if isinstance(r.json, dict) and r.json.get("model") == wanted
+                ),
                 None,
             )
             body = orjson.dumps(latest.written_ns if latest is not None else None).decode()
@@ -400,6 +405,18 @@ def cpu_seconds(pid: int) -> float:
     with open(f"/proc/{pid}/stat", "rb") as f:
         fields = f.read().rsplit(b")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / CLK_TCK  # fields 14 and 15 of stat(5)
+
+
+def settle_cpu(pid: int, limit_s: float = 15.0) -> float:
+    """CPU seconds once the process stops using CPU (two still 100 ms samples)."""
+    deadline = time.monotonic() + limit_s
+    last, still = cpu_seconds(pid), 0
+    while still < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+        now = cpu_seconds(pid)
+        still = still + 1 if now == last else 0
+        last = now
+    return last
 
 
 def rss_kb(pid: int) -> int:

@@ -60,6 +60,7 @@ from bench._procs import (
     plain_tokens,
     rss_kb,
     scratch,
+    settle_cpu,
     sockets_to,
     spawn_gateway,
     spawn_proxy,
@@ -341,10 +342,11 @@ class Timeline(Sink):
 # -- /metrics and /proc ---------------------------------------------------------------
 
 
-def http_get(port: int, path: str) -> tuple[int, str]:
+def http_call(port: int, path: str, body: bytes | None = None) -> tuple[int, str]:
+    """GET ``path`` (or POST ``body`` to it) on 127.0.0.1:``port``: status and text."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
     try:
-        conn.request("GET", path)
+        conn.request("GET" if body is None else "POST", path, body=body)
         resp = conn.getresponse()
         return resp.status, resp.read().decode()
     finally:
@@ -352,21 +354,9 @@ def http_get(port: int, path: str) -> tuple[int, str]:
 
 
 def streams_active(port: int) -> float:
-    _, text = http_get(port, "/metrics")
+    _, text = http_call(port, "/metrics")
     match = re.search(r"^toolforge_streams_active (\S+)$", text, re.M)
     return float(match.group(1)) if match else float("nan")
-
-
-def settle_cpu(pid: int, limit_s: float = 15.0) -> float:
-    """CPU seconds once the process stops using CPU (two still 100 ms samples)."""
-    deadline = time.monotonic() + limit_s
-    last, still = cpu_seconds(pid), 0
-    while still < 2 and time.monotonic() < deadline:
-        time.sleep(0.1)
-        now = cpu_seconds(pid)
-        still = still + 1 if now == last else 0
-        last = now
-    return last
 
 
 # -- statistics ------------------------------------------------------------------------
@@ -662,12 +652,8 @@ async def timeline(t: Target, model: str, tokens: list[str]) -> list[int]:
 
 def upstream_written(direct: Target, model: str) -> list[int]:
     """When the scripted upstream wrote each step of its latest answer to ``model``."""
-    conn = http.client.HTTPConnection("127.0.0.1", direct.port, timeout=10)
-    try:
-        conn.request("POST", direct.path, body=direct_body(WRITTEN + model))
-        written = orjson.loads(conn.getresponse().read())
-    finally:
-        conn.close()
+    _, text = http_call(direct.port, direct.path, direct_body(WRITTEN + model))
+    written = orjson.loads(text)
     assert isinstance(written, list), f"the upstream has no answer to {model} on record"
     return written
 
@@ -679,16 +665,21 @@ async def b3(rep: Report, direct: Target, gateway: Target, gw: Proc, n: int, see
     runs: dict[str, list[float]] = {}
     arrivals: dict[str, list[int]] = {}
     jitter: list[float] = []
-    for name, target in (("direct A", direct), ("gateway", gateway), ("direct B", direct)):
-        if name == "gateway":
-            cpu0 = settle_cpu(gw.pid)
-        arrivals[name] = await timeline(target, model, tokens)
-        if name == "gateway":
-            cpu_tok = (cpu_seconds(gw.pid) - cpu0) / n * 1e6
-        written = (await asyncio.to_thread(upstream_written, direct, model))[:n]  # + finish
-        sent = gaps(written)
-        runs[name] = [abs(c - u) for c, u in zip(gaps(arrivals[name]), sent, strict=True)]
-        jitter += [abs(g - d) for g, d in zip(sent, nominal[1:], strict=True)]
+
+    async def compare(name: str, times: list[int]) -> None:
+        """The run's gaps against the same stream's gaps as the upstream wrote them."""
+        written = await asyncio.to_thread(upstream_written, direct, model)
+        sent = gaps(written[:n])  # the last step written is the finish chunk
+        arrivals[name] = times
+        runs[name] = [abs(c - u) for c, u in zip(gaps(times), sent, strict=True)]
+        jitter.extend(abs(g - d) for g, d in zip(sent, nominal[1:], strict=True))
+
+    await compare("direct A", await timeline(direct, model, tokens))
+    cpu0 = settle_cpu(gw.pid)
+    times = await timeline(gateway, model, tokens)
+    cpu_tok = (cpu_seconds(gw.pid) - cpu0) / n * 1e6
+    await compare("gateway", times)
+    await compare("direct B", await timeline(direct, model, tokens))
     rep.facts["paced_cpu_us"] = cpu_tok
     rows = list(runs.items())
     rep.add(
@@ -821,7 +812,7 @@ async def b4(
     # httpx closes idle pooled connections older than keepalive_expiry (5 s) on the next
     # request: afterwards only the probe's own connection may remain.
     await asyncio.sleep(5.5)
-    await asyncio.to_thread(http_get, gateway.port, "/readyz")
+    await asyncio.to_thread(http_call, gateway.port, "/readyz")
     socks_expired = sockets_to(gw.pid, up.port)
     asgi_errors = gw.log().count("Exception in ASGI application")
 

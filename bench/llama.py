@@ -35,7 +35,7 @@ import orjson
 from app.runtime.local_backend import SMOLLM2_135M, LocalBackend, cache_root
 from app.runtime.servers import LlamaServerSpec, ServerManager
 from app.settings import Settings
-from bench._procs import Proc, cpu_seconds, spawn_gateway
+from bench._procs import Proc, cpu_seconds, settle_cpu, spawn_gateway
 from bench._results import load_average, write_section
 
 HEADING = "## llama-server (bench/llama.py)"
@@ -164,8 +164,9 @@ async def same_prompt(
         ]
         for side, run in pair if i % 2 == 0 else reversed(pair):
             (via if side == "gateway" else alone).append(await run)
-    await asyncio.sleep(0.5)  # the last stream's artifacts are written after its done
-    cpu_us = (cpu_seconds(gateway.pid) - cpu_before) * 1e6 / sum(t.tokens for t in via)
+    # Once the gateway is idle: the last stream's artifacts are written after its done.
+    cpu_after = await asyncio.to_thread(settle_cpu, gateway.pid)
+    cpu_us = (cpu_after - cpu_before) * 1e6 / sum(t.tokens for t in via)
     same_text = all(v.text == a.text for v, a in zip(via, alone, strict=True))
     # Each pair ran back to back, so its ratio is free of the machine's slow drifts; its
     # spread says how far one pair can be from another here (the noise of the result).
