@@ -378,8 +378,8 @@ async def start_stream(gw: Gateway, body: bytes, idempotency_key: str | None) ->
     )
     session.log.attach_primary()  # backpressure from the first frame on
     gw.registry.start(session, idempotency_key=idempotency_key, body_hash=body_hash)
-    # One turn of the loop for the session before our headers go out: it sends the
-    # upstream request first, so the model starts while we write ours (B1, TTFT).
+    # One turn of the loop for the session before the response starts: it sends the
+    # upstream request first, so the model starts while we set up the writer (B1, TTFT).
     await asyncio.sleep(0)
     return FrameStreamResponse(session, primary=True, ping_interval_s=gw.settings.ping_interval_s)
 

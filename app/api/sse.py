@@ -25,13 +25,14 @@ stream, so each ends with ``done``; see :mod:`app.api.server`), not the writer's
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Final
 
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from app.core.wire import PING_BYTES
+from app.runtime.frame_log import FrameLog
 from app.runtime.session import StreamSession
 
 __all__ = ["FrameStreamResponse"]
@@ -43,6 +44,16 @@ _HEADERS: Final = (
     (b"x-accel-buffering", b"no"),  # nginx: do not buffer the stream
 )
 _CONTENT_TYPE: Final = (b"content-type", b"text/event-stream; charset=utf-8")
+
+# How long the primary response's head and ``stream.begin`` wait for the stream's first
+# frame after it. An upstream that answers within this goes out in one burst: the head,
+# then ``stream.begin`` and that frame in one write. Written as soon as the upstream
+# request is out, the head and ``stream.begin`` each woke the client while the upstream
+# was answering, and on a machine with few cores those wake-ups (the client's, ours)
+# ran in the upstream's place: measured 0.2-0.3 ms of time to first event (bench B1,
+# docs/performance.md). A slower upstream gets its head this much later, which no SSE
+# client notices; a client that leaves meanwhile is noticed at once.
+HEAD_HOLD_S: Final = 0.005
 
 
 class FrameStreamResponse(Response):
@@ -110,6 +121,10 @@ class FrameStreamResponse(Response):
         watcher = loop.create_task(_until_disconnect(receive))
         watcher.add_done_callback(client_left)
         try:
+            if primary:
+                await _hold_head(log, loop, lambda: gone)
+                if gone:
+                    return
             await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
             ping = loop.call_later(self._ping_interval_s, ping_now)
             cursor = max(0, min(self._after, log.last_id))
@@ -141,6 +156,28 @@ class FrameStreamResponse(Response):
                 ping.cancel()
             watcher.remove_done_callback(client_left)
             watcher.cancel()  # parked in receive(); ends at the loop's next turn
+
+
+async def _hold_head(
+    log: FrameLog, loop: asyncio.AbstractEventLoop, gone: Callable[[], bool]
+) -> None:
+    """Until the stream's first frame after ``stream.begin``, its end, or the client
+    leaving; ``HEAD_HOLD_S`` at most."""
+    if log.last_id >= 2 or log.closed:
+        return
+    expired = False
+
+    def expire() -> None:
+        nonlocal expired
+        expired = True
+        log.wake()
+
+    timer = loop.call_later(HEAD_HOLD_S, expire)
+    try:
+        while log.last_id < 2 and not (log.closed or expired or gone()):
+            await log.wait()
+    finally:
+        timer.cancel()
 
 
 async def _until_disconnect(receive: Receive) -> None:

@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from app.api import sse
 from app.eval.scripted_upstream import Script, Step
 from app.upstream.transport import UpstreamClient
 from tests.api.conftest import Harness, HarnessFactory, assert_well_formed, frames, open_raw_stream
@@ -139,7 +140,12 @@ async def test_client_gone_right_after_sending(make_gateway: HarnessFactory) -> 
     assert all(s.reason == "client_disconnected" for s in gw.gateway.registry._sessions.values())
 
 
-async def test_client_gone_before_the_upstream_answered(make_gateway: HarnessFactory) -> None:
+@pytest.mark.parametrize("head_held", [False, True], ids=["head-written", "head-held"])
+async def test_client_gone_before_the_upstream_answered(
+    make_gateway: HarnessFactory, monkeypatch: pytest.MonkeyPatch, head_held: bool
+) -> None:
+    if head_held:  # the head still waits for the first frame when the client goes
+        monkeypatch.setattr(sse, "HEAD_HOLD_S", 30.0)
     gw = await make_gateway([Script(end="hang_before_headers")], first_byte_s=30)
     _, writer = await open_raw_stream(gw, {"input": "x"})
     async with asyncio.timeout(2):
@@ -150,6 +156,9 @@ async def test_client_gone_before_the_upstream_answered(make_gateway: HarnessFac
     (session,) = gw.gateway.registry._sessions.values()
     assert session.reason == "client_disconnected"
     assert [f.event for f in session.log.frames] == ["stream.begin", "done"]
+    assert (gw.artifacts / "runs" / session.id / "metrics.json").exists()
+    if head_held:
+        assert session.log.bytes_written == 0  # nothing went out, not even the head
 
 
 async def test_slow_client_pauses_the_upstream_and_loses_nothing(

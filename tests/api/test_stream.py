@@ -8,9 +8,18 @@ import json
 import orjson
 import pytest
 
+from app.api import sse
 from app.core.wire import PING_BYTES
 from app.eval.scripted_upstream import Script, Step
-from tests.api.conftest import LB, RB, HarnessFactory, assert_well_formed, frames, sentinel_reply
+from tests.api.conftest import (
+    LB,
+    RB,
+    HarnessFactory,
+    assert_well_formed,
+    frames,
+    open_raw_stream,
+    sentinel_reply,
+)
 
 
 def tokens(text: str, size: int = 3) -> list[str]:
@@ -111,6 +120,47 @@ async def test_headers_for_proxies_and_resume(make_gateway: HarnessFactory) -> N
     assert response.headers["cache-control"] == "no-store"
     assert response.headers["x-stream-id"].startswith("s_")
     assert body.startswith(b"id: 1\nevent: stream.begin\ndata: {")
+
+
+async def _first_body_chunk(reader: asyncio.StreamReader) -> tuple[bytes, bytes]:
+    """The response head, and the first chunk of its chunked body (one ``send``)."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    assert b"transfer-encoding: chunked" in head.lower()
+    size = int((await reader.readuntil(b"\r\n")).strip(), 16)
+    return head, await reader.readexactly(size)
+
+
+async def test_a_first_frame_that_comes_quickly_goes_out_with_the_head(
+    make_gateway: HarnessFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A hold far longer than this upstream takes, so the outcome does not depend on the
+    # machine's speed: the head waits for the first frame, which then goes out in the
+    # same write as stream.begin (before, stream.begin went out alone, first).
+    monkeypatch.setattr(sse, "HEAD_HOLD_S", 10.0)
+    gw = await make_gateway([Script.from_tokens(["Hel", "lo"])])
+    reader, writer = await open_raw_stream(gw, {"input": "x"})
+    try:
+        head, chunk = await asyncio.wait_for(_first_body_chunk(reader), 5)
+    finally:
+        writer.close()
+    assert head.startswith(b"HTTP/1.1 200")
+    assert chunk.startswith(b"id: 1\nevent: stream.begin\n")
+    assert b"id: 2\nevent: text.delta\n" in chunk
+
+
+async def test_a_slow_first_token_does_not_hold_the_head(make_gateway: HarnessFactory) -> None:
+    # The first token is 2 s away; the head and stream.begin come after HEAD_HOLD_S.
+    script = Script(steps=(Step(text="late", delay_ms=2000), Step(finish="stop")))
+    gw = await make_gateway([script])
+    reader, writer = await open_raw_stream(gw, {"input": "x"})
+    try:
+        head, chunk = await asyncio.wait_for(_first_body_chunk(reader), 1.5)
+        (session,) = gw.gateway.registry._sessions.values()
+        assert session.log.last_id == 1, "the head waited for the first token"
+    finally:
+        writer.close()
+    assert head.startswith(b"HTTP/1.1 200")
+    assert chunk.startswith(b"id: 1\nevent: stream.begin\n") and b"text.delta" not in chunk
 
 
 async def test_protocol_violation_ends_with_error_then_done(make_gateway: HarnessFactory) -> None:
