@@ -25,6 +25,7 @@ from app.core.gbnf import (
 )
 from app.core.schemas import Action, AssistantReply, model_schema
 from tests.core.gbnf_matcher import Grammar, GrammarSyntaxError, parse
+from tests.strategies import json_values
 from tools.bookings import BookingsCreateArgs
 from tools.places import PlacesSearchArgs
 
@@ -534,13 +535,14 @@ def values(schema: object, doc: Mapping[str, Any]) -> st.SearchStrategy[object]:
     """Values of ``schema`` in the spelling the grammar steers to: declared key order,
     optional keys present or not, no undeclared keys where ``properties`` are given."""
     if not isinstance(schema, Mapping) or not schema:
-        return st.recursive(
-            st.none() | st.booleans() | st.integers(-(10**6), 10**6) | st.text(max_size=5),
-            lambda inner: (
-                st.lists(inner, max_size=3)
-                | st.dictionaries(st.text(max_size=3), inner, max_size=3)
-            ),
+        return json_values(
             max_leaves=6,
+            integers=st.integers(-(10**6), 10**6),
+            floats=None,
+            text=st.text(max_size=5),
+            keys=st.text(max_size=3),
+            max_list_size=3,
+            max_dict_size=3,
         )
     if "$ref" in schema:
         return st.deferred(lambda: values(_pointer(doc, schema["$ref"]), doc))

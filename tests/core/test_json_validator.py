@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from app.core.json_validator import StreamingJSONValidator
 from app.errors import ErrorCode, JSONError, ToolForgeError
+from tests.strategies import json_values
 
 SYNTAX = ErrorCode.JSON_SYNTAX
 INCOMPLETE = ErrorCode.JSON_INCOMPLETE
@@ -296,19 +297,13 @@ def test_case_as_bytes_split_everywhere(
 
 # -- properties ---------------------------------------------------------------------------
 
-scalars = (
-    st.none()
-    | st.booleans()
-    | st.integers(-(2**63), 2**64 - 1)
-    | st.floats(allow_nan=False, allow_infinity=False)
-    | st.text(max_size=8)
-)
-json_values = st.recursive(
-    scalars,
-    lambda inner: (
-        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=4), inner, max_size=4)
-    ),
+JSON = json_values(
     max_leaves=12,
+    integers=st.integers(-(2**63), 2**64 - 1),
+    text=st.text(max_size=8),
+    keys=st.text(max_size=4),
+    max_list_size=4,
+    max_dict_size=4,
 )
 whitespace = st.text(alphabet=" \t\n\r", max_size=2)
 
@@ -316,7 +311,7 @@ whitespace = st.text(alphabet=" \t\n\r", max_size=2)
 @st.composite
 def documents(draw: st.DrawFn) -> tuple[object, str]:
     """A JSON value and a text for it, with random whitespace between all tokens."""
-    value = draw(json_values)
+    value = draw(JSON)
     ascii_only = draw(st.booleans())
     out: list[str] = []
     # An explicit stack of things to write, so nothing here recurses either.

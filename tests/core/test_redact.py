@@ -21,6 +21,7 @@ from app.core.redact import (
     redact_serialisable,
     redact_text,
 )
+from tests.strategies import json_values
 
 # --------------------------------------------------------------------------- by key
 
@@ -355,16 +356,7 @@ def test_redaction_is_total_and_idempotent(value: object) -> None:
 key_names = st.sampled_from(["token", "API-Key", "max_tokens", "name", "Password", "k"])
 
 
-@given(
-    st.recursive(
-        st.one_of(st.none(), st.booleans(), st.integers(), st.floats(), st.text()),
-        lambda children: st.one_of(
-            st.lists(children),
-            st.dictionaries(st.one_of(key_names, st.text()), children),
-        ),
-        max_leaves=30,
-    )
-)
+@given(json_values(max_leaves=30, floats=st.floats(), keys=st.one_of(key_names, st.text())))
 def test_redact_serialisable_matches_redact_on_plain_data(value: object) -> None:
     assert repr(redact_serialisable(value, extra_keys=["k"])) == repr(
         redact(value, extra_keys=["k"])

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from app.core.events import Event, FrameBegin, FrameDelta, FrameEnd, FrameKind, Text, Violation
 from app.core.tokenizer import MAX_SENTINEL_CHARS, SentinelTokenizer
 from app.errors import ErrorCode, SentinelError
+from tests.strategies import json_values
 
 LB, RB = "\u27e6", "\u27e7"
 OBJ, TOOL, RES = FrameKind.OBJECT, FrameKind.TOOL_CALL, FrameKind.RESULT
@@ -482,18 +483,14 @@ def test_text_emitted_at_once_except_the_possible_sentinel(text: str) -> None:
 
 # -- properties over generated streams -----------------------------------------------------
 
-_json_scalar = st.one_of(
-    st.none(),
-    st.booleans(),
-    st.integers(-(10**6), 10**6),
-    st.text(alphabet=st.sampled_from(list('ab "\\' + LB + RB + "⟦END_OBJECT id=é👍\n"))),
-)
-_json_value = st.recursive(
-    _json_scalar,
-    lambda inner: (
-        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner, max_size=3)
-    ),
+_json_value = json_values(
     max_leaves=8,
+    integers=st.integers(-(10**6), 10**6),
+    floats=None,
+    text=st.text(alphabet=st.sampled_from(list('ab "\\' + LB + RB + "⟦END_OBJECT id=é👍\n"))),
+    keys=st.text(max_size=3),
+    max_list_size=3,
+    max_dict_size=3,
 )
 _free_text = st.text(
     alphabet=st.sampled_from(list('ab \n"\\{}' + LB + RB + "BEGIN_ENDOX")), max_size=12

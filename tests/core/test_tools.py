@@ -31,6 +31,7 @@ from app.core.tools import (
     validate_args,
 )
 from app.errors import ErrorCode, ToolForgeError
+from tests.strategies import json_values
 
 
 class Item(BaseModel):
@@ -56,16 +57,12 @@ def spec(name: str = "orders.create", **kw: Any) -> ToolSpec[Any]:
     return ToolSpec(name=name, **fields)
 
 
-JSON = st.recursive(
-    st.none()
-    | st.booleans()
-    | st.integers(min_value=-(2**63), max_value=2**63 - 1)
-    | st.floats(allow_nan=False, allow_infinity=False)
-    | st.text(),
-    lambda children: (
-        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4)
-    ),
+JSON = json_values(
     max_leaves=20,
+    integers=st.integers(min_value=-(2**63), max_value=2**63 - 1),
+    keys=st.text(max_size=8),
+    max_list_size=4,
+    max_dict_size=4,
 )
 
 

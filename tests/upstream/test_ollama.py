@@ -38,6 +38,7 @@ from app.upstream.base import PROFILES, ChatRequest, ToolCallDelta, Upstream, Up
 from app.upstream.ollama import OllamaModelNotFound, OllamaUpstream
 from app.upstream.ollama_wire import ChatLineParser, NDJSONDecoder
 from app.upstream.openai_compat import _parse_chunk
+from tests.strategies import json_values
 
 FIXTURES = Path(__file__).parent / "fixtures" / "ollama"
 STREAMS = ("chat_text.ndjson", "chat_tool_calls.ndjson", "chat_length.ndjson")
@@ -755,12 +756,12 @@ KEYS = st.sampled_from(
     "message content role done done_reason error tool_calls function name arguments id"
     " index prompt_eval_count eval_count total_duration thinking".split()
 )
-JSON = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
-    lambda inner: (
-        st.lists(inner, max_size=3) | st.dictionaries(KEYS | st.text(max_size=3), inner, max_size=5)
-    ),
+JSON = json_values(
     max_leaves=14,
+    floats=st.floats(allow_nan=False),
+    keys=KEYS | st.text(max_size=3),
+    max_list_size=3,
+    max_dict_size=5,
 )
 
 

@@ -26,6 +26,7 @@ from app.errors import ErrorCode, UpstreamError
 from app.eval.scripted_upstream import End, Script, ScriptedUpstream, ScriptLike, Step
 from app.upstream.base import PROFILES, ChatRequest, Upstream, UpstreamDelta
 from app.upstream.openai_compat import OpenAICompatUpstream, _parse_chunk
+from tests.strategies import json_values
 
 T = 0.2  # the first-byte and idle timeouts in these tests
 CONNECT_S = 5.0  # no test here times a connect out: a loaded machine may take a while
@@ -553,12 +554,12 @@ KEYS = st.sampled_from(
     "choices delta content finish_reason index usage error message x_groq"
     " tool_calls function id name arguments".split()
 )
-JSON = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
-    lambda inner: (
-        st.lists(inner, max_size=3) | st.dictionaries(KEYS | st.text(max_size=3), inner, max_size=4)
-    ),
+JSON = json_values(
     max_leaves=12,
+    floats=st.floats(allow_nan=False),
+    keys=KEYS | st.text(max_size=3),
+    max_list_size=3,
+    max_dict_size=4,
 )
 
 
