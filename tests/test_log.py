@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import logging
 from collections.abc import Iterator
 
 import pytest
 import structlog
+import structlog.testing
 
 import app.log as log_module
 from app.core.redact import REDACTED
@@ -142,3 +144,26 @@ def test_event_names_are_unique_dotted_strings() -> None:
     constants = [v for k, v in vars(log_module).items() if k.isupper() and isinstance(v, str)]
     assert set(constants) == EVENT_NAMES and len(constants) == len(EVENT_NAMES)
     assert all(v.count(".") == 1 and v == v.lower() for v in EVENT_NAMES)
+
+
+def test_a_logger_in_use_follows_every_later_configuration(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # get_logger binds once per configuration, not once per call: a logger that has
+    # already logged must still see configure_logging, structlog.configure,
+    # reset_defaults and capture_logs that come after.
+    log = get_logger("tests.log")
+    configure_logging(level="ERROR")
+    log.warning("filtered out")
+    configure_logging(level="INFO")
+    log.info("one")
+    with structlog.testing.capture_logs() as captured:
+        log.info("captured")
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.ERROR))
+    log.info("filtered out too")
+    structlog.reset_defaults()  # structlog's own defaults: everything, to stdout
+    log.info("three")
+    out, err = capsys.readouterr()
+    assert [e["event"] for e in lines(err)] == ["one"]
+    assert [e["event"] for e in captured] == ["captured"]
+    assert "three" in out and "filtered out" not in out + err
