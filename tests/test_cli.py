@@ -37,6 +37,8 @@ def test_serve_starts_the_gateway_with_flags(tmp_path: Path) -> None:
                 assert time.monotonic() < deadline, "the gateway did not start in 30 s"
                 time.sleep(0.1)
         assert health.json() == {"status": "ok"}
+        assert "server" not in health.headers  # no banner for scanners
+        assert "date" in health.headers  # HTTP/1.1 origin servers send one
         ready = httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=5)
         assert ready.status_code == 503 and f":{dead}/v1" in ready.json()["upstream"]
         with httpx.stream(

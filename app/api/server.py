@@ -56,8 +56,19 @@ class GatewayServer(uvicorn.Server):
 
 def run(app: FastAPI, *, host: str, port: int, **options: Any) -> None:
     """Serve ``app`` until SIGINT/SIGTERM: httptools + uvloop when installed
-    (uvicorn[standard]), no access log; ``options`` go to ``uvicorn.Config``."""
-    options = {"log_level": "warning", "access_log": False, **options}
+    (uvicorn[standard]); ``options`` go to ``uvicorn.Config``.
+
+    Off by default, as work no response needs: the access log (the gateway logs each
+    stream itself), the ``X-Forwarded-*`` rewrite of the client address (nothing here
+    reads it) and the ``Server: uvicorn`` header (which only tells a scanner what runs).
+    """
+    options = {
+        "log_level": "warning",
+        "access_log": False,
+        "proxy_headers": False,
+        "server_header": False,
+        **options,
+    }
     config = uvicorn.Config(app, host=host, port=port, **options)
     try:
         GatewayServer(config, app).run()
