@@ -32,7 +32,7 @@ from app.core.tools import ToolRegistry
 from app.eval.scripted_upstream import ScriptedUpstream, ScriptLike
 from app.settings import Settings
 
-__all__ = ["Event", "Harness", "frames", "open_raw_stream", "serve", "start_gateway"]
+__all__ = ["Event", "Harness", "Served", "frames", "open_raw_stream", "serve", "start_gateway"]
 
 
 @dataclass
@@ -45,12 +45,11 @@ class Event:
 
 
 @dataclass
-class Harness:
-    """A running gateway: its URL, app, scripted upstream, an HTTP client, its artifacts."""
+class Served:
+    """A gateway served on loopback: its URL, app, an HTTP client and its artifacts."""
 
     url: str
     app: FastAPI
-    upstream: ScriptedUpstream
     client: httpx.AsyncClient
     artifacts: Path
 
@@ -88,6 +87,22 @@ class Harness:
         async with self.client.stream(method, f"{self.url}{path}", **kwargs) as response:
             body = b"".join([chunk async for chunk in response.aiter_raw()])
         return response, body
+
+    async def metrics(self, stream_id: str, timeout_s: float = 10.0) -> dict[str, Any]:
+        """A stream's metrics.json, once the stream has ended (it is written just after
+        the done frame)."""
+        async with asyncio.timeout(timeout_s):
+            await self.gateway.registry.get(stream_id).wait()
+        path = self.artifacts / "runs" / stream_id / "metrics.json"
+        data: dict[str, Any] = orjson.loads(await asyncio.to_thread(path.read_bytes))
+        return data
+
+
+@dataclass
+class Harness(Served):
+    """A served gateway in front of its own scripted upstream."""
+
+    upstream: ScriptedUpstream
 
     async def settle(self, *, upstream_closed: bool = False, timeout_s: float = 5.0) -> None:
         """Wait until every stream has ended (done sent, artifacts written).
@@ -181,7 +196,7 @@ async def start_gateway(
     app = create_app(config, tools=tools)
     url = await stack.enter_async_context(serve(app))
     client = await stack.enter_async_context(httpx.AsyncClient(timeout=10, verify=_tls_context()))
-    return Harness(url, app, upstream, client, artifacts)
+    return Harness(url, app, client, artifacts, upstream=upstream)
 
 
 @functools.cache

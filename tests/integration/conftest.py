@@ -8,21 +8,15 @@ ahead of time); later runs find it in the cache (``TOOLFORGE_CACHE_DIR``, defaul
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
-import orjson
 import pytest
-from fastapi import FastAPI
-from httpx_sse import aconnect_sse
 
 from app.api.app import create_app
-from app.api.deps import Gateway
-from app.eval.loopback import Event, serve
+from app.eval.loopback import Event, Served, serve
 from app.runtime.local_backend import LocalBackend, cache_root
 from app.settings import Settings
 
@@ -44,36 +38,11 @@ def local_backend() -> LocalBackend:
     return backend
 
 
-@dataclass
-class Live:
-    url: str
-    app: FastAPI
-    client: httpx.AsyncClient
-    artifacts: Path
+class Live(Served):
+    """The embedded default, served: its streams as a client sees them, without pings."""
 
-    @property
-    def gateway(self) -> Gateway:
-        gw: Gateway = self.app.state.gateway
-        return gw
-
-    async def stream(self, body: dict[str, Any]) -> list[Event]:
-        events: list[Event] = []
-        async with aconnect_sse(self.client, "POST", f"{self.url}/v1/stream", json=body) as sse:
-            sse.response.raise_for_status()
-            async for event in sse.aiter_sse():
-                if event.event != "ping":
-                    events.append(Event(event.id, event.event, orjson.loads(event.data)))
-        return events
-
-    async def metrics(self, stream_id: str) -> dict[str, Any]:
-        """metrics.json, written just after the done frame: waited for."""
-        path = self.artifacts / "runs" / stream_id / "metrics.json"
-        for _ in range(200):
-            if await asyncio.to_thread(path.exists):
-                data: dict[str, Any] = orjson.loads(await asyncio.to_thread(path.read_bytes))
-                return data
-            await asyncio.sleep(0.05)
-        raise AssertionError(f"{path} not written within 10 s")
+    async def stream(self, body: dict[str, Any] | None = None, **kwargs: Any) -> list[Event]:
+        return [e for e in await super().stream(body, **kwargs) if e.event != "ping"]
 
 
 @pytest.fixture
