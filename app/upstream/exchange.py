@@ -24,15 +24,14 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from types import TracebackType
-from typing import Any, Final, cast
+from typing import Any, Final, NamedTuple
 
 import anyio
 import httpx
 import orjson
 
 from app.errors import ErrorCode, UpstreamError
-from app.upstream.http11 import Body
-from app.upstream.transport import PostTemplate
+from app.upstream.transport import PostTemplate, ResponseHead
 
 __all__ = [
     "CONNECT",
@@ -41,8 +40,10 @@ __all__ = [
     "RETRYABLE_STATUS",
     "STREAM",
     "Exchange",
+    "StreamHead",
     "describe",
     "drain",
+    "excerpt",
     "json_default",
     "open_stream",
     "request_body",
@@ -78,6 +79,13 @@ def snippet(text: str) -> str:
 def describe(exc: BaseException) -> str:
     """``Type: message``, or the type alone when the exception has no message."""
     return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
+class StreamHead(NamedTuple):
+    """What an adapter checks of a streamed response before reading its body."""
+
+    status_code: int
+    content_type: str
 
 
 def request_body(body: Mapping[str, Any]) -> bytes:
@@ -252,13 +260,14 @@ async def open_stream(
     timeouts: httpx.Timeout,
     exchange: Exchange,
     first_byte_s: float,
-) -> tuple[httpx.Response, AsyncIterator[bytes], float, Callable[[], Awaitable[None]]]:
-    """POST ``content`` for a streamed answer: the response, its body's chunks, the
-    first-byte deadline (loop time) and the function that closes the response, with
-    ``exchange`` in its :data:`FIRST_BYTE` phase.
+) -> tuple[StreamHead, AsyncIterator[bytes], float, Callable[[], Awaitable[None]]]:
+    """POST ``content`` for a streamed answer: the response's status and content type,
+    its body's chunks, the first-byte deadline (loop time) and the function that closes
+    the response, with ``exchange`` in its :data:`FIRST_BYTE` phase.
 
-    The adapter keeps only the chunks and the closer once it has checked the response:
-    a response object is about 1.2 KB, for every open stream (bench B4).
+    The adapter keeps only the chunks and the closer once it has checked the head: an
+    ``httpx.Response`` is about 1.2 KB, for every open stream (bench B4), and the lean
+    transport builds none at all.
 
     The first-byte clock starts when the request goes out, after any connect (httpx's
     ``trace`` extension says when; transports without tracing, such as MockTransport,
@@ -281,6 +290,7 @@ async def open_stream(
             sent()
 
     lean = getattr(client, "lean", None)  # app.upstream.transport.UpstreamClient
+    response: ResponseHead | httpx.Response
     try:
         with exchange.until(None):  # connect: bounded by httpx's connect/pool timeouts
             if lean is not None:
@@ -301,18 +311,31 @@ async def open_stream(
     if first_byte_at is None:
         first_byte_at = loop.time() + first_byte_s
     exchange.phase = FIRST_BYTE
+    if isinstance(response, ResponseHead):
+        body = response.stream
+        head = StreamHead(response.status_code, response.header("content-type") or "")
+        return head, aiter(body), first_byte_at, body.aclose
+    head = StreamHead(response.status_code, response.headers.get("content-type", ""))
     chunks: AsyncIterator[bytes]
-    if lean is not None:
-        body = cast(Body, response.stream)
-        return response, aiter(body), first_byte_at, body.aclose
-    elif response.is_stream_consumed:
+    if response.is_stream_consumed:
         # A response built in memory (MockTransport with bytes content) is already read,
         # and aiter_raw() would refuse it; aiter_bytes() replays it. Identity encoding
         # (asked for by both adapters) makes the two the same bytes.
         chunks = response.aiter_bytes()
     else:
         chunks = response.aiter_raw()
-    return response, chunks, first_byte_at, response.aclose
+    return head, chunks, first_byte_at, response.aclose
+
+
+async def excerpt(chunks: AsyncIterator[bytes]) -> str:
+    """The start of an error (or otherwise unexpected) body from its chunks, whitespace
+    collapsed, for the error message."""
+    raw = b""
+    async for part in chunks:
+        raw += part
+        if len(raw) >= ERROR_BODY_BYTES:
+            break
+    return " ".join(raw[:ERROR_BODY_BYTES].decode("utf-8", "replace").split())
 
 
 async def drain(chunks: AsyncIterator[bytes]) -> None:

@@ -30,10 +30,10 @@ import httpx
 from app.errors import ErrorCode, UpstreamError
 from app.upstream.base import ChatRequest, UpstreamDelta
 from app.upstream.exchange import (
-    ERROR_BODY_BYTES,
     STREAM,
     Exchange,
     drain,
+    excerpt,
     open_stream,
     request_body,
 )
@@ -110,7 +110,7 @@ class OllamaUpstream:
         """Yield deltas until the ``done`` line; raise :class:`UpstreamError` on failure."""
         loop = asyncio.get_running_loop()
         exchange = Exchange(str(self._url), self._connect_s, self._first_byte_s, self._idle_s)
-        response, chunks, first_byte_at, close = await open_stream(
+        head, chunks, first_byte_at, close = await open_stream(
             self._client,
             self._post,
             content=request_body(self.body(request)),
@@ -120,14 +120,13 @@ class OllamaUpstream:
         )
         try:
             with exchange.until(first_byte_at):
-                if response.status_code >= 400:
+                if head.status_code >= 400:
                     raise http_error(
-                        response.status_code,
-                        await _excerpt(response),
+                        head.status_code,
+                        await excerpt(chunks),
                         url=str(self._url),
                         model=request.model,
                     )
-                del response  # checked: only the body is read from here on
                 chunk = await anext(chunks, None)
             exchange.phase = STREAM
             next_chunk = chunks.__anext__
@@ -161,13 +160,3 @@ class OllamaUpstream:
             # short, or httpcore keeps the connection ACTIVE in its pool.
             with anyio.CancelScope(shield=True):
                 await close()
-
-
-async def _excerpt(response: httpx.Response) -> str:
-    """The start of an error body, whitespace collapsed, for the error message."""
-    raw = b""
-    async for part in response.aiter_bytes():
-        raw += part
-        if len(raw) >= ERROR_BODY_BYTES:
-            break
-    return " ".join(raw[:ERROR_BODY_BYTES].decode("utf-8", "replace").split())

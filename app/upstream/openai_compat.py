@@ -35,11 +35,12 @@ import orjson
 from app.errors import ErrorCode, UpstreamError
 from app.upstream.base import ChatRequest, ToolCallDelta, UpstreamDelta
 from app.upstream.exchange import (
-    ERROR_BODY_BYTES,
     RETRYABLE_STATUS,
     STREAM,
     Exchange,
+    StreamHead,
     drain,
+    excerpt,
     open_stream,
     request_body,
     snippet,
@@ -52,15 +53,15 @@ __all__ = ["OpenAICompatUpstream"]
 _DONE: Final = "[DONE]"
 
 
-def _error_text(excerpt: str) -> str:
+def _error_text(body_start: str) -> str:
     """The upstream's own error message when the body is OpenAI-style JSON, else the body."""
     try:
-        body = orjson.loads(excerpt)
+        body = orjson.loads(body_start)
     except orjson.JSONDecodeError:
-        return snippet(excerpt)
+        return snippet(body_start)
     error = body.get("error") if type(body) is dict else None
     message = error.get("message") if type(error) is dict else error
-    return snippet(message if isinstance(message, str) else excerpt)
+    return snippet(message if isinstance(message, str) else body_start)
 
 
 # UpstreamDelta is built once per chunk, the hot path. The frozen dataclass __init__ costs
@@ -328,7 +329,7 @@ class OpenAICompatUpstream:
     async def _first_chunk(
         self, exchange: Exchange, content: bytes
     ) -> tuple[bytes | None, AsyncIterator[bytes], Callable[[], Awaitable[None]]]:
-        response, chunks, first_byte_at, close = await open_stream(
+        head, chunks, first_byte_at, close = await open_stream(
             self._client,
             self._post,
             content=content,
@@ -339,9 +340,8 @@ class OpenAICompatUpstream:
         chunk: bytes | None = None
         try:
             with exchange.until(first_byte_at):
-                if response.status_code >= 400 or not self._is_sse(response):
-                    self._check_response(response, await self._excerpt(response))
-                del response  # checked: only the body is read from here on
+                if head.status_code >= 400 or not self._is_sse(head):
+                    self._check_response(head, await excerpt(chunks))
                 chunk = await anext(chunks, None)
         except BaseException:
             exchange.close()
@@ -350,32 +350,23 @@ class OpenAICompatUpstream:
             raise
         return chunk, chunks, close
 
-    async def _excerpt(self, response: httpx.Response) -> str:
-        """The start of an error or non-SSE body, for the error message."""
-        raw = b""
-        async for part in response.aiter_bytes():
-            raw += part
-            if len(raw) >= ERROR_BODY_BYTES:
-                break
-        return " ".join(raw[:ERROR_BODY_BYTES].decode("utf-8", "replace").split())
+    @staticmethod
+    def _is_sse(head: StreamHead) -> bool:
+        return "text/event-stream" in head.content_type
 
     @staticmethod
-    def _is_sse(response: httpx.Response) -> bool:
-        return "text/event-stream" in response.headers.get("content-type", "")
-
-    @staticmethod
-    def _check_response(response: httpx.Response, excerpt: str) -> None:
-        status = response.status_code
+    def _check_response(head: StreamHead, body_start: str) -> None:
+        status = head.status_code
         if status >= 400:
             error = UpstreamError(
                 ErrorCode.UPSTREAM_HTTP_ERROR,
-                f"upstream returned HTTP {status}: {_error_text(excerpt)}",
+                f"upstream returned HTTP {status}: {_error_text(body_start)}",
             )
             error.retryable = status >= 500 or status in RETRYABLE_STATUS
             raise error
-        if not OpenAICompatUpstream._is_sse(response):
-            content_type = response.headers.get("content-type", "no content-type")
+        if not OpenAICompatUpstream._is_sse(head):
+            content_type = head.content_type or "no content-type"
             raise UpstreamError(
                 ErrorCode.UPSTREAM_PROTOCOL,
-                f"upstream answered {content_type}, not text/event-stream: {snippet(excerpt)}",
+                f"upstream answered {content_type}, not text/event-stream: {snippet(body_start)}",
             )

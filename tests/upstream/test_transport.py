@@ -30,7 +30,13 @@ from app.upstream import transport as transport_module
 from app.upstream.base import ChatRequest, UpstreamDelta
 from app.upstream.http11 import request_head
 from app.upstream.openai_compat import OpenAICompatUpstream
-from app.upstream.transport import HIGH_WATER, LeanTransport, PostTemplate, UpstreamClient
+from app.upstream.transport import (
+    HIGH_WATER,
+    LeanTransport,
+    PostTemplate,
+    ResponseHead,
+    UpstreamClient,
+)
 
 T = 0.1  # every timeout in these tests
 Reader = asyncio.StreamReader
@@ -605,6 +611,8 @@ async def test_post_sends_what_httpx_would_and_reuses_the_connection() -> None:
             await response.aclose()
     assert bodies == [b"one", b"two"]
     assert sent == [1, 1]
+    assert isinstance(response, ResponseHead)  # not an httpx.Response: status, headers, body
+    assert response.header("CONTENT-length") == "3" and response.header("x-none") is None
     assert server.accepts == 1  # the second POST went over the pooled connection
     for (head, body), sent_body in zip(server.requests, BODIES, strict=True):
         expected = request_head(
