@@ -25,6 +25,7 @@ stream, so each ends with ``done``; see :mod:`app.api.server`), not the writer's
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable, Mapping
 from typing import Final
 
@@ -122,7 +123,7 @@ class FrameStreamResponse(Response):
         watcher.add_done_callback(client_left)
         try:
             if primary:
-                await _hold_head(log, loop, lambda: gone)
+                await _hold_head(log, lambda: gone)
                 if gone:
                     return
             await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
@@ -158,26 +159,13 @@ class FrameStreamResponse(Response):
             watcher.cancel()  # parked in receive(); ends at the loop's next turn
 
 
-async def _hold_head(
-    log: FrameLog, loop: asyncio.AbstractEventLoop, gone: Callable[[], bool]
-) -> None:
+async def _hold_head(log: FrameLog, gone: Callable[[], bool]) -> None:
     """Until the stream's first frame after ``stream.begin``, its end, or the client
     leaving; ``HEAD_HOLD_S`` at most."""
-    if log.last_id >= 2 or log.closed:
-        return
-    expired = False
-
-    def expire() -> None:
-        nonlocal expired
-        expired = True
-        log.wake()
-
-    timer = loop.call_later(HEAD_HOLD_S, expire)
-    try:
-        while log.last_id < 2 and not (log.closed or expired or gone()):
-            await log.wait()
-    finally:
-        timer.cancel()
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(HEAD_HOLD_S):
+            while log.last_id < 2 and not (log.closed or gone()):
+                await log.wait()
 
 
 async def _until_disconnect(receive: Receive) -> None:

@@ -14,9 +14,11 @@ exchange; what does not depend on the dialect is here.
   :class:`Exchange`, like httpx's own ``map_httpcore_exceptions``.
 * :func:`drain` reads what is left of a body after the end of the stream, so the
   connection can go back to the pool.
+* :func:`open_stream` sends a streamed request and hands back what the adapters check
+  (:class:`StreamHead`), the body's chunks and its closer.
 * Small helpers for requests and error messages: :func:`request_body`,
-  :func:`json_default`, :func:`snippet`, :func:`describe`, :data:`ERROR_BODY_BYTES` and
-  :data:`RETRYABLE_STATUS`.
+  :func:`json_default`, :func:`excerpt`, :func:`snippet`, :func:`describe`,
+  :data:`ERROR_BODY_BYTES` and :data:`RETRYABLE_STATUS`.
 """
 
 from __future__ import annotations
