@@ -20,7 +20,7 @@ from fastapi.responses import JSONResponse, Response
 from app import __version__
 from app.api.deps import Gateway
 from app.api.fastpath import GatewayApp
-from app.api.routes import ClientGone, router, session_limits
+from app.api.routes import ClientGone, router
 from app.api.servers import router as servers_router
 from app.core.schemas import builtin_registry
 from app.core.tools import ToolRegistry
@@ -30,7 +30,9 @@ from app.runtime.artifacts import ArtifactStore
 from app.runtime.backends import Backend, BackendConfig, start_embedded, start_ollama
 from app.runtime.executor import ToolExecutor
 from app.runtime.metrics import GatewayMetrics
+from app.runtime.planner import PlannerConfig, StreamPlanner
 from app.runtime.servers import ServerManager
+from app.runtime.session import SessionLimits
 from app.runtime.streams import StreamRegistry
 from app.settings import Settings
 from app.upstream.base import Upstream
@@ -66,6 +68,17 @@ async def _start_backend(
         )
     return await start_ollama(
         config, client, manager, settings.upstream_base_url, settings.model_id
+    )
+
+
+def session_limits(settings: Settings) -> SessionLimits:
+    """The per-stream limits the settings give (built once per app: see ``Gateway``)."""
+    return SessionLimits(
+        queue_max_frames=settings.queue_max_frames,
+        max_frame_bytes=settings.max_frame_bytes,
+        max_json_depth=settings.max_json_depth,
+        frame_timeout_s=settings.frame_timeout_ms / 1000,
+        repair_retries=settings.repair_retries,
     )
 
 
@@ -183,6 +196,7 @@ def create_app(
                 concurrency=settings.tool_concurrency,
                 default_timeout_s=settings.tool_timeout_ms / 1000,
             )
+            schemas = builtin_registry()
             app.state.gateway = Gateway(
                 settings=effective,
                 upstream=adapter,
@@ -190,8 +204,21 @@ def create_app(
                 registry=registry,
                 metrics=GatewayMetrics(),
                 executor=executor,
-                schemas=builtin_registry(),
-                system_template=system_template,
+                schemas=schemas,
+                planner=StreamPlanner(
+                    PlannerConfig(
+                        model_id=effective.model_id,
+                        upstream_kind=effective.upstream_kind,
+                        upstream_base_url=effective.upstream_base_url,
+                        upstream_api_key=effective.upstream_api_key,
+                        max_json_depth=effective.max_json_depth,
+                    ),
+                    client=client,
+                    schemas=schemas,
+                    tools=executor.registry,
+                    system_template=system_template,
+                    budget=backend.decision.to_dict() if backend is not None else None,
+                ),
                 repair_template=repair_template,
                 # SPEC §4: each tool's own redaction list too.
                 artifacts=ArtifactStore(

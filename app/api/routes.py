@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import difflib
 import hashlib
 import secrets
@@ -17,25 +16,17 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 from starlette.types import Receive
 
-from app.api.deps import Gateway, GatewayDep, PlanShape
+from app.api.deps import Gateway, GatewayDep
 from app.api.models import ApprovalDecision, Sampling, StreamRequest
 from app.api.sse import FrameStreamResponse
-from app.core.gbnf import FrameGrammar
-from app.core.native_tools import to_openai_tools
-from app.core.prompt import build_messages, render_system_prompt
-from app.core.schemas import ANY, CompiledSchema
-from app.core.tools import ToolSpec
 from app.errors import ErrorCode, RequestError
-from app.log import MODE_SELECTED, get_logger
-from app.runtime.session import SessionLimits, StreamPlan, StreamSession
-from app.settings import Settings
-from app.upstream.base import PROFILES, ChatRequest
-from app.upstream.probe import ModeDecision, probe_tool_mode
+from app.runtime.session import StreamSession
 
 __all__ = ["ClientGone", "read_body", "router", "start_stream"]
 
 router = APIRouter()
-log = get_logger(__name__)
+
+_MAX_KEY_CHARS: Final = 255
 
 
 async def read_body(receive: Receive, declared: str | None, limit: int) -> bytes:
@@ -122,211 +113,6 @@ def _validation_error(exc: ValidationError) -> RequestError:
     )
 
 
-_ASKED: Final = {
-    mode: ModeDecision(mode, "asked for by the request") for mode in ("sentinel", "native")
-}
-
-
-async def _decide_mode(gw: Gateway, req: StreamRequest) -> ModeDecision:
-    """``mode``: as asked, or for ``auto`` probed once per model and cached (SPEC §4).
-
-    ``constrained`` needs an upstream that takes GBNF grammars: one the settings call a
-    llama-server (``UPSTREAM_KIND``, the managed default), or one the probe finds is.
-    """
-    asked = _ASKED.get(req.mode)
-    if asked is not None:
-        return asked
-    if req.mode == "constrained" and gw.settings.upstream_kind == "llama_server":
-        return ModeDecision(
-            "constrained", "asked for by the request (UPSTREAM_KIND=llama_server)", grammar=True
-        )
-    decision = await _probe(gw, req.model or gw.settings.model_id)
-    if req.mode == "auto":
-        return decision
-    if decision.grammar:
-        return ModeDecision("constrained", "asked for by the request", grammar=True)
-    raise RequestError(
-        ErrorCode.MODE_UNAVAILABLE,
-        "mode 'constrained' needs an upstream that takes GBNF grammars (llama-server), and "
-        "this upstream does not answer /props like one; use 'sentinel' (any "
-        "OpenAI-compatible upstream) or 'auto', or set UPSTREAM_KIND=llama_server if it "
-        "is a llama-server behind a proxy",
-        http_status=422,
-    )
-
-
-async def _probe(gw: Gateway, model: str) -> ModeDecision:
-    """What ``auto`` picks for ``model``: probed once, shared by concurrent first requests."""
-    settings = gw.settings
-    probe = gw.modes.get(model)
-    if probe is None:  # the first request for this model probes; the others wait for it
-        if settings.upstream_base_url is None:  # an injected adapter: nothing to ask
-            llama = settings.upstream_kind == "llama_server"
-            return ModeDecision(
-                "constrained" if llama else "sentinel",
-                f"no upstream URL to probe; UPSTREAM_KIND={settings.upstream_kind}",
-                grammar=llama,
-            )
-        key = settings.upstream_api_key
-        probe = asyncio.ensure_future(
-            probe_tool_mode(
-                gw.client,
-                settings.upstream_base_url,
-                model,
-                headers={"Authorization": f"Bearer {key}"} if key else None,
-                llama_server=settings.upstream_kind == "llama_server",
-            )
-        )
-        gw.modes[model] = probe
-        decision = await asyncio.shield(probe)
-        log.info(MODE_SELECTED, model=model, mode=decision.mode, reason=decision.reason)
-        return decision
-    return await asyncio.shield(probe)
-
-
-def _shape(gw: Gateway, req: StreamRequest, mode: str) -> PlanShape:
-    """The request's :class:`PlanShape`: cached unless it has inline schemas (those are the
-    caller's own, checked and compiled per request)."""
-    key: tuple[object, ...] | None = None
-    if all(isinstance(item, str) for item in req.object_schemas):
-        tools_named = tuple(req.tools) if req.tools is not None else None
-        key = (req.result_schema, tuple(req.object_schemas), tools_named, mode)
-        cached: PlanShape | None = gw.shapes.get(key)
-        if cached is not None:
-            return cached
-    # Schemas: the result schema, the object schemas (registered names or inline ones,
-    # checked against the metaschema: a bad one is a 422), and Any.
-    registry = gw.schemas.scoped()
-    schemas: dict[str, CompiledSchema] = {ANY: registry.get(ANY)}
-    schemas[req.result_schema] = registry.get(req.result_schema)
-    for item in req.object_schemas:
-        if isinstance(item, str):
-            schemas[item] = registry.get(item)
-        else:
-            schemas[item.name] = registry.register_inline(item.name, item.schema_)
-    # Tools: what the model is shown is what may run (SPEC §5).
-    tools = gw.executor.registry
-    for name in req.tools or ():
-        tools.check_allowed(name)  # unknown or internal tool names are the caller's error
-    visible = tools.visible(req.tools)
-    tool_dicts = [t.to_dict() for t in visible]
-    extra: dict[str, Any] = {}
-    if mode == "native" and visible:  # the upstream's own function calling (SPEC §4)
-        extra = {"tools": to_openai_tools(tool_dicts), "tool_choice": "auto"}
-    shape = PlanShape(
-        schemas=schemas,
-        visible=visible,
-        system=render_system_prompt(
-            gw.system_template,
-            result_schema=req.result_schema,
-            schemas={name: c.schema for name, c in schemas.items() if name != ANY},
-            tools=[
-                {"name": t.name, "description": t.description, "input_schema": t.input_schema}
-                for t in visible
-            ],
-        ),
-        extra=extra,
-        registered=registry.all(),
-        schema_docs={name: c.schema for name, c in schemas.items()},
-        tool_dicts=tool_dicts,
-    )
-    if key is not None:
-        if len(gw.shapes) >= _SHAPE_CACHE_MAX:
-            gw.shapes.clear()  # combinations are few in practice; never grow unbounded
-        gw.shapes[key] = shape
-    return shape
-
-
-def _plan(
-    gw: Gateway,
-    req: StreamRequest,
-    stream_id: str,
-    key: str | None,
-    decision: ModeDecision,
-) -> StreamPlan:
-    settings = gw.settings
-    mode = decision.mode
-    shape = _shape(gw, req, mode)
-    messages = build_messages(shape.system, req.chat_messages())
-    chat = ChatRequest(model=req.model or settings.model_id, messages=messages, extra=shape.extra)
-    if req.profile is not None:
-        chat = PROFILES[req.profile].apply(chat)
-    if req.sampling is not None:  # explicit sampling wins over the profile
-        chat = dataclasses.replace(chat, **req.sampling.model_dump(exclude_none=True))
-    prompt_record: dict[str, Any] = {
-        "model": chat.model,
-        "mode": mode,
-        "requested_mode": req.mode,
-        "mode_reason": decision.reason,
-        "messages": messages,
-        "sampling": {
-            "temperature": chat.temperature,
-            "seed": chat.seed,
-            "max_tokens": chat.max_tokens,
-            "top_p": chat.top_p,
-        },
-        "result_schema": req.result_schema,
-        "schemas": shape.schema_docs,
-        "tools": shape.tool_dicts,
-        "max_tool_calls": req.max_tool_calls,
-    }
-    return StreamPlan(
-        stream_id=stream_id,
-        chat=chat,
-        mode=mode,
-        on_disconnect=req.on_disconnect,
-        prompt_record=prompt_record,
-        schemas=shape.schemas,
-        tools_allow=tuple(t.name for t in shape.visible),
-        max_tool_calls=req.max_tool_calls,
-        idempotency_key=key,
-        budget=gw.backend.decision.to_dict() if gw.backend is not None else None,
-        result_schema=req.result_schema,
-        registered=shape.registered,
-        grammar=_grammar(
-            mode, req, shape.schemas, shape.visible, max_depth=settings.max_json_depth, chat=chat
-        ),
-    )
-
-
-_SHAPE_CACHE_MAX = 256
-_MAX_KEY_CHARS = 255
-
-
-def _grammar(
-    mode: str,
-    req: StreamRequest,
-    schemas: Mapping[str, CompiledSchema],
-    visible: Sequence[ToolSpec[Any]],
-    *,
-    max_depth: int,
-    chat: ChatRequest,
-) -> FrameGrammar | None:
-    """Constrained mode (SPEC §4): the frames the model is shown, as a GBNF grammar, sized
-    to the turn's ``max_tokens`` so a looping model still closes its frame in time."""
-    if mode != "constrained":
-        return None
-    objects = [item if isinstance(item, str) else item.name for item in req.object_schemas]
-    return FrameGrammar(
-        tools={t.name: t.input_schema for t in visible},
-        result=(req.result_schema, schemas[req.result_schema].schema),
-        objects={name: schemas[name].schema for name in objects},
-        max_depth=max_depth,
-        max_tokens=chat.max_tokens,
-    )
-
-
-def session_limits(settings: Settings) -> SessionLimits:
-    """The per-stream limits the settings give (built once per app: see ``Gateway``)."""
-    return SessionLimits(
-        queue_max_frames=settings.queue_max_frames,
-        max_frame_bytes=settings.max_frame_bytes,
-        max_json_depth=settings.max_json_depth,
-        frame_timeout_s=settings.frame_timeout_ms / 1000,
-        repair_retries=settings.repair_retries,
-    )
-
-
 @router.post("/v1/stream", summary="One request in, one SSE stream of typed frames out")
 async def stream(
     request: Request,
@@ -366,9 +152,8 @@ async def start_stream(gw: Gateway, body: bytes, idempotency_key: str | None) ->
                 headers={"Idempotent-Replayed": "true"},
             )
     stream_id = "s_" + secrets.token_hex(10)
-    decision = await _decide_mode(gw, req)
     session = StreamSession(
-        _plan(gw, req, stream_id, idempotency_key, decision),
+        await gw.planner.plan(req, stream_id, idempotency_key),
         upstream=gw.upstream,
         limits=gw.limits,
         artifacts=gw.artifacts.run(stream_id),

@@ -1,17 +1,12 @@
-"""One stream, end to end (SPEC §3-§5): model turns, tools mid-stream, the JSON guarantee.
+"""One stream, end to end: the driver of the turn engine (SPEC §3-§5).
 
-A ``StreamSession`` owns exactly one producer task. The task runs *turns*: each turn is
-one upstream generation whose text goes through a sans-IO ``Framer`` into the session's
-``FrameLog`` (waiting whenever the client is ``QUEUE_MAX_FRAMES`` behind: backpressure).
-
-- At a tool call's END the turn stops the upstream generation (its request is closed,
-  which stops the model server generating), the session emits ``tool.call``, runs the
-  tool through the ``ToolExecutor``, emits ``tool.result`` and starts the next turn with
-  the model's own text up to that END plus the result, in the same client stream. The
-  resumed prompt extends the previous one exactly, so a server's prompt cache applies.
-- At an OBJECT or RESULT frame's END the body is decided by ``app.core.guarantee``:
-  valid as is, repaired locally, repaired by one model call (``prompts/repair.txt``,
-  temperature 0), or replaced by a minimal schema-valid object marked ``degraded``.
+The rules of the conversation are :class:`app.core.engine.Conversation`'s: it says which
+request to send, which frames to emit, when a tool runs and when a body is repaired. A
+``StreamSession`` owns exactly one producer task that does what the engine asks
+(the table in :mod:`app.core.engine.actions`) and owns everything the engine must not
+know about: the upstream's async generators, the tool executor, the clock, the frame log
+with its backpressure (it waits whenever the client is ``QUEUE_MAX_FRAMES`` behind),
+cancellation, metrics, logs and the artifacts.
 
 Whatever happens — the model finishes, the upstream dies, the model breaks the framing,
 the client goes, someone cancels — the task ends the same way: an ``error`` frame if
@@ -30,49 +25,36 @@ respects them, and our own cleanup of the upstream runs shielded too.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
 import anyio
 
-from app.core.events import FrameKind
-from app.core.framer import BodyClosed, Framer
-from app.core.gbnf import FrameGrammar
-from app.core.guarantee import (
-    Degraded,
-    FinalOutcome,
-    NeedsModelRepair,
-    Repaired,
-    Valid,
-    after_model_repair,
-    end_fields,
-    finish_frame,
-    give_up,
-    render_repair_prompt,
+from app.core.engine import (
+    MODEL_END,
+    AskModel,
+    CallModel,
+    Conversation,
+    ConversationConfig,
+    Emit,
+    Finish,
+    Mode,
+    ModelEvent,
+    ModelReply,
+    ReaderLimits,
+    ReadModel,
+    RefuseTool,
+    RepairBody,
+    RunTool,
+    StopModel,
+    ToolOutcome,
 )
-from app.core.json_validator import StreamingJSONValidator
-from app.core.native_tools import (
-    AssembledCall,
-    ToolCallAssembler,
-    assistant_tool_call_message,
-    tool_result_message,
-)
-from app.core.prompt import render_tool_result
+from app.core.guarantee import Degraded, Outcome, Repaired, finish_frame
 from app.core.schemas import CompiledSchema
-from app.core.wire import (
-    DONE,
-    ERROR,
-    JSON_END,
-    RESULT_END,
-    STREAM_BEGIN,
-    TOOL_CALL,
-    TOOL_RESULT,
-    Frame,
-)
-from app.errors import ErrorCode, JSONError, ModelBehaviorError, ToolForgeError, UpstreamError
+from app.core.wire import DONE, ERROR, JSON_END, RESULT_END, Frame
+from app.errors import ErrorCode, ToolForgeError, UpstreamError
 from app.log import (
     ARTIFACTS_WRITE_FAILED,
     CLIENT_DISCONNECTED,
@@ -95,21 +77,22 @@ __all__ = ["SessionLimits", "StreamPlan", "StreamSession"]
 log = get_logger(__name__)
 
 DisconnectPolicy = Literal["cancel", "continue"]
+Deltas = AsyncGenerator[UpstreamDelta, None]
 
-# Bodies above this are decided in a worker thread (see StreamSession._decide).
-_REPAIR_IN_THREAD_BYTES = 8 * 1024
-# Constrained mode: how long to wait after a tool call's END for the usage chunk that
-# follows it (llama-server sends it within a millisecond or two of the last token).
-_USAGE_AFTER_END_S = 0.25
+# Bodies above this are decided in a worker thread (see StreamSession._repair_body).
+_REPAIR_IN_THREAD_BYTES: Final = 8 * 1024
+# After a tool call's END, how long to read the generation's trailing chunks when the mode
+# asks for it (constrained: llama-server sends the usage within a millisecond or two).
+_USAGE_AFTER_END_S: Final = 0.25
 
 
 @dataclass(frozen=True, slots=True)
 class StreamPlan:
-    """Everything a session needs, resolved from the HTTP request."""
+    """Everything a session needs, resolved from the HTTP request (app.runtime.planner)."""
 
     stream_id: str
     chat: ChatRequest
-    mode: str
+    mode: Mode
     on_disconnect: DisconnectPolicy = "cancel"
     # The context-budget decision behind the upstream (SPEC §6), when the gateway made one;
     # its budget_tokens goes in stream.begin, the whole decision in metrics.json.
@@ -123,11 +106,9 @@ class StreamPlan:
     # still held to it; only a name nobody registered falls back to Any.
     registered: Mapping[str, CompiledSchema] = field(default_factory=dict)
     tools_allow: tuple[str, ...] | None = None  # None: every model-facing tool
+    approval_tools: frozenset[str] = frozenset()  # their calls wait for an approval
     max_tool_calls: int = 8
     idempotency_key: str | None = None
-    # Constrained mode (SPEC §4): every turn's request carries this grammar for its ids,
-    # the model repair call a JSON-only one. None in the other modes.
-    grammar: FrameGrammar | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,32 +121,16 @@ class SessionLimits:
 
 
 @dataclass(slots=True)
-class _Turn:
-    """How one generation ended: with a tool call to run, or not."""
-
-    tool: BodyClosed | None = None
-    assistant_text: str = ""  # the model's text up to and including the tool call's END
-    native_calls: list[AssembledCall] = field(default_factory=list)  # native mode
-
-
-@dataclass(slots=True)
 class _Stats:
+    """What the driver measures; the conversation counts the rest."""
+
     started: float = 0.0
     first_token_at: float | None = None
-    chunks: int = 0
-    usage: dict[str, Any] | None = None
-    finish: str | None = None
-    turns: int = 0
-    tool_calls: int = 0
-    repairs: int = 0
-    degraded_frames: int = 0
-    degraded_ids: set[int] = field(default_factory=set)
-    # llama-server's per-call timings (cache_n: prompt tokens reused from the cache), in
-    # call order: shows whether a resumed turn hit the prompt cache (SPEC §4).
-    upstream_timings: list[dict[str, Any]] = field(default_factory=list)
+    turn_started: float | None = None  # until the open turn's first token arrives
     # Time to first token of each turn: the first is the stream's TTFT, the others show
     # what a resume after a tool costs (prompt cache or not).
     turn_ttft_ms: list[float] = field(default_factory=list)
+    degraded_ids: set[int] = field(default_factory=set)
     # The RESULT and OBJECT values, for result.json (the log keeps only encoded frames).
     results: list[object] = field(default_factory=list)
     objects: list[object] = field(default_factory=list)
@@ -193,10 +158,26 @@ class StreamSession:
         self._artifacts = artifacts
         self._metrics = metrics
         self._executor = executor
-        self._repair_template = repair_template
         self._clock = clock
+        self.conversation = Conversation(
+            ConversationConfig(
+                stream_id=plan.stream_id,
+                request=plan.chat,
+                mode=plan.mode,
+                schemas=plan.schemas,
+                result_schema=plan.result_schema,
+                registered=plan.registered,
+                max_tool_calls=plan.max_tool_calls,
+                runs_tools=executor is not None,
+                approval_tools=plan.approval_tools,
+                budget_tokens=plan.budget["budget_tokens"] if plan.budget else None,
+                limits=ReaderLimits(limits.max_frame_bytes, limits.max_json_depth),
+                frame_timeout_s=limits.frame_timeout_s,
+                repair_retries=limits.repair_retries,
+                repair_template=repair_template,
+            )
+        )
         self.log = FrameLog(max_pending=limits.queue_max_frames, clock=clock)
-        self._seen_ids: set[str] = set()  # frame ids are unique across all turns
         self._task: asyncio.Task[None] | None = None
         self._scope = anyio.CancelScope()
         self._cancel_reason: str | None = None
@@ -259,7 +240,144 @@ class StreamSession:
         self._end_waiters.append(waiter)
         await waiter  # one future per caller: a cancelled one leaves the others waiting
 
-    # -- the producer ------------------------------------------------------------------
+    # -- the producer: the engine's actions, done -----------------------------------------
+
+    async def _run(self) -> None:
+        self._stats.started = self._clock()
+        # Counted and logged once this step yields (the upstream request is out by then):
+        # a log line and the metrics cost tens of µs, and this is the time to first token.
+        asyncio.get_running_loop().call_soon(self._started)
+        finish: Finish | None = None
+        error: ToolForgeError | None = None
+        flow = self.conversation.flow()
+        try:
+            with self._scope:
+                finish = await self._drive(flow)
+            if self._scope.cancelled_caught and self._cancel_reason is None:
+                self._cancel_reason = "cancelled"
+        except asyncio.CancelledError:
+            # A native cancel from outside (the event loop shutting down): end the stream
+            # properly below instead of vanishing, then return.
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()
+            if self._cancel_reason is None:
+                self._cancel_reason = "shutdown"
+        except Exception as exc:  # a bug of ours: still end the stream with a frame
+            log.exception(STREAM_INTERNAL_ERROR, stream_id=self.id)
+            error = ToolForgeError(ErrorCode.INTERNAL, f"internal error: {type(exc).__name__}")
+            self.log.append(Frame(ERROR, error.to_dict()))
+        finally:
+            flow.close()
+        if finish is not None and self._cancel_reason is None:
+            error = finish.error
+        await self._finish(finish.reason if finish is not None else "error", error)
+
+    def _started(self) -> None:
+        if self._metrics is not None:
+            self._metrics.stream_started()
+        log.info(
+            STREAM_STARTED, stream_id=self.id, model=self.plan.chat.model, mode=self.plan.mode.name
+        )
+
+    async def _drive(self, flow: Any) -> Finish:
+        """Do each action of ``flow`` and send it the result, until it finishes."""
+        log_ = self.log
+        queue_max = self._limits.queue_max_frames
+        deltas: Deltas | None = None  # the open generation, if any
+        flush_first = True  # until the first content frame is handed to the writer
+        action: object = next(flow)
+        try:
+            while True:
+                result: object = None
+                try:
+                    kind = type(action)
+                    if kind is ReadModel:  # per token: kept free of calls where it can be
+                        frames: Sequence[Frame] = action.frames  # type: ignore[attr-defined]
+                        if frames:
+                            for frame in frames:
+                                if log_.pending() < queue_max:
+                                    self._append(frame)
+                                else:
+                                    await self._push(frame)
+                            if flush_first:
+                                # Hand the stream's first content frame to the writer now,
+                                # not after the rest of the read it came in (TTFT).
+                                flush_first = False
+                                await asyncio.sleep(0)
+                        assert deltas is not None
+                        result = await self._next_event(deltas)
+                    elif kind is Emit:
+                        await self._emit(action)  # type: ignore[arg-type]
+                    elif kind is CallModel:
+                        self._stats.turn_started = self._clock()
+                        deltas = self._upstream.stream(action.request)  # type: ignore[attr-defined]
+                        result = await self._next_event(deltas)
+                    elif kind is StopModel:
+                        assert deltas is not None
+                        drain = action.drain  # type: ignore[attr-defined]
+                        result = await self._drain(deltas) if drain else ()
+                        await _close(deltas)
+                        deltas = None
+                    elif kind is RepairBody:
+                        result = await self._repair_body(action)  # type: ignore[arg-type]
+                    elif kind is AskModel:
+                        result = await self._ask(action)  # type: ignore[arg-type]
+                    elif kind is RunTool:
+                        result = await self._run_tool(action)  # type: ignore[arg-type]
+                    elif kind is RefuseTool:
+                        self._refused(action)  # type: ignore[arg-type]
+                    elif kind is Finish:
+                        return action  # type: ignore[return-value]
+                    else:
+                        raise TypeError(f"unknown engine action {action!r}")
+                    if result is MODEL_END and deltas is not None:
+                        await _close(deltas)
+                        deltas = None
+                except ToolForgeError as exc:  # the engine decides what a failure means
+                    if deltas is not None:
+                        await _close(deltas)
+                        deltas = None
+                    if isinstance(exc, UpstreamError) and self._metrics is not None:
+                        self._metrics.upstream_error(str(exc.code))
+                    action = flow.throw(exc)
+                    continue
+                action = flow.send(result)
+        finally:
+            # Leaving early (a cancel, a bug) must close the upstream response now, not
+            # whenever the generator is garbage-collected.
+            if deltas is not None:
+                await _close(deltas)
+
+    async def _next_event(self, deltas: Deltas) -> ModelEvent:
+        """The generation's next delta with the time it came, or MODEL_END."""
+        try:
+            delta = await deltas.__anext__()
+        except StopAsyncIteration:
+            return MODEL_END
+        now = self._clock()
+        stats = self._stats
+        if stats.turn_started is not None and delta.text:  # this turn's first token
+            stats.turn_ttft_ms.append(round((now - stats.turn_started) * 1e3, 3))
+            stats.turn_started = None
+            if stats.first_token_at is None:
+                stats.first_token_at = now
+        return (delta, now)
+
+    async def _drain(self, deltas: Deltas) -> tuple[UpstreamDelta, ...]:
+        """The generation's trailing chunks (finish reason, usage, llama-server's timings),
+        read briefly rather than lose the turn's accounting by closing at once."""
+        trailing: list[UpstreamDelta] = []
+        with anyio.move_on_after(_USAGE_AFTER_END_S):
+            try:
+                async for delta in deltas:
+                    if delta.finish_reason is not None or delta.usage is not None:
+                        trailing.append(delta)
+            except UpstreamError:  # the call is complete; its accounting is not worth an error
+                log.debug("upstream.usage_lost", stream_id=self.id)
+        return tuple(trailing)
+
+    # -- frames ---------------------------------------------------------------------------
 
     async def _push(self, frame: Frame) -> None:
         if self.log.pending() >= self._limits.queue_max_frames:
@@ -275,363 +393,84 @@ class StreamSession:
         elif event == JSON_END:
             self._stats.objects.append(frame.data)
 
-    async def _run(self) -> None:
-        stats = self._stats
-        stats.started = self._clock()
-        error: ToolForgeError | None = None
-        # Counted and logged once this step yields (the upstream request is out by then):
-        # a log line and the metrics cost tens of µs, and this is the time to first token.
-        asyncio.get_running_loop().call_soon(self._started)
-        budget = self.plan.budget
-        self.log.append(
-            Frame(
-                STREAM_BEGIN,
-                {
-                    "stream_id": self.id,
-                    "model": self.plan.chat.model,
-                    "mode": self.plan.mode,
-                    "budget_tokens": budget["budget_tokens"] if budget else None,
-                },
-            )
-        )
-        try:
-            with self._scope:
-                messages = self.plan.chat.messages  # each turn adds to a new list
-                while True:
-                    chat = self._turn_request(messages)
-                    turn = await self._turn(chat)
-                    if turn.tool is not None:  # a sentinel tool call
-                        envelope = await self._call_tool(turn.tool)
-                        result = render_tool_result(turn.tool.id, turn.tool.name, envelope)
-                        messages = [
-                            *messages,
-                            {"role": "assistant", "content": turn.assistant_text},
-                            {"role": "user", "content": result},
-                        ]
-                    elif turn.native_calls:  # the upstream's own tool_calls
-                        calls = turn.native_calls
-                        replies = [
-                            tool_result_message(call.id, await self._call_tool(_native(call)))
-                            for call in calls
-                        ]
-                        messages = [
-                            *messages,
-                            assistant_tool_call_message(calls, turn.assistant_text),
-                            *replies,
-                        ]
-                    else:
-                        break
-            if self._scope.cancelled_caught and self._cancel_reason is None:
-                self._cancel_reason = "cancelled"
-        except ToolForgeError as exc:
-            error = exc
-            if not isinstance(exc, _Reported):
-                self.log.append(Frame(ERROR, exc.to_dict()))
-            if isinstance(exc, UpstreamError) and self._metrics is not None:
-                self._metrics.upstream_error(str(exc.code))
-        except asyncio.CancelledError:
-            # A native cancel from outside (the event loop shutting down): end the stream
-            # properly below instead of vanishing, then return.
-            task = asyncio.current_task()
-            if task is not None:
-                task.uncancel()
-            if self._cancel_reason is None:
-                self._cancel_reason = "shutdown"
-        except Exception as exc:  # a bug of ours: still end the stream with a frame
-            log.exception(STREAM_INTERNAL_ERROR, stream_id=self.id)
-            error = ToolForgeError(ErrorCode.INTERNAL, f"internal error: {type(exc).__name__}")
-            self.log.append(Frame(ERROR, error.to_dict()))
-        await self._finish(error)
+    async def _emit(self, action: Emit) -> None:
+        outcome = action.outcome
+        if outcome is not None:
+            frame_id = action.frames[-1].data.get("id")
+            if isinstance(outcome, Repaired):
+                log.info(FRAME_REPAIRED, stream_id=self.id, frame_id=frame_id, via=outcome.via)
+            elif isinstance(outcome, Degraded):
+                self._stats.degraded_ids.add(self.log.last_id + len(action.frames))
+                log.warning(
+                    FRAME_DEGRADED,
+                    stream_id=self.id,
+                    frame_id=frame_id,
+                    errors=[e.to_dict() for e in outcome.errors],
+                )
+        for frame in action.frames:
+            await self._push(frame)
 
-    def _started(self) -> None:
-        if self._metrics is not None:
-            self._metrics.stream_started()
-        log.info(STREAM_STARTED, stream_id=self.id, model=self.plan.chat.model, mode=self.plan.mode)
+    # -- the JSON guarantee -----------------------------------------------------------------
 
-    def _turn_request(self, messages: Sequence[Mapping[str, Any]]) -> ChatRequest:
-        """The next turn's request: the plan's with ``messages`` and, in constrained mode,
-        the grammar of this turn (ids after every id seen so far; no tool call once
-        ``max_tool_calls`` are spent)."""
-        chat = self.plan.chat
-        if messages is not chat.messages:
-            chat = dataclasses.replace(chat, messages=messages)
-        grammar = self.plan.grammar
-        if grammar is None:
-            return chat
-        tools_left = self._stats.tool_calls < self.plan.max_tool_calls
-        return _with_grammar(chat, grammar.next_turn(self._seen_ids, allow_tools=tools_left))
-
-    async def _turn(self, chat: ChatRequest) -> _Turn:
-        """One upstream generation, framed; returns early at a tool call."""
-        stats = self._stats
-        stats.turns += 1
-        framer = Framer(
-            max_frame_bytes=self._limits.max_frame_bytes,
-            max_depth=self._limits.max_json_depth,
-            seen_ids=self._seen_ids,
-        )
-        raw: list[str] = []  # this turn's text: blocks of _RAW_BLOCK deltas, then the rest
-        pieces = 0  # deltas in raw since the last block
-        assembler = (
-            ToolCallAssembler(id_prefix=f"call_{stats.turns}_")
-            if self.plan.mode == "native"
-            else None
-        )
-        frame_opened_at: float | None = None
-        frame_timeout = self._limits.frame_timeout_s
-        queue_max = self._limits.queue_max_frames
-        turn_started: float | None = self._clock()
-        # Until the stream's first content frame is out, hand it to the writer as soon
-        # as it exists rather than after the rest of the read it came in (TTFT).
-        flush_first = stats.first_token_at is None
-        frames_before = self.log.last_id
-        deltas = self._upstream.stream(chat)
-        try:
-            async for delta in deltas:
-                if delta.text:
-                    now = self._clock()
-                    if turn_started is not None:  # this turn's first token
-                        stats.turn_ttft_ms.append(round((now - turn_started) * 1e3, 3))
-                        turn_started = None
-                        if stats.first_token_at is None:
-                            stats.first_token_at = now
-                    stats.chunks += 1
-                    raw.append(delta.text)
-                    pieces += 1
-                    if pieces == _RAW_BLOCK:  # one string per block: memory per open stream
-                        raw[-_RAW_BLOCK:] = ["".join(raw[-_RAW_BLOCK:])]
-                        pieces = 0
-                    for item in framer.feed(delta.text):
-                        if type(item) is Frame:
-                            if self.log.pending() < queue_max:
-                                self._append(item)  # the usual case: no coroutine per token
-                            else:
-                                await self._push(item)
-                        elif isinstance(item, BodyClosed):
-                            if item.kind is FrameKind.TOOL_CALL:
-                                if self.plan.grammar is not None:
-                                    await self._collect_usage(deltas)
-                                return _Turn(item, _up_to_end(raw, item))
-                            await self._push(await self._decide(item))
-                    if framer.error is not None:
-                        raise _Reported(framer.error)
-                    if flush_first and self.log.last_id > frames_before:
-                        flush_first = False
-                        await asyncio.sleep(0)
-                    # FRAME_TIMEOUT_MS: a frame that stays open this long is abandoned,
-                    # so a model that trickles forever cannot hold a tool call hostage.
-                    if framer.open_frame_id is None:
-                        frame_opened_at = None
-                    elif frame_opened_at is None:
-                        frame_opened_at = now
-                    elif now - frame_opened_at > frame_timeout:
-                        raise ModelBehaviorError(
-                            ErrorCode.FRAME_TIMEOUT,
-                            f"frame {framer.open_frame_id!r} stayed open longer than "
-                            f"{frame_timeout * 1000:.0f} ms (FRAME_TIMEOUT_MS)",
-                            frame_id=framer.open_frame_id,
-                        )
-                if assembler is not None and delta.tool_calls:
-                    assembler.feed(delta.tool_calls)
-                self._account(delta)
-            for item in framer.close():  # text held back, or a frame left open
-                if type(item) is Frame:
-                    await self._push(item)
-            if framer.error is not None:
-                raise _Reported(framer.error)
-            if assembler is not None and assembler.has_calls:
-                # finish_reason "tool_calls" (or "stop" from servers that say so anyway)
-                return _Turn(native_calls=assembler.finish(), assistant_text="".join(raw))
-            return _Turn()
-        finally:
-            # Leaving early (a tool call, an error, a cancel) must close the upstream
-            # response now, not whenever the generator is garbage-collected, and the
-            # close itself must not be cut short by the cancel that brought us here.
-            with anyio.CancelScope(shield=True):
-                await _aclose(deltas)
-
-    async def _collect_usage(self, deltas: AsyncIterator[UpstreamDelta]) -> None:
-        """Constrained mode: the grammar ends the generation at the call's END, so its last
-        chunks (finish reason, usage, llama-server's timings) follow at once; read them
-        for the accounting, briefly, rather than lose this turn's usage by closing."""
-        with anyio.move_on_after(_USAGE_AFTER_END_S):
-            try:
-                async for delta in deltas:
-                    self._account(delta)
-            except UpstreamError:  # the call is complete; its accounting is not worth an error
-                log.debug("upstream.usage_lost", stream_id=self.id)
-
-    def _account(self, delta: UpstreamDelta) -> None:
-        if delta.finish_reason is not None:
-            self._stats.finish = delta.finish_reason
-        if delta.usage is not None:  # the last chunk only: keep the per-token path bare
-            self._add_usage(delta)
-
-    def _add_usage(self, delta: UpstreamDelta) -> None:
-        """Token usage adds up over turns and repair calls."""
-        if delta.usage is None:
-            return
-        counts = dict(delta.usage)
-        timings = counts.pop("timings", None)  # per call, not a sum: kept apart
-        if isinstance(timings, dict):
-            self._stats.upstream_timings.append(timings)
-        usage = self._stats.usage
-        if usage is None:
-            self._stats.usage = counts
-            return
-        for key, value in counts.items():
-            if isinstance(value, int) and isinstance(usage.get(key, 0), int):
-                usage[key] = usage.get(key, 0) + value
-
-    # -- the JSON guarantee ---------------------------------------------------------------
-
-    def _schema_for(self, closed: BodyClosed) -> CompiledSchema | None:
-        plan = self.plan
-        result = plan.schemas.get(plan.result_schema) if plan.result_schema else None
-        if closed.kind is FrameKind.RESULT and result is not None:
-            return result
-        return (
-            plan.schemas.get(closed.name)
-            or plan.registered.get(closed.name)
-            or plan.schemas.get("Any")
-        )
-
-    async def _decide(self, closed: BodyClosed) -> Frame:
-        """The END frame of an OBJECT or RESULT body: valid, repaired, or degraded."""
-        schema = self._schema_for(closed)
-        event = JSON_END if closed.kind is FrameKind.OBJECT else RESULT_END
-        if schema is None:  # no schema registry in this session: syntax is all we check
-            if closed.error is not None:
-                raise closed.error
-            fields = end_fields(Valid(closed.value))
-            return Frame(event, {"id": closed.id, "length": closed.length, **fields})
-        parsed = closed.error if closed.error is not None else closed.value
-        if closed.length > _REPAIR_IN_THREAD_BYTES:
+    async def _repair_body(self, action: RepairBody) -> Outcome:
+        if len(action.text) > _REPAIR_IN_THREAD_BYTES:
             # Local repair of a large, damaged body can take a quarter of a second
             # (json_repair is pure Python): do it off the event loop, so other streams'
             # tokens keep flowing meanwhile.
-            first = await anyio.to_thread.run_sync(finish_frame, closed.text, parsed, schema)
-        else:
-            first = finish_frame(closed.text, parsed, schema)
-        outcome: FinalOutcome
-        if not isinstance(first, NeedsModelRepair):
-            outcome = first
-        elif self._limits.repair_retries > 0:
-            reply = await self._model_repair(schema, first)
-            outcome = after_model_repair(reply, schema, first.errors)
-        else:
-            outcome = give_up(schema, first.errors)
-        if isinstance(outcome, Repaired):
-            self._stats.repairs += 1
-            log.info(FRAME_REPAIRED, stream_id=self.id, frame_id=closed.id, via=outcome.via)
-        elif isinstance(outcome, Degraded):
-            self._stats.degraded_frames += 1
-            self._stats.degraded_ids.add(self.log.last_id + 1)
-            log.warning(
-                FRAME_DEGRADED,
-                stream_id=self.id,
-                frame_id=closed.id,
-                errors=[e.to_dict() for e in outcome.errors],
+            return await anyio.to_thread.run_sync(
+                finish_frame, action.text, action.parsed, action.schema
             )
-        return Frame(event, {"id": closed.id, "length": closed.length, **end_fields(outcome)})
+        return finish_frame(action.text, action.parsed, action.schema)
 
-    async def _model_repair(self, schema: CompiledSchema, need: NeedsModelRepair) -> str | None:
-        """Ask the model once to fix the body (temperature 0). None if that fails."""
-        prompt = render_repair_prompt(
-            self._repair_template, schema=schema, text=need.text, errors=need.errors
-        )
-        chat = dataclasses.replace(
-            self.plan.chat,
-            messages=[{"role": "user", "content": prompt}],
-            temperature=0.0,
-            max_tokens=min(4096, 256 + len(need.text)),
-        )
-        if self.plan.grammar is not None:  # constrained: the reply can only be the JSON
-            chat = _with_grammar(chat, self.plan.grammar.json_value(schema.schema))
+    async def _ask(self, action: AskModel) -> ModelReply:
+        """One whole model call (the repair of a body). Its failure is an answer: None."""
         parts: list[str] = []
-        deltas = self._upstream.stream(chat)
+        usage: list[UpstreamDelta] = []
+        deltas = self._upstream.stream(action.request)
         try:
             async for delta in deltas:
                 parts.append(delta.text)
-                self._add_usage(delta)  # a repair call does not end the stream
+                if delta.usage is not None:
+                    usage.append(delta)
         except UpstreamError as exc:
-            log.warning(UPSTREAM_ERROR, stream_id=self.id, purpose="repair", code=str(exc.code))
-            return None
+            log.warning(
+                UPSTREAM_ERROR, stream_id=self.id, purpose=action.purpose, code=str(exc.code)
+            )
+            return ModelReply(None, tuple(usage))
         finally:
-            with anyio.CancelScope(shield=True):
-                await _aclose(deltas)
-        return "".join(parts)
+            await _close(deltas)
+        return ModelReply("".join(parts), tuple(usage))
 
-    # -- tools ----------------------------------------------------------------------------
+    # -- tools ------------------------------------------------------------------------------
 
-    async def _call_tool(self, closed: BodyClosed) -> dict[str, object]:
-        """Run one tool call (or refuse it); emit its frames; return the envelope that goes
-        back to the model (every mode renders it its own way)."""
-        stats = self._stats
-        stats.tool_calls += 1
-        name = closed.name
-        if closed.error is not None:
-            return await self._refuse(
-                closed,
-                ErrorCode.INVALID_JSON,
-                f"the arguments are not valid JSON ({closed.error.message}); "
-                "write the call again with strict JSON arguments",
-            )
-        if stats.tool_calls > self.plan.max_tool_calls:
-            return await self._refuse(
-                closed,
-                ErrorCode.TOOL_CALL_LIMIT,
-                f"this stream allows {self.plan.max_tool_calls} tool calls (max_tool_calls); "
-                "answer now with the information you have",
-            )
+    async def _run_tool(self, action: RunTool) -> ToolOutcome:
         executor = self._executor
-        if executor is None:
-            return await self._refuse(
-                closed, ErrorCode.TOOL_UNAVAILABLE, "this gateway runs no tools"
-            )
-        spec = executor.registry.get(name)
-        needs_approval = spec is not None and spec.needs_approval
-        call: dict[str, object] = {"id": closed.id, "name": name, "args": closed.value}
-        if needs_approval:
-            call["needs_approval"] = True
-        await self._push(Frame(TOOL_CALL, call))
+        assert executor is not None  # the engine refuses every call when there is none
         result = await executor.run(
-            name,
-            closed.value,
-            call_id=closed.id,
+            action.name,
+            action.args,
+            call_id=action.id,
             idempotency_key=self.plan.idempotency_key,
-            approval=self._approval(closed.id) if needs_approval else None,
+            approval=self._approval(action.id) if action.needs_approval else None,
             allow=self.plan.tools_allow,
         )
-        await self._push(Frame(TOOL_RESULT, result.frame_data()))
         self._tool_logs.append(result.record.to_dict())
         if self._metrics is not None:
-            self._metrics.tool_call(name, "ok" if result.ok else "error")
-        return result.envelope.to_dict()
+            self._metrics.tool_call(action.name, "ok" if result.ok else "error")
+        return ToolOutcome(result.frame_data(), result.envelope.to_dict())
 
-    async def _refuse(self, closed: BodyClosed, code: ErrorCode, message: str) -> dict[str, object]:
-        error = {"code": str(code), "message": message}
-        await self._push(
-            Frame(
-                TOOL_RESULT,
-                {
-                    "id": closed.id,
-                    "name": closed.name,
-                    "ok": False,
-                    "error": error,
-                    "duration_ms": 0.0,
-                    "attempts": 0,
-                    "cached": False,
-                    "performance_warning": False,
-                },
-            )
-        )
+    def _refused(self, action: RefuseTool) -> None:
         self._tool_logs.append(
-            {"call_id": closed.id, "name": closed.name, "args": None, "error": error, "attempts": 0}
+            {
+                "call_id": action.id,
+                "name": action.name,
+                "args": None,
+                "error": dict(action.error),
+                "attempts": 0,
+            }
         )
         if self._metrics is not None:
-            self._metrics.tool_call(closed.name, "refused")
-        return {"ok": False, "data": None, "warnings": [], "errors": [error]}
+            self._metrics.tool_call(action.name, "refused")
 
     def _approval(self, call_id: str) -> Approval:
         async def wait_for_decision() -> bool:
@@ -644,17 +483,18 @@ class StreamSession:
 
         return wait_for_decision
 
-    # -- the end --------------------------------------------------------------------------
+    # -- the end ----------------------------------------------------------------------------
 
-    async def _finish(self, error: ToolForgeError | None) -> None:
+    async def _finish(self, finished: str, error: ToolForgeError | None) -> None:
         stats = self._stats
+        counts = self.conversation.stats
         ended = self._clock()
         if self._cancel_reason is not None:
             reason = self._cancel_reason
         elif error is not None:
             reason = "error"
         else:
-            reason = stats.finish or "stop"
+            reason = finished
         self.reason = reason
         self.stats = self._summary(ended)
         self.log.append(
@@ -662,9 +502,9 @@ class StreamSession:
                 DONE,
                 {
                     "reason": reason,
-                    "usage": stats.usage
-                    if stats.usage is not None
-                    else {"completion_chunks": stats.chunks},
+                    "usage": counts.usage
+                    if counts.usage is not None
+                    else {"completion_chunks": counts.chunks},
                     "metrics": {
                         k: self.stats[k]
                         for k in ("ttft_ms", "duration_ms", "tokens_per_s", "frames")
@@ -699,29 +539,30 @@ class StreamSession:
 
     def _summary(self, ended: float) -> dict[str, Any]:
         stats = self._stats
-        usage = stats.usage
-        tokens = int(usage.get("completion_tokens", stats.chunks)) if usage else stats.chunks
+        counts = self.conversation.stats
+        usage = counts.usage
+        tokens = int(usage.get("completion_tokens", counts.chunks)) if usage else counts.chunks
         first = stats.first_token_at
         generating = ended - first if first is not None else 0.0
         return {
             "ttft_ms": None if first is None else round((first - stats.started) * 1e3, 3),
             "duration_ms": round((ended - stats.started) * 1e3, 3),
             "tokens": tokens,
-            "upstream_chunks": stats.chunks,
+            "upstream_chunks": counts.chunks,
             "tokens_per_s": round(tokens / generating, 2) if generating > 0 else None,
             "frames": self.log.last_id + 1,  # the done frame included
             "frame_counts": dict(self.log.event_counts),
-            "turns": stats.turns,
-            "tool_calls": stats.tool_calls,
-            "repairs": stats.repairs,
-            "degraded_frames": stats.degraded_frames,
+            "turns": counts.turns,
+            "tool_calls": counts.tool_calls,
+            "repairs": counts.repairs,
+            "degraded_frames": counts.degraded_frames,
             "queue_high_water": self.log.high_water,
             "queue_max_frames": self._limits.queue_max_frames,
             "queue_paused_ms": round(self.log.paused_s * 1e3, 3),
             "bytes_written": self.log.bytes_written,
             "budget": self.plan.budget,
             "turn_ttft_ms": stats.turn_ttft_ms,
-            "upstream_timings": stats.upstream_timings,
+            "upstream_timings": counts.upstream_timings,
         }
 
     async def _write_artifacts(self, reason: str, error: ToolForgeError | None) -> None:
@@ -759,59 +600,12 @@ def _records(encoded: tuple[bytes, ...], degraded: frozenset[int]) -> Iterator[d
         yield record
 
 
-class _Reported(ModelBehaviorError):
-    """A framing error whose ``error`` frame the framer already emitted."""
-
-    def __init__(self, error: ModelBehaviorError) -> None:
-        super().__init__(error.code, error.message, frame_id=error.frame_id)
-
-
-def _native(call: AssembledCall) -> BodyClosed:
-    """A native tool call as the framer would have closed it: parsed strictly, so both
-    modes run tools under exactly the same rules."""
-    validator = StreamingJSONValidator(frame_id=call.id)
-    value: object = None
-    error: JSONError | None = None
-    try:
-        validator.feed(call.arguments_text)
-        value = validator.close()
-    except JSONError as exc:
-        error = exc
-    return BodyClosed(
-        FrameKind.TOOL_CALL,
-        call.id,
-        call.tool_name,
-        call.arguments_text,
-        value,
-        error,
-        len(call.arguments_text.encode("utf-8")),
-    )
-
-
-def _with_grammar(chat: ChatRequest, grammar: str) -> ChatRequest:
-    # ``grammar``: llama-server's request field for a GBNF grammar.
-    return dataclasses.replace(chat, extra={**chat.extra, "grammar": grammar})
-
-
-_RAW_BLOCK: Final = 64
-
-
-def _up_to_end(raw: list[str], call: BodyClosed) -> str:
-    """The model's text of this turn up to and including the call's END sentinel.
-
-    The real END is the last occurrence so far: an earlier one can only sit inside a JSON
-    string of the body (where it is content), and the model's text after the END in the
-    same chunk is dropped: the model should have stopped there.
-    """
-    text = "".join(raw)
-    end = f"\u27e6END_TOOL_CALL id={call.id}\u27e7"
-    cut = text.rfind(end)
-    return text[: cut + len(end)] if cut >= 0 else text
-
-
-async def _aclose(deltas: AsyncIterator[UpstreamDelta]) -> None:
+async def _close(deltas: AsyncIterator[UpstreamDelta]) -> None:
+    """Close a generation now, and let no cancel cut the close short."""
     aclose = getattr(deltas, "aclose", None)
-    if aclose is not None:
+    if aclose is None:
+        return
+    with anyio.CancelScope(shield=True):
         try:
             await aclose()
         except Exception:  # closing a broken stream may fail; it is closed either way

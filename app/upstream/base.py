@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import AsyncGenerator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Final, Protocol
 
-# Defined in core (which imports no other layer) so the assembler can use it; part of this
-# seam's surface all the same.
+# Defined in core (which imports no other layer) so the assembler and the turn engine can
+# use them; part of this seam's surface all the same.
+from app.core.chat import ChatRequest, UpstreamDelta
 from app.core.native_tools import ToolCallDelta
 
 __all__ = [
@@ -26,49 +27,6 @@ __all__ = [
     "Upstream",
     "UpstreamDelta",
 ]
-
-
-@dataclass(frozen=True, slots=True)
-class ChatRequest:
-    """One chat-completion request, independent of any upstream dialect.
-
-    ``None`` means "not sent; the upstream's default applies". ``extra`` is merged last
-    into the wire body (e.g. llama-server's ``grammar``/``cache_prompt``), so it can also
-    override what the adapter would send.
-
-    Native mode (SPEC §4) sends its tools through ``extra`` as well: ``{"tools": [...],
-    "tool_choice": "auto"}``, the tools in OpenAI format (built by
-    :func:`app.core.native_tools.to_openai_tools`). Its continuation ``messages`` then
-    hold OpenAI-shaped assistant messages with ``tool_calls`` and ``{"role": "tool",
-    "tool_call_id": ..., "content": ...}`` messages (see
-    :func:`app.core.native_tools.assistant_tool_call_message` and
-    :func:`app.core.native_tools.tool_result_message`); adapters pass them through as is.
-    """
-
-    model: str
-    messages: Sequence[Mapping[str, Any]]
-    temperature: float | None = None
-    seed: int | None = None
-    max_tokens: int | None = None
-    top_p: float | None = None
-    stop: Sequence[str] | None = None
-    extra: Mapping[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True, slots=True)
-class UpstreamDelta:
-    """One step of the model's output: new text, and at the end the finish reason/usage.
-
-    ``text`` may be empty (a usage-only, finish-only or tool-call chunk). ``usage`` is the
-    upstream's token accounting as sent (``prompt_tokens``, ``completion_tokens``, ...).
-    ``tool_calls`` holds the native tool-call pieces of this chunk, in the order sent;
-    empty unless the request offered ``tools`` and the model called one.
-    """
-
-    text: str
-    finish_reason: str | None = None
-    usage: dict[str, Any] | None = None
-    tool_calls: tuple[ToolCallDelta, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

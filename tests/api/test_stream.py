@@ -243,7 +243,7 @@ async def test_system_prompts_are_rendered_once_per_schema_and_tool_set(
     assert systems[0] == systems[1] and "Action" in systems[0]
     assert '"x"' in systems[2] and systems[3] != systems[0]
     # The two registered-schema combinations are cached; the inline schema is not.
-    cached = [shape.system for shape in gw.gateway.shapes.values()]
+    cached = [shape.system for shape in gw.gateway.planner.shapes.values()]
     assert len(cached) == 2
     assert systems[0] in cached
     assert not any("Point" in p for p in cached)

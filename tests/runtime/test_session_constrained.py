@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator, Iterable
 from pathlib import Path
 
+from app.core.engine import ConstrainedMode, SentinelMode
 from app.core.gbnf import FrameGrammar
 from app.core.schemas import AssistantReply, builtin_registry, model_schema
 from app.runtime.executor import ToolExecutor
@@ -56,9 +57,8 @@ async def run(
         StreamPlan(
             stream_id="s_test",
             chat=ChatRequest(model="m", messages=[{"role": "user", "content": "hi"}]),
-            mode="constrained" if plan_grammar is not None else "sentinel",
+            mode=ConstrainedMode(plan_grammar) if plan_grammar is not None else SentinelMode(),
             schemas={"AssistantReply": registry.get("AssistantReply"), "Any": registry.get("Any")},
-            grammar=plan_grammar,
             **plan,  # type: ignore[arg-type]
         ),
         upstream=upstream,

@@ -1,0 +1,371 @@
+"""The turn engine: the rules of one model conversation as a step machine. No I/O.
+
+Theory of operation
+-------------------
+``Conversation.flow()`` is a generator of :mod:`~app.core.engine.actions`. The driver
+(:class:`app.runtime.session.StreamSession`) does each action and sends back its result;
+it never decides anything about the conversation, and the engine never awaits, reads a
+clock or touches a socket. A whole stream, as the engine sees it::
+
+    Emit(stream.begin)
+    loop:                                      one turn = one generation
+        CallModel(mode.turn_request(...))
+        for each model event:                  (delta, now) ... MODEL_END
+            frames <- reader.feed(delta.text)  text.delta, json.begin/delta, result.begin/delta
+            OBJECT / RESULT END  -> RepairBody [-> AskModel]  -> Emit(json.end / result.end)
+            TOOL_CALL END        -> StopModel, the turn ends at the call
+            ReadModel(frames)
+        no tool calls            -> leave the loop
+        each call                -> Emit(tool.call), RunTool, Emit(tool.result)
+                                    (or RefuseTool: bad arguments, over max_tool_calls,
+                                    no executor)
+        messages <- mode.continuation(messages, turn, envelopes)
+    Finish(reason)
+
+Errors: a ``ToolForgeError`` raised here (a framing violation, FRAME_TIMEOUT) or thrown in
+by the driver (an upstream error) becomes an ``error`` frame and ``Finish("error")``. A
+cancel is the driver's: it closes the generator and writes ``done`` itself.
+
+The rules that differ by mode are the :class:`~app.core.engine.modes.Mode` strategy's;
+everything here holds in every mode.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+from app.core.chat import ChatRequest, UpstreamDelta
+from app.core.engine.actions import (
+    MODEL_END,
+    Action,
+    AskModel,
+    CallModel,
+    Emit,
+    Finish,
+    ModelReply,
+    ReadModel,
+    RefuseTool,
+    RepairBody,
+    RunTool,
+    StopModel,
+    ToolOutcome,
+)
+from app.core.engine.modes import Mode, ReaderLimits, Turn
+from app.core.events import FrameKind
+from app.core.framer import BodyClosed
+from app.core.guarantee import (
+    Degraded,
+    FinalOutcome,
+    NeedsModelRepair,
+    Repaired,
+    Valid,
+    after_model_repair,
+    end_fields,
+    give_up,
+    render_repair_prompt,
+)
+from app.core.schemas import CompiledSchema
+from app.core.wire import ERROR, JSON_END, RESULT_END, STREAM_BEGIN, TOOL_CALL, TOOL_RESULT, Frame
+from app.errors import ErrorCode, ModelBehaviorError, ToolForgeError
+
+__all__ = ["Conversation", "ConversationConfig", "ConversationStats", "Flow"]
+
+Flow = Generator[Action, Any, None]
+
+_NOTHING: tuple[Frame, ...] = ()
+_READ: ReadModel = ReadModel()  # the usual answer to a token that completes no frame
+
+
+@dataclass(frozen=True, slots=True)
+class ConversationConfig:
+    """One conversation's rules, resolved from the request (see the runtime planner)."""
+
+    stream_id: str
+    request: ChatRequest  # the first turn's; later turns replace its messages
+    mode: Mode
+    # Schemas the model may use in OBJECT / RESULT frames, by name ("Any" included).
+    schemas: Mapping[str, CompiledSchema] = field(default_factory=dict)
+    # The RESULT frame's schema, whatever name the model writes in it (SPEC §2).
+    result_schema: str | None = None
+    # Every registered schema: an OBJECT frame naming one the request did not declare is
+    # still held to it; only a name nobody registered falls back to Any.
+    registered: Mapping[str, CompiledSchema] = field(default_factory=dict)
+    max_tool_calls: int = 8
+    runs_tools: bool = True  # False: a gateway with no executor refuses every call
+    approval_tools: frozenset[str] = frozenset()  # tools whose calls wait for approval
+    budget_tokens: int | None = None  # stream.begin's (SPEC §6)
+    limits: ReaderLimits = ReaderLimits()
+    frame_timeout_s: float = 15.0  # FRAME_TIMEOUT_MS
+    repair_retries: int = 1  # REPAIR_RETRIES: model repair calls per body
+    repair_template: str = ""  # prompts/repair.txt
+
+
+@dataclass(slots=True)
+class ConversationStats:
+    """What the conversation counted, for ``done``, metrics.json and logs."""
+
+    turns: int = 0
+    chunks: int = 0  # deltas with text
+    tool_calls: int = 0
+    repairs: int = 0
+    degraded_frames: int = 0
+    usage: dict[str, Any] | None = None  # summed over turns and repair calls
+    finish: str | None = None  # the last finish reason the upstream gave
+    # llama-server's per-call timings (cache_n: prompt tokens reused from the cache), in
+    # call order: shows whether a resumed turn hit the prompt cache (SPEC §4).
+    upstream_timings: list[dict[str, Any]] = field(default_factory=list)
+
+
+class Conversation:
+    """The step machine of one stream: see the module docstring."""
+
+    def __init__(self, config: ConversationConfig) -> None:
+        self.config = config
+        self.stats = ConversationStats()
+        self._mode = config.mode
+        self._seen_ids: set[str] = set()  # frame ids are unique across all turns
+
+    def flow(self) -> Flow:
+        """The actions of the whole conversation; send each one's result back."""
+        config = self.config
+        yield Emit(
+            (
+                Frame(
+                    STREAM_BEGIN,
+                    {
+                        "stream_id": config.stream_id,
+                        "model": config.request.model,
+                        "mode": self._mode.name,
+                        "budget_tokens": config.budget_tokens,
+                    },
+                ),
+            )
+        )
+        try:
+            messages = config.request.messages
+            while True:
+                turn = yield from self._turn(messages)
+                if not turn.calls:
+                    break
+                envelopes = []
+                for call in turn.calls:
+                    envelopes.append((yield from self._tool(call)))
+                messages = self._mode.continuation(messages, turn, envelopes)
+        except _Reported as exc:  # its error frame is out already (the framer made it)
+            yield Finish("error", exc.error)
+            return
+        except ToolForgeError as exc:
+            yield Emit((Frame(ERROR, exc.to_dict()),))
+            yield Finish("error", exc)
+            return
+        yield Finish(self.stats.finish or "stop")
+
+    # -- a turn -------------------------------------------------------------------------
+
+    def _turn(self, messages: Any) -> Generator[Action, Any, Turn]:
+        """One generation, framed; ends early at a sentinel tool call."""
+        stats = self.stats
+        config = self.config
+        stats.turns += 1
+        reader = self._mode.reader(config.limits, self._seen_ids, stats.turns)
+        request = self._mode.turn_request(
+            config.request,
+            messages,
+            seen_ids=self._seen_ids,
+            tools_left=stats.tool_calls < config.max_tool_calls,
+        )
+        frame_timeout = config.frame_timeout_s
+        opened_at: float | None = None  # when the frame now open was first seen open
+        event = yield CallModel(request)
+        while event is not MODEL_END:
+            delta, now = event
+            frames: Sequence[Frame] = _NOTHING
+            if delta.text:
+                stats.chunks += 1
+                items = reader.feed(delta.text)
+                start = 0  # items[start:] are frames not yet handed over
+                for index, item in enumerate(items):
+                    if type(item) is not BodyClosed:
+                        continue
+                    if index > start:
+                        yield Emit(cast("list[Frame]", items[start:index]))
+                    start = index + 1
+                    if item.kind is FrameKind.TOOL_CALL:
+                        for trailing in (yield StopModel(self._mode.drains_after_call)):
+                            self._account(trailing)
+                        return reader.ended_at(item)
+                    yield from self._decide(item)
+                # The usual token: its one frame goes out as the list the framer made.
+                frames = cast("list[Frame]", items[start:] if start else items)
+                if reader.error is not None:
+                    if frames:  # the violation's error frame is the last of them
+                        yield Emit(frames)
+                    raise _Reported(reader.error)
+                # FRAME_TIMEOUT_MS: a frame that stays open this long is abandoned, so a
+                # model that trickles forever cannot hold a tool call hostage.
+                open_id = reader.open_frame_id
+                if open_id is None:
+                    opened_at = None
+                elif opened_at is None:
+                    opened_at = now
+                elif now - opened_at > frame_timeout:
+                    if frames:
+                        yield Emit(frames)
+                    raise ModelBehaviorError(
+                        ErrorCode.FRAME_TIMEOUT,
+                        f"frame {open_id!r} stayed open longer than "
+                        f"{frame_timeout * 1000:.0f} ms (FRAME_TIMEOUT_MS)",
+                        frame_id=open_id,
+                    )
+            if delta.tool_calls:
+                reader.tool_call_pieces(delta)
+            if delta.finish_reason is not None or delta.usage is not None:
+                self._account(delta)
+            event = yield (ReadModel(frames) if frames else _READ)
+        tail = [item for item in reader.close() if type(item) is not BodyClosed]
+        if tail:  # text held back, or the error of a frame left open
+            yield Emit(cast("list[Frame]", tail))
+        if reader.error is not None:
+            raise _Reported(reader.error)
+        return reader.finished()
+
+    def _account(self, delta: UpstreamDelta) -> None:
+        if delta.finish_reason is not None:
+            self.stats.finish = delta.finish_reason
+        self._add_usage(delta)
+
+    def _add_usage(self, delta: UpstreamDelta) -> None:
+        """Token usage adds up over turns and repair calls."""
+        if delta.usage is None:
+            return
+        counts = dict(delta.usage)
+        timings = counts.pop("timings", None)  # per call, not a sum: kept apart
+        if isinstance(timings, dict):
+            self.stats.upstream_timings.append(timings)
+        usage = self.stats.usage
+        if usage is None:
+            self.stats.usage = counts
+            return
+        for key, value in counts.items():
+            if isinstance(value, int) and isinstance(usage.get(key, 0), int):
+                usage[key] = usage.get(key, 0) + value
+
+    # -- the JSON guarantee (SPEC §4) -----------------------------------------------------
+
+    def _schema_for(self, closed: BodyClosed) -> CompiledSchema | None:
+        config = self.config
+        result = config.schemas.get(config.result_schema) if config.result_schema else None
+        if closed.kind is FrameKind.RESULT and result is not None:
+            return result
+        return (
+            config.schemas.get(closed.name)
+            or config.registered.get(closed.name)
+            or config.schemas.get("Any")
+        )
+
+    def _decide(self, closed: BodyClosed) -> Generator[Action, Any, None]:
+        """The END frame of an OBJECT or RESULT body: valid, repaired, or degraded."""
+        event = JSON_END if closed.kind is FrameKind.OBJECT else RESULT_END
+        schema = self._schema_for(closed)
+        outcome: FinalOutcome
+        if schema is None:  # no schema registry for this conversation: syntax is all
+            if closed.error is not None:
+                raise closed.error
+            outcome = Valid(closed.value)
+        else:
+            parsed = closed.error if closed.error is not None else closed.value
+            first = yield RepairBody(closed.text, parsed, schema)
+            if not isinstance(first, NeedsModelRepair):
+                outcome = first
+            elif self.config.repair_retries > 0:
+                prompt = render_repair_prompt(
+                    self.config.repair_template, schema=schema, text=first.text, errors=first.errors
+                )
+                request = self._mode.repair_request(
+                    self.config.request, prompt, schema, len(first.text)
+                )
+                reply: ModelReply = yield AskModel(request)
+                for delta in reply.usage:  # a repair call does not end the stream
+                    self._add_usage(delta)
+                outcome = after_model_repair(reply.text, schema, first.errors)
+            else:
+                outcome = give_up(schema, first.errors)
+            if isinstance(outcome, Repaired):
+                self.stats.repairs += 1
+            elif isinstance(outcome, Degraded):
+                self.stats.degraded_frames += 1
+        frame = Frame(event, {"id": closed.id, "length": closed.length, **end_fields(outcome)})
+        yield Emit((frame,), outcome)
+
+    # -- tools (SPEC §5) --------------------------------------------------------------------
+
+    def _tool(self, closed: BodyClosed) -> Generator[Action, Any, Mapping[str, object]]:
+        """Run one tool call, or refuse it; return the envelope that goes back to the model."""
+        config = self.config
+        self.stats.tool_calls += 1
+        if closed.error is not None:
+            return (
+                yield from self._refuse(
+                    closed,
+                    ErrorCode.INVALID_JSON,
+                    f"the arguments are not valid JSON ({closed.error.message}); "
+                    "write the call again with strict JSON arguments",
+                )
+            )
+        if self.stats.tool_calls > config.max_tool_calls:
+            return (
+                yield from self._refuse(
+                    closed,
+                    ErrorCode.TOOL_CALL_LIMIT,
+                    f"this stream allows {config.max_tool_calls} tool calls (max_tool_calls); "
+                    "answer now with the information you have",
+                )
+            )
+        if not config.runs_tools:
+            return (
+                yield from self._refuse(
+                    closed, ErrorCode.TOOL_UNAVAILABLE, "this gateway runs no tools"
+                )
+            )
+        needs_approval = closed.name in config.approval_tools
+        call: dict[str, object] = {"id": closed.id, "name": closed.name, "args": closed.value}
+        if needs_approval:
+            call["needs_approval"] = True
+        yield Emit((Frame(TOOL_CALL, call),))
+        outcome: ToolOutcome = yield RunTool(closed.id, closed.name, closed.value, needs_approval)
+        yield Emit((Frame(TOOL_RESULT, dict(outcome.frame_data)),))
+        return outcome.envelope
+
+    def _refuse(
+        self, closed: BodyClosed, code: ErrorCode, message: str
+    ) -> Generator[Action, Any, Mapping[str, object]]:
+        error = {"code": str(code), "message": message}
+        yield Emit(
+            (
+                Frame(
+                    TOOL_RESULT,
+                    {
+                        "id": closed.id,
+                        "name": closed.name,
+                        "ok": False,
+                        "error": error,
+                        "duration_ms": 0.0,
+                        "attempts": 0,
+                        "cached": False,
+                        "performance_warning": False,
+                    },
+                ),
+            )
+        )
+        yield RefuseTool(closed.id, closed.name, error)
+        return {"ok": False, "data": None, "warnings": [], "errors": [error]}
+
+
+class _Reported(ModelBehaviorError):
+    """A framing violation whose ``error`` frame the framer already emitted."""
+
+    def __init__(self, error: ModelBehaviorError) -> None:
+        super().__init__(error.code, error.message, frame_id=error.frame_id)
+        self.error = error

@@ -1,0 +1,337 @@
+"""The three modes of SPEC §4 as strategies of the turn engine. No I/O.
+
+A mode answers four questions, and only a mode answers them (the engine has no
+``if mode == ...``):
+
+    question                         sentinel            constrained            native
+    ------------------------------   -----------------   --------------------   ---------------------
+    how is a turn requested?         the messages        + the turn's GBNF      + the upstream's tools
+                                                         (ids, tools left)      (in the plan's extra)
+    how do deltas become frames?     the Framer          the Framer             the Framer, and the
+                                                                                tool_calls assembled
+    how does the conversation go     the model's text    as sentinel            an assistant message
+    on after its tool calls?         up to END, then a                          with tool_calls, then
+                                     user message with                          one tool message each
+                                     the result
+    how is a body repaired?          a JSON-only prompt  + a JSON-value GBNF    as sentinel
+
+Constrained mode also *drains* after a tool call: its grammar ends the generation at the
+call's END, so the finish reason and usage follow at once and are worth reading.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final, Protocol
+
+from app.core.chat import ChatRequest, UpstreamDelta
+from app.core.events import FrameKind
+from app.core.framer import BodyClosed, Framer
+from app.core.gbnf import FrameGrammar
+from app.core.json_validator import StreamingJSONValidator
+from app.core.native_tools import (
+    AssembledCall,
+    ToolCallAssembler,
+    assistant_tool_call_message,
+    tool_result_message,
+)
+from app.core.prompt import render_tool_result
+from app.core.schemas import CompiledSchema
+from app.core.wire import Frame
+from app.errors import JSONError, ModelBehaviorError
+
+__all__ = [
+    "ConstrainedMode",
+    "Mode",
+    "NativeMode",
+    "ReaderLimits",
+    "SentinelMode",
+    "Turn",
+    "TurnReader",
+    "mode_named",
+]
+
+Messages = Sequence[Mapping[str, Any]]
+
+# The turn's raw text is kept as one string per this many deltas: a long open stream holds
+# a few hundred strings, not one per token.
+_RAW_BLOCK: Final = 64
+
+
+@dataclass(frozen=True, slots=True)
+class ReaderLimits:
+    """SPEC §3's per-frame limits, as the Framer takes them."""
+
+    max_frame_bytes: int = 64 * 1024
+    max_json_depth: int = 16
+
+
+@dataclass(slots=True)
+class Turn:
+    """How one generation ended: the tool calls it made (none: the conversation is over),
+    the text to record as the model's, and (native mode) the calls as the upstream sent
+    them, for the continuation."""
+
+    calls: list[BodyClosed] = field(default_factory=list)
+    text: str = ""
+    native: list[AssembledCall] = field(default_factory=list)
+
+
+class TurnReader:
+    """One generation's deltas into frames: the sentinel Framer, and the raw text kept for
+    the continuation (sentinel and constrained modes)."""
+
+    __slots__ = ("_framer", "_pieces", "_raw")
+
+    def __init__(self, limits: ReaderLimits, seen_ids: set[str]) -> None:
+        self._framer = Framer(
+            max_frame_bytes=limits.max_frame_bytes,
+            max_depth=limits.max_json_depth,
+            seen_ids=seen_ids,
+        )
+        self._raw: list[str] = []
+        self._pieces = 0  # deltas in _raw since the last block
+
+    @property
+    def error(self) -> ModelBehaviorError | None:
+        """The framing violation that ended this turn's framing (sticky), if any."""
+        return self._framer.error
+
+    @property
+    def open_frame_id(self) -> str | None:
+        return self._framer.open_frame_id
+
+    def feed(self, text: str) -> list[Frame | BodyClosed]:
+        raw = self._raw
+        raw.append(text)
+        self._pieces += 1
+        if self._pieces == _RAW_BLOCK:
+            raw[-_RAW_BLOCK:] = ["".join(raw[-_RAW_BLOCK:])]
+            self._pieces = 0
+        return self._framer.feed(text)
+
+    def tool_call_pieces(self, delta: UpstreamDelta) -> None:
+        """Native tool-call pieces: not for this mode (an upstream that sends them unasked
+        is ignored, as before)."""
+
+    def close(self) -> list[Frame | BodyClosed]:
+        return self._framer.close()
+
+    def ended_at(self, call: BodyClosed) -> Turn:
+        """The turn ended at a sentinel tool call's END: the model's text up to and
+        including that END.
+
+        The real END is the last occurrence so far: an earlier one can only sit inside a
+        JSON string of the body (where it is content). The model's text after the END in
+        the same chunk is dropped: the model should have stopped there.
+        """
+        text = "".join(self._raw)
+        end = f"\u27e6END_TOOL_CALL id={call.id}\u27e7"
+        cut = text.rfind(end)
+        return Turn([call], text[: cut + len(end)] if cut >= 0 else text)
+
+    def finished(self) -> Turn:
+        """The generation ended without a sentinel tool call."""
+        return Turn()
+
+
+class NativeTurnReader(TurnReader):
+    """Native mode: text is framed as in sentinel mode, and the upstream's own
+    ``tool_calls`` pieces are assembled into calls at the end of the generation."""
+
+    __slots__ = ("_assembler",)
+
+    def __init__(self, limits: ReaderLimits, seen_ids: set[str], turn: int) -> None:
+        super().__init__(limits, seen_ids)
+        self._assembler = ToolCallAssembler(id_prefix=f"call_{turn}_")
+
+    def tool_call_pieces(self, delta: UpstreamDelta) -> None:
+        self._assembler.feed(delta.tool_calls)
+
+    def finished(self) -> Turn:
+        if not self._assembler.has_calls:
+            return Turn()
+        # finish_reason "tool_calls" (or "stop" from servers that say so anyway)
+        native = self._assembler.finish()
+        return Turn([_as_closed(c) for c in native], "".join(self._raw), native)
+
+
+class Mode(Protocol):
+    """A mode of SPEC §4: how turns are requested, read, continued and repaired."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def drains_after_call(self) -> bool:
+        """Read the generation's trailing chunks after a tool call's END (usage)."""
+        ...
+
+    def turn_request(
+        self, base: ChatRequest, messages: Messages, *, seen_ids: set[str], tools_left: bool
+    ) -> ChatRequest:
+        """The next turn's request: ``base`` with ``messages``."""
+        ...
+
+    def reader(self, limits: ReaderLimits, seen_ids: set[str], turn: int) -> TurnReader:
+        """A reader for turn number ``turn`` (from 1)."""
+        ...
+
+    def continuation(
+        self, messages: Messages, turn: Turn, envelopes: Sequence[Mapping[str, object]]
+    ) -> list[Mapping[str, Any]]:
+        """The messages after ``turn``'s calls ran: ``envelopes`` answer them in order."""
+        ...
+
+    def repair_request(
+        self, base: ChatRequest, prompt: str, schema: CompiledSchema, body_chars: int
+    ) -> ChatRequest:
+        """The one model call that repairs a body (temperature 0)."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class SentinelMode:
+    """Any OpenAI-compatible upstream; the system prompt teaches the sentinel contract."""
+
+    name: str = "sentinel"
+    drains_after_call: bool = False
+
+    def turn_request(
+        self, base: ChatRequest, messages: Messages, *, seen_ids: set[str], tools_left: bool
+    ) -> ChatRequest:
+        if messages is base.messages:
+            return base
+        return dataclasses.replace(base, messages=messages)
+
+    def reader(self, limits: ReaderLimits, seen_ids: set[str], turn: int) -> TurnReader:
+        return TurnReader(limits, seen_ids)
+
+    def continuation(
+        self, messages: Messages, turn: Turn, envelopes: Sequence[Mapping[str, object]]
+    ) -> list[Mapping[str, Any]]:
+        # A sentinel turn ends at its first tool call: one call, one envelope. The result
+        # goes back as a user message, which every chat template accepts.
+        (call,), (envelope,) = turn.calls, envelopes
+        return [
+            *messages,
+            {"role": "assistant", "content": turn.text},
+            {"role": "user", "content": render_tool_result(call.id, call.name, envelope)},
+        ]
+
+    def repair_request(
+        self, base: ChatRequest, prompt: str, schema: CompiledSchema, body_chars: int
+    ) -> ChatRequest:
+        return dataclasses.replace(
+            base,
+            messages=[{"role": "user", "content": prompt}],
+            temperature=0.0,
+            max_tokens=min(4096, 256 + body_chars),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ConstrainedMode:
+    """Sentinel mode plus a GBNF grammar on every request (llama-server): each turn's
+    grammar allows only the ids after those seen and no tool call once ``max_tool_calls``
+    are spent; the repair call's grammar allows only the JSON value."""
+
+    grammar: FrameGrammar
+    name: str = "constrained"
+    drains_after_call: bool = True
+
+    def turn_request(
+        self, base: ChatRequest, messages: Messages, *, seen_ids: set[str], tools_left: bool
+    ) -> ChatRequest:
+        request = _SENTINEL.turn_request(base, messages, seen_ids=seen_ids, tools_left=tools_left)
+        return _with_grammar(request, self.grammar.next_turn(seen_ids, allow_tools=tools_left))
+
+    def reader(self, limits: ReaderLimits, seen_ids: set[str], turn: int) -> TurnReader:
+        return TurnReader(limits, seen_ids)
+
+    def continuation(
+        self, messages: Messages, turn: Turn, envelopes: Sequence[Mapping[str, object]]
+    ) -> list[Mapping[str, Any]]:
+        return _SENTINEL.continuation(messages, turn, envelopes)
+
+    def repair_request(
+        self, base: ChatRequest, prompt: str, schema: CompiledSchema, body_chars: int
+    ) -> ChatRequest:
+        request = _SENTINEL.repair_request(base, prompt, schema, body_chars)
+        return _with_grammar(request, self.grammar.json_value(schema.schema))
+
+
+@dataclass(frozen=True, slots=True)
+class NativeMode:
+    """The upstream's own ``tool_calls`` (its tools are in the plan's request ``extra``);
+    frames of text as in sentinel mode."""
+
+    name: str = "native"
+    drains_after_call: bool = False
+
+    def turn_request(
+        self, base: ChatRequest, messages: Messages, *, seen_ids: set[str], tools_left: bool
+    ) -> ChatRequest:
+        return _SENTINEL.turn_request(base, messages, seen_ids=seen_ids, tools_left=tools_left)
+
+    def reader(self, limits: ReaderLimits, seen_ids: set[str], turn: int) -> TurnReader:
+        return NativeTurnReader(limits, seen_ids, turn)
+
+    def continuation(
+        self, messages: Messages, turn: Turn, envelopes: Sequence[Mapping[str, object]]
+    ) -> list[Mapping[str, Any]]:
+        return [
+            *messages,
+            assistant_tool_call_message(turn.native, turn.text),
+            *(
+                tool_result_message(call.id, dict(envelope))
+                for call, envelope in zip(turn.native, envelopes, strict=True)
+            ),
+        ]
+
+    def repair_request(
+        self, base: ChatRequest, prompt: str, schema: CompiledSchema, body_chars: int
+    ) -> ChatRequest:
+        return _SENTINEL.repair_request(base, prompt, schema, body_chars)
+
+
+_SENTINEL: Final = SentinelMode()
+
+
+def mode_named(name: str, grammar: FrameGrammar | None = None) -> Mode:
+    """The strategy for a mode name: ``constrained`` needs its ``grammar``."""
+    if name == "constrained":
+        if grammar is None:
+            raise ValueError("constrained mode needs a grammar")
+        return ConstrainedMode(grammar)
+    modes: dict[str, Mode] = {"sentinel": _SENTINEL, "native": NativeMode()}
+    return modes[name]
+
+
+def _with_grammar(chat: ChatRequest, grammar: str) -> ChatRequest:
+    # ``grammar``: llama-server's request field for a GBNF grammar.
+    return dataclasses.replace(chat, extra={**chat.extra, "grammar": grammar})
+
+
+def _as_closed(call: AssembledCall) -> BodyClosed:
+    """A native tool call as the framer would have closed it: parsed strictly, so every
+    mode runs tools under exactly the same rules."""
+    validator = StreamingJSONValidator(frame_id=call.id)
+    value: object = None
+    error: JSONError | None = None
+    try:
+        validator.feed(call.arguments_text)
+        value = validator.close()
+    except JSONError as exc:
+        error = exc
+    return BodyClosed(
+        FrameKind.TOOL_CALL,
+        call.id,
+        call.tool_name,
+        call.arguments_text,
+        value,
+        error,
+        len(call.arguments_text.encode("utf-8")),
+    )

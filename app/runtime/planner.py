@@ -1,0 +1,303 @@
+"""Planning a stream: from a validated ``POST /v1/stream`` body to a :class:`StreamPlan`.
+
+What a plan needs beyond the body is decided here, once per app: the mode (``auto`` probes
+the upstream once per model and caches the answer, SPEC §4), and the *shape* of the
+request's schemas and tools (the system prompt, the native tools, the registered schemas;
+cached per combination, so a repeated request costs a dict lookup), then the messages,
+sampling, mode strategy and, in constrained mode, the grammar. Routes only parse the body
+and hand it here.
+
+The body is read through :class:`StreamAsk`, a protocol that ``app.api.models.
+StreamRequest`` satisfies: runtime does not import the HTTP layer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final, Literal, Protocol
+
+import httpx
+
+from app.core.engine import ConstrainedMode, Mode, mode_named
+from app.core.gbnf import FrameGrammar
+from app.core.native_tools import to_openai_tools
+from app.core.prompt import build_messages, render_system_prompt
+from app.core.schemas import ANY, CompiledSchema, SchemaRegistry
+from app.core.tools import ToolRegistry, ToolSpec
+from app.errors import ErrorCode, RequestError
+from app.log import MODE_SELECTED, get_logger
+from app.runtime.session import StreamPlan
+from app.upstream.base import PROFILES, ChatRequest
+from app.upstream.probe import ModeDecision, probe_tool_mode
+
+__all__ = ["PlanShape", "PlannerConfig", "StreamAsk", "StreamPlanner"]
+
+log = get_logger(__name__)
+
+_SHAPE_CACHE_MAX: Final = 256  # combinations are few in practice; never grow unbounded
+_ASKED: Final = {
+    mode: ModeDecision(mode, "asked for by the request") for mode in ("sentinel", "native")
+}
+
+
+class InlineSchemaAsk(Protocol):
+    """An inline object schema of the body: ``{"name", "schema"}``."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def schema_(self) -> dict[str, Any]: ...
+
+
+class SamplingAsk(Protocol):
+    def model_dump(self, *, exclude_none: bool = ...) -> dict[str, Any]: ...
+
+
+class StreamAsk(Protocol):
+    """What the planner reads of a ``POST /v1/stream`` body (SPEC §2)."""
+
+    @property
+    def mode(self) -> str: ...
+    @property
+    def model(self) -> str | None: ...
+    @property
+    def tools(self) -> Sequence[str] | None: ...
+    @property
+    def result_schema(self) -> str: ...
+    @property
+    def object_schemas(self) -> Sequence[str | InlineSchemaAsk]: ...
+    @property
+    def sampling(self) -> SamplingAsk | None: ...
+    @property
+    def profile(self) -> str | None: ...
+    @property
+    def max_tool_calls(self) -> int: ...
+    @property
+    def on_disconnect(self) -> Literal["cancel", "continue"]: ...
+    def chat_messages(self) -> list[dict[str, Any]]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class PlannerConfig:
+    """The settings planning reads (``app.settings.Settings``, as the app resolved them)."""
+
+    model_id: str
+    upstream_kind: str
+    upstream_base_url: str | None = None
+    upstream_api_key: str | None = None
+    max_json_depth: int = 16
+
+
+@dataclass(frozen=True, slots=True)
+class PlanShape:
+    """What a request's schemas, tools and mode make of its plan, apart from its messages
+    and sampling: the same for every request that names the same registered schemas and
+    tools, so it is built once per combination (:attr:`StreamPlanner.shapes`)."""
+
+    schemas: Mapping[str, CompiledSchema]
+    visible: Sequence[ToolSpec[Any]]
+    system: str
+    extra: Mapping[str, Any]  # native mode: the upstream's own tools
+    registered: Mapping[str, CompiledSchema]  # every schema the request can name
+    approval_tools: frozenset[str]
+    # For the prompt record (artifacts): the schema documents and the tools' descriptions.
+    schema_docs: Mapping[str, Any]
+    tool_dicts: Sequence[Mapping[str, Any]]
+
+
+@dataclass(slots=True)
+class StreamPlanner:
+    """Plans streams for one app: owns the mode probes and the shape cache."""
+
+    config: PlannerConfig
+    client: httpx.AsyncClient
+    schemas: SchemaRegistry
+    tools: ToolRegistry
+    system_template: str
+    # The context-budget decision behind the upstream (SPEC §6), when the gateway made one.
+    budget: Mapping[str, Any] | None = None
+    # mode=auto: one probe per model, shared by concurrent first requests, then cached.
+    modes: dict[str, asyncio.Future[ModeDecision]] = field(default_factory=dict)
+    # By (result schema, object schema names, tool names, mode).
+    shapes: dict[tuple[object, ...], PlanShape] = field(default_factory=dict)
+
+    async def plan(self, req: StreamAsk, stream_id: str, idempotency_key: str | None) -> StreamPlan:
+        """The plan of one stream: its mode decided, then everything else."""
+        decision = await self.decide_mode(req)
+        mode = decision.mode
+        shape = self._shape(req, mode)
+        messages = build_messages(shape.system, req.chat_messages())
+        chat = ChatRequest(
+            model=req.model or self.config.model_id, messages=messages, extra=shape.extra
+        )
+        if req.profile is not None:
+            chat = PROFILES[req.profile].apply(chat)
+        if req.sampling is not None:  # explicit sampling wins over the profile
+            chat = dataclasses.replace(chat, **req.sampling.model_dump(exclude_none=True))
+        prompt_record: dict[str, Any] = {
+            "model": chat.model,
+            "mode": mode,
+            "requested_mode": req.mode,
+            "mode_reason": decision.reason,
+            "messages": messages,
+            "sampling": {
+                "temperature": chat.temperature,
+                "seed": chat.seed,
+                "max_tokens": chat.max_tokens,
+                "top_p": chat.top_p,
+            },
+            "result_schema": req.result_schema,
+            "schemas": shape.schema_docs,
+            "tools": shape.tool_dicts,
+            "max_tool_calls": req.max_tool_calls,
+        }
+        return StreamPlan(
+            stream_id=stream_id,
+            chat=chat,
+            mode=self._mode(req, shape, mode, chat),
+            on_disconnect=req.on_disconnect,
+            budget=self.budget,
+            prompt_record=prompt_record,
+            schemas=shape.schemas,
+            result_schema=req.result_schema,
+            registered=shape.registered,
+            tools_allow=tuple(t.name for t in shape.visible),
+            approval_tools=shape.approval_tools,
+            max_tool_calls=req.max_tool_calls,
+            idempotency_key=idempotency_key,
+        )
+
+    # -- the mode -------------------------------------------------------------------------
+
+    async def decide_mode(self, req: StreamAsk) -> ModeDecision:
+        """``mode``: as asked, or for ``auto`` probed once per model and cached (SPEC §4).
+
+        ``constrained`` needs an upstream that takes GBNF grammars: one the settings call a
+        llama-server (``UPSTREAM_KIND``, the managed default), or one the probe finds is.
+        """
+        asked = _ASKED.get(req.mode)
+        if asked is not None:
+            return asked
+        if req.mode == "constrained" and self.config.upstream_kind == "llama_server":
+            return ModeDecision(
+                "constrained", "asked for by the request (UPSTREAM_KIND=llama_server)", grammar=True
+            )
+        decision = await self._probe(req.model or self.config.model_id)
+        if req.mode == "auto":
+            return decision
+        if decision.grammar:
+            return ModeDecision("constrained", "asked for by the request", grammar=True)
+        raise RequestError(
+            ErrorCode.MODE_UNAVAILABLE,
+            "mode 'constrained' needs an upstream that takes GBNF grammars (llama-server), "
+            "and this upstream does not answer /props like one; use 'sentinel' (any "
+            "OpenAI-compatible upstream) or 'auto', or set UPSTREAM_KIND=llama_server if it "
+            "is a llama-server behind a proxy",
+            http_status=422,
+        )
+
+    async def _probe(self, model: str) -> ModeDecision:
+        """What ``auto`` picks for ``model``: probed once, shared by concurrent first requests."""
+        config = self.config
+        probe = self.modes.get(model)
+        if probe is None:  # the first request for this model probes; the others wait for it
+            if config.upstream_base_url is None:  # an injected adapter: nothing to ask
+                llama = config.upstream_kind == "llama_server"
+                return ModeDecision(
+                    "constrained" if llama else "sentinel",
+                    f"no upstream URL to probe; UPSTREAM_KIND={config.upstream_kind}",
+                    grammar=llama,
+                )
+            key = config.upstream_api_key
+            probe = asyncio.ensure_future(
+                probe_tool_mode(
+                    self.client,
+                    config.upstream_base_url,
+                    model,
+                    headers={"Authorization": f"Bearer {key}"} if key else None,
+                    llama_server=config.upstream_kind == "llama_server",
+                )
+            )
+            self.modes[model] = probe
+            decision = await asyncio.shield(probe)
+            log.info(MODE_SELECTED, model=model, mode=decision.mode, reason=decision.reason)
+            return decision
+        return await asyncio.shield(probe)
+
+    def _mode(self, req: StreamAsk, shape: PlanShape, mode: str, chat: ChatRequest) -> Mode:
+        """The engine's strategy for ``mode``; constrained mode's grammar (SPEC §4) holds the
+        frames the model is shown, sized to the turn's ``max_tokens`` so a looping model
+        still closes its frame in time."""
+        if mode != "constrained":
+            return mode_named(mode)
+        objects = [item if isinstance(item, str) else item.name for item in req.object_schemas]
+        schemas = shape.schemas
+        return ConstrainedMode(
+            FrameGrammar(
+                tools={t.name: t.input_schema for t in shape.visible},
+                result=(req.result_schema, schemas[req.result_schema].schema),
+                objects={name: schemas[name].schema for name in objects},
+                max_depth=self.config.max_json_depth,
+                max_tokens=chat.max_tokens,
+            )
+        )
+
+    # -- the shape ------------------------------------------------------------------------
+
+    def _shape(self, req: StreamAsk, mode: str) -> PlanShape:
+        """The request's :class:`PlanShape`: cached unless it has inline schemas (those are
+        the caller's own, checked and compiled per request)."""
+        key: tuple[object, ...] | None = None
+        if all(isinstance(item, str) for item in req.object_schemas):
+            tools_named = tuple(req.tools) if req.tools is not None else None
+            key = (req.result_schema, tuple(req.object_schemas), tools_named, mode)
+            cached = self.shapes.get(key)
+            if cached is not None:
+                return cached
+        # Schemas: the result schema, the object schemas (registered names or inline ones,
+        # checked against the metaschema: a bad one is a 422), and Any.
+        registry = self.schemas.scoped()
+        schemas: dict[str, CompiledSchema] = {ANY: registry.get(ANY)}
+        schemas[req.result_schema] = registry.get(req.result_schema)
+        for item in req.object_schemas:
+            if isinstance(item, str):
+                schemas[item] = registry.get(item)
+            else:
+                schemas[item.name] = registry.register_inline(item.name, item.schema_)
+        # Tools: what the model is shown is what may run (SPEC §5).
+        tools = self.tools
+        for name in req.tools or ():
+            tools.check_allowed(name)  # unknown or internal tool names are the caller's error
+        visible = tools.visible(req.tools)
+        tool_dicts = [t.to_dict() for t in visible]
+        extra: dict[str, Any] = {}
+        if mode == "native" and visible:  # the upstream's own function calling (SPEC §4)
+            extra = {"tools": to_openai_tools(tool_dicts), "tool_choice": "auto"}
+        shape = PlanShape(
+            schemas=schemas,
+            visible=visible,
+            system=render_system_prompt(
+                self.system_template,
+                result_schema=req.result_schema,
+                schemas={name: c.schema for name, c in schemas.items() if name != ANY},
+                tools=[
+                    {"name": t.name, "description": t.description, "input_schema": t.input_schema}
+                    for t in visible
+                ],
+            ),
+            extra=extra,
+            registered=registry.all(),
+            # Any registered tool's call waits for approval if its spec says so, visible or
+            # not: the executor then refuses a call it may not run.
+            approval_tools=frozenset(t.name for t in tools if t.needs_approval),
+            schema_docs={name: c.schema for name, c in schemas.items()},
+            tool_dicts=tool_dicts,
+        )
+        if key is not None:
+            if len(self.shapes) >= _SHAPE_CACHE_MAX:
+                self.shapes.clear()
+            self.shapes[key] = shape
+        return shape
