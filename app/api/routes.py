@@ -6,7 +6,7 @@ import asyncio
 import difflib
 import hashlib
 import secrets
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Annotated, Any, Final
 
 import httpx

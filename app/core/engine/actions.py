@@ -166,4 +166,6 @@ class ModelEnd:
 MODEL_END: Final = ModelEnd()
 
 ModelEvent = tuple[UpstreamDelta, float] | ModelEnd
-Action = Emit | CallModel | ReadModel | StopModel | RepairBody | AskModel | RunTool | RefuseTool | Finish
+Action = (
+    Emit | CallModel | ReadModel | StopModel | RepairBody | AskModel | RunTool | RefuseTool | Finish
+)

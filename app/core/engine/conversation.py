@@ -96,7 +96,7 @@ class ConversationConfig:
     runs_tools: bool = True  # False: a gateway with no executor refuses every call
     approval_tools: frozenset[str] = frozenset()  # tools whose calls wait for approval
     budget_tokens: int | None = None  # stream.begin's (SPEC §6)
-    limits: ReaderLimits = ReaderLimits()
+    limits: ReaderLimits = field(default_factory=ReaderLimits)
     frame_timeout_s: float = 15.0  # FRAME_TIMEOUT_MS
     repair_retries: int = 1  # REPAIR_RETRIES: model repair calls per body
     repair_template: str = ""  # prompts/repair.txt

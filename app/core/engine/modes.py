@@ -3,17 +3,17 @@
 A mode answers four questions, and only a mode answers them (the engine has no
 ``if mode == ...``):
 
-    question                         sentinel            constrained            native
-    ------------------------------   -----------------   --------------------   ---------------------
-    how is a turn requested?         the messages        + the turn's GBNF      + the upstream's tools
-                                                         (ids, tools left)      (in the plan's extra)
-    how do deltas become frames?     the Framer          the Framer             the Framer, and the
-                                                                                tool_calls assembled
-    how does the conversation go     the model's text    as sentinel            an assistant message
-    on after its tool calls?         up to END, then a                          with tool_calls, then
-                                     user message with                          one tool message each
-                                     the result
-    how is a body repaired?          a JSON-only prompt  + a JSON-value GBNF    as sentinel
+    question                       sentinel           constrained          native
+    -----------------------------  -----------------  -------------------  --------------------
+    how is a turn requested?       the messages       + the turn's GBNF    + the upstream's tools
+                                                      (ids, tools left)    (in the plan's extra)
+    how do deltas become frames?   the Framer         the Framer           the Framer, and the
+                                                                           tool_calls assembled
+    how does the conversation go   the model's text   as sentinel          an assistant message
+    on after its tool calls?       up to END, then a                       with tool_calls, then
+                                   user message with                       a tool message each
+                                   the result
+    how is a body repaired?        a JSON-only prompt + a JSON-value GBNF  as sentinel
 
 Constrained mode also *drains* after a tool call: its grammar ends the generation at the
 call's END, so the finish reason and usage follow at once and are worth reading.
@@ -282,6 +282,8 @@ class NativeMode:
     def continuation(
         self, messages: Messages, turn: Turn, envelopes: Sequence[Mapping[str, object]]
     ) -> list[Mapping[str, Any]]:
+        if not turn.native:  # the model wrote a sentinel call in its text: answered so
+            return _SENTINEL.continuation(messages, turn, envelopes)
         return [
             *messages,
             assistant_tool_call_message(turn.native, turn.text),
