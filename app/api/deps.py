@@ -13,9 +13,8 @@ from app.runtime.artifacts import ArtifactStore
 from app.runtime.backends import Backend
 from app.runtime.executor import ToolExecutor
 from app.runtime.metrics import GatewayMetrics
-from app.runtime.planner import StreamPlanner
+from app.runtime.planner import SessionLimits, StreamPlanner
 from app.runtime.servers import ServerManager
-from app.runtime.session import SessionLimits
 from app.runtime.streams import StreamRegistry
 from app.settings import Settings
 from app.upstream.base import Upstream

@@ -29,11 +29,17 @@ from app.core.schemas import ANY, CompiledSchema, SchemaRegistry
 from app.core.tools import ToolRegistry, ToolSpec
 from app.errors import ErrorCode, RequestError
 from app.log import MODE_SELECTED, get_logger
-from app.runtime.session import StreamPlan
 from app.upstream.base import PROFILES, ChatRequest
 from app.upstream.probe import ModeDecision, probe_tool_mode
 
-__all__ = ["PlanShape", "PlannerConfig", "StreamAsk", "StreamPlanner"]
+__all__ = [
+    "PlanShape",
+    "PlannerConfig",
+    "SessionLimits",
+    "StreamAsk",
+    "StreamPlan",
+    "StreamPlanner",
+]
 
 log = get_logger(__name__)
 
@@ -41,6 +47,43 @@ _SHAPE_CACHE_MAX: Final = 256  # combinations are few in practice; never grow un
 _ASKED: Final = {
     mode: ModeDecision(mode, "asked for by the request") for mode in ("sentinel", "native")
 }
+
+
+DisconnectPolicy = Literal["cancel", "continue"]
+
+
+@dataclass(frozen=True, slots=True)
+class StreamPlan:
+    """Everything a session needs, resolved from the HTTP request (:meth:`StreamPlanner.plan`)."""
+
+    stream_id: str
+    chat: ChatRequest
+    mode: Mode
+    on_disconnect: DisconnectPolicy = "cancel"
+    # The context-budget decision behind the upstream (SPEC §6), when the gateway made one;
+    # its budget_tokens goes in stream.begin, the whole decision in metrics.json.
+    budget: Mapping[str, Any] | None = None
+    prompt_record: Mapping[str, Any] = field(default_factory=dict)
+    # Schemas the model may use in OBJECT / RESULT frames, by name ("Any" included).
+    schemas: Mapping[str, CompiledSchema] = field(default_factory=dict)
+    # The RESULT frame's schema, whatever name the model writes in it (SPEC §2).
+    result_schema: str | None = None
+    # Every registered schema: an OBJECT frame naming one the request did not declare is
+    # still held to it; only a name nobody registered falls back to Any.
+    registered: Mapping[str, CompiledSchema] = field(default_factory=dict)
+    tools_allow: tuple[str, ...] | None = None  # None: every model-facing tool
+    approval_tools: frozenset[str] = frozenset()  # their calls wait for an approval
+    max_tool_calls: int = 8
+    idempotency_key: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SessionLimits:
+    queue_max_frames: int = 128
+    max_frame_bytes: int = 64 * 1024
+    max_json_depth: int = 16
+    frame_timeout_s: float = 15.0
+    repair_retries: int = 1
 
 
 class InlineSchemaAsk(Protocol):

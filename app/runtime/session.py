@@ -26,9 +26,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Final, Literal
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from typing import Any, Final
 
 import anyio
 
@@ -40,7 +39,6 @@ from app.core.engine import (
     ConversationConfig,
     Emit,
     Finish,
-    Mode,
     ModelEvent,
     ModelReply,
     ReaderLimits,
@@ -52,11 +50,9 @@ from app.core.engine import (
     ToolOutcome,
 )
 from app.core.guarantee import Degraded, Outcome, Repaired, finish_frame
-from app.core.schemas import CompiledSchema
-from app.core.wire import DONE, ERROR, JSON_END, RESULT_END, Frame
+from app.core.wire import ERROR, JSON_END, RESULT_END, Frame
 from app.errors import ErrorCode, ToolForgeError, UpstreamError
 from app.log import (
-    ARTIFACTS_WRITE_FAILED,
     CLIENT_DISCONNECTED,
     FRAME_DEGRADED,
     FRAME_REPAIRED,
@@ -68,15 +64,16 @@ from app.log import (
 )
 from app.runtime.artifacts import RunArtifacts
 from app.runtime.executor import Approval, ToolExecutor
-from app.runtime.frame_log import FrameLog, decode_frames
+from app.runtime.frame_log import FrameLog
 from app.runtime.metrics import GatewayMetrics
-from app.upstream.base import ChatRequest, Upstream, UpstreamDelta
+from app.runtime.planner import SessionLimits, StreamPlan
+from app.runtime.run_record import RunRecord
+from app.upstream.base import Upstream, UpstreamDelta
 
-__all__ = ["SessionLimits", "StreamPlan", "StreamSession"]
+__all__ = ["StreamSession"]
 
 log = get_logger(__name__)
 
-DisconnectPolicy = Literal["cancel", "continue"]
 Deltas = AsyncGenerator[UpstreamDelta, None]
 
 # Bodies above this are decided in a worker thread (see StreamSession._repair_body).
@@ -84,56 +81,6 @@ _REPAIR_IN_THREAD_BYTES: Final = 8 * 1024
 # After a tool call's END, how long to read the generation's trailing chunks when the mode
 # asks for it (constrained: llama-server sends the usage within a millisecond or two).
 _USAGE_AFTER_END_S: Final = 0.25
-
-
-@dataclass(frozen=True, slots=True)
-class StreamPlan:
-    """Everything a session needs, resolved from the HTTP request (app.runtime.planner)."""
-
-    stream_id: str
-    chat: ChatRequest
-    mode: Mode
-    on_disconnect: DisconnectPolicy = "cancel"
-    # The context-budget decision behind the upstream (SPEC §6), when the gateway made one;
-    # its budget_tokens goes in stream.begin, the whole decision in metrics.json.
-    budget: Mapping[str, Any] | None = None
-    prompt_record: Mapping[str, Any] = field(default_factory=dict)
-    # Schemas the model may use in OBJECT / RESULT frames, by name ("Any" included).
-    schemas: Mapping[str, CompiledSchema] = field(default_factory=dict)
-    # The RESULT frame's schema, whatever name the model writes in it (SPEC §2).
-    result_schema: str | None = None
-    # Every registered schema: an OBJECT frame naming one the request did not declare is
-    # still held to it; only a name nobody registered falls back to Any.
-    registered: Mapping[str, CompiledSchema] = field(default_factory=dict)
-    tools_allow: tuple[str, ...] | None = None  # None: every model-facing tool
-    approval_tools: frozenset[str] = frozenset()  # their calls wait for an approval
-    max_tool_calls: int = 8
-    idempotency_key: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class SessionLimits:
-    queue_max_frames: int = 128
-    max_frame_bytes: int = 64 * 1024
-    max_json_depth: int = 16
-    frame_timeout_s: float = 15.0
-    repair_retries: int = 1
-
-
-@dataclass(slots=True)
-class _Stats:
-    """What the driver measures; the conversation counts the rest."""
-
-    started: float = 0.0
-    first_token_at: float | None = None
-    turn_started: float | None = None  # until the open turn's first token arrives
-    # Time to first token of each turn: the first is the stream's TTFT, the others show
-    # what a resume after a tool costs (prompt cache or not).
-    turn_ttft_ms: list[float] = field(default_factory=list)
-    degraded_ids: set[int] = field(default_factory=set)
-    # The RESULT and OBJECT values, for result.json (the log keeps only encoded frames).
-    results: list[object] = field(default_factory=list)
-    objects: list[object] = field(default_factory=list)
 
 
 class StreamSession:
@@ -182,8 +129,7 @@ class StreamSession:
         self._scope = anyio.CancelScope()
         self._cancel_reason: str | None = None
         self._approvals: dict[str, asyncio.Future[bool]] = {}
-        self._tool_logs: list[dict[str, object]] = []
-        self._stats = _Stats()
+        self._record = RunRecord()
         self._ended = False  # done is appended and the artifacts are written
         self._end_waiters: list[asyncio.Future[None]] = []
         self.reason: str | None = None
@@ -243,7 +189,7 @@ class StreamSession:
     # -- the producer: the engine's actions, done -----------------------------------------
 
     async def _run(self) -> None:
-        self._stats.started = self._clock()
+        self._record.started = self._clock()
         # Counted and logged once this step yields (the upstream request is out by then):
         # a log line and the metrics cost tens of µs, and this is the time to first token.
         asyncio.get_running_loop().call_soon(self._started)
@@ -310,7 +256,7 @@ class StreamSession:
                     elif kind is Emit:
                         await self._emit(action)  # type: ignore[arg-type]
                     elif kind is CallModel:
-                        self._stats.turn_started = self._clock()
+                        self._record.turn_started = self._clock()
                         deltas = self._upstream.stream(action.request)  # type: ignore[attr-defined]
                         result = await self._next_event(deltas)
                     elif kind is StopModel:
@@ -356,12 +302,8 @@ class StreamSession:
         except StopAsyncIteration:
             return MODEL_END
         now = self._clock()
-        stats = self._stats
-        if stats.turn_started is not None and delta.text:  # this turn's first token
-            stats.turn_ttft_ms.append(round((now - stats.turn_started) * 1e3, 3))
-            stats.turn_started = None
-            if stats.first_token_at is None:
-                stats.first_token_at = now
+        if delta.text and self._record.turn_started is not None:
+            self._record.token(now)
         return (delta, now)
 
     async def _drain(self, deltas: Deltas) -> tuple[UpstreamDelta, ...]:
@@ -389,9 +331,9 @@ class StreamSession:
         self.log.append(frame)
         event = frame.event
         if event == RESULT_END:
-            self._stats.results.append(frame.data)
+            self._record.results.append(frame.data)
         elif event == JSON_END:
-            self._stats.objects.append(frame.data)
+            self._record.objects.append(frame.data)
 
     async def _emit(self, action: Emit) -> None:
         outcome = action.outcome
@@ -400,7 +342,7 @@ class StreamSession:
             if isinstance(outcome, Repaired):
                 log.info(FRAME_REPAIRED, stream_id=self.id, frame_id=frame_id, via=outcome.via)
             elif isinstance(outcome, Degraded):
-                self._stats.degraded_ids.add(self.log.last_id + len(action.frames))
+                self._record.degraded_ids.add(self.log.last_id + len(action.frames))
                 log.warning(
                     FRAME_DEGRADED,
                     stream_id=self.id,
@@ -454,13 +396,13 @@ class StreamSession:
             approval=self._approval(action.id) if action.needs_approval else None,
             allow=self.plan.tools_allow,
         )
-        self._tool_logs.append(result.record.to_dict())
+        self._record.tool_logs.append(result.record.to_dict())
         if self._metrics is not None:
             self._metrics.tool_call(action.name, "ok" if result.ok else "error")
         return ToolOutcome(result.frame_data(), result.envelope.to_dict())
 
     def _refused(self, action: RefuseTool) -> None:
-        self._tool_logs.append(
+        self._record.tool_logs.append(
             {
                 "call_id": action.id,
                 "name": action.name,
@@ -486,7 +428,7 @@ class StreamSession:
     # -- the end ----------------------------------------------------------------------------
 
     async def _finish(self, finished: str, error: ToolForgeError | None) -> None:
-        stats = self._stats
+        record = self._record
         counts = self.conversation.stats
         ended = self._clock()
         if self._cancel_reason is not None:
@@ -496,108 +438,47 @@ class StreamSession:
         else:
             reason = finished
         self.reason = reason
-        self.stats = self._summary(ended)
-        self.log.append(
-            Frame(
-                DONE,
-                {
-                    "reason": reason,
-                    "usage": counts.usage
-                    if counts.usage is not None
-                    else {"completion_chunks": counts.chunks},
-                    "metrics": {
-                        k: self.stats[k]
-                        for k in ("ttft_ms", "duration_ms", "tokens_per_s", "frames")
-                    },
-                },
-            )
+        summary = self.stats = record.summary(
+            ended,
+            counts,
+            self.log,
+            queue_max_frames=self._limits.queue_max_frames,
+            budget=self.plan.budget,
         )
+        self.log.append(record.done(reason, counts, summary))
         self.log.close()
         self.finished_at = self._clock()
         log.info(
             STREAM_FINISHED,
             stream_id=self.id,
             reason=reason,
-            **{k: self.stats[k] for k in ("ttft_ms", "duration_ms", "tokens", "frames")},
+            **{k: summary[k] for k in ("ttft_ms", "duration_ms", "tokens", "frames")},
         )
         if self._metrics is not None:
-            ttft = self.stats["ttft_ms"]
+            ttft = summary["ttft_ms"]
             self._metrics.stream_finished(
                 reason,
-                ended - stats.started,
+                ended - record.started,
                 None if ttft is None else ttft / 1000,
-                self.stats["frame_counts"],
-                self.stats["tokens"],
+                summary["frame_counts"],
+                summary["tokens"],
                 self.log.paused_s,
             )
-        await self._write_artifacts(reason, error)
+        if self._artifacts is not None:
+            await record.write(
+                self._artifacts,
+                self.log,
+                stream_id=self.id,
+                reason=reason,
+                error=error,
+                prompt=self.plan.prompt_record,
+                summary=summary,
+            )
         self._ended = True
         for waiter in self._end_waiters:
             if not waiter.done():
                 waiter.set_result(None)
         self._end_waiters.clear()
-
-    def _summary(self, ended: float) -> dict[str, Any]:
-        stats = self._stats
-        counts = self.conversation.stats
-        usage = counts.usage
-        tokens = int(usage.get("completion_tokens", counts.chunks)) if usage else counts.chunks
-        first = stats.first_token_at
-        generating = ended - first if first is not None else 0.0
-        return {
-            "ttft_ms": None if first is None else round((first - stats.started) * 1e3, 3),
-            "duration_ms": round((ended - stats.started) * 1e3, 3),
-            "tokens": tokens,
-            "upstream_chunks": counts.chunks,
-            "tokens_per_s": round(tokens / generating, 2) if generating > 0 else None,
-            "frames": self.log.last_id + 1,  # the done frame included
-            "frame_counts": dict(self.log.event_counts),
-            "turns": counts.turns,
-            "tool_calls": counts.tool_calls,
-            "repairs": counts.repairs,
-            "degraded_frames": counts.degraded_frames,
-            "queue_high_water": self.log.high_water,
-            "queue_max_frames": self._limits.queue_max_frames,
-            "queue_paused_ms": round(self.log.paused_s * 1e3, 3),
-            "bytes_written": self.log.bytes_written,
-            "budget": self.plan.budget,
-            "turn_ttft_ms": stats.turn_ttft_ms,
-            "upstream_timings": counts.upstream_timings,
-        }
-
-    async def _write_artifacts(self, reason: str, error: ToolForgeError | None) -> None:
-        if self._artifacts is None:
-            return
-        result = {
-            "stream_id": self.id,
-            "reason": reason,
-            "error": error.to_dict() if error is not None else None,
-            "results": self._stats.results,
-            "objects": self._stats.objects,
-        }
-        try:
-            await self._artifacts.write(
-                # Decoded in the writer's thread, from a snapshot of the encoded frames:
-                # a long stream's frames never cost the event loop a second time.
-                frames=_records(
-                    tuple(self.log.encoded_after(0)), frozenset(self._stats.degraded_ids)
-                ),
-                prompt=dict(self.plan.prompt_record),
-                result=result,
-                tool_logs=self._tool_logs,
-                metrics={"stream_id": self.id, "reason": reason, **self.stats},
-            )
-        except Exception:  # the stream is already complete for the client; log, go on
-            log.exception(ARTIFACTS_WRITE_FAILED, stream_id=self.id)
-
-
-def _records(encoded: tuple[bytes, ...], degraded: frozenset[int]) -> Iterator[dict[str, object]]:
-    """frames.ndjson's records: id, event, data, and ``degraded`` where SPEC §4 marks it."""
-    for seq, frame in enumerate(decode_frames(encoded), start=1):
-        record: dict[str, object] = {"id": seq, "event": frame.event, "data": frame.data}
-        if seq in degraded:
-            record["degraded"] = True
-        yield record
 
 
 async def _close(deltas: AsyncIterator[UpstreamDelta]) -> None:

@@ -10,7 +10,8 @@ from app.core.engine import ConstrainedMode, SentinelMode
 from app.core.gbnf import FrameGrammar
 from app.core.schemas import AssistantReply, builtin_registry, model_schema
 from app.runtime.executor import ToolExecutor
-from app.runtime.session import SessionLimits, StreamPlan, StreamSession
+from app.runtime.planner import SessionLimits, StreamPlan
+from app.runtime.session import StreamSession
 from app.upstream.base import ChatRequest, UpstreamDelta
 from tests.core.gbnf_matcher import parse
 from tools import default_registry
