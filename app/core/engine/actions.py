@@ -71,15 +71,26 @@ class CallModel:
     request: ChatRequest
 
 
-@dataclass(frozen=True, slots=True)
 class ReadModel:
     """Append ``frames`` (often none), then send the next model event.
 
     One per upstream delta: the per-token path, so it carries the frames the delta made
-    instead of costing an :class:`Emit` round trip of its own.
+    instead of costing an :class:`Emit` round trip of its own, and it is a plain slotted
+    class rather than a frozen dataclass, whose ``__init__`` costs twice as much.
     """
 
-    frames: Sequence[Frame] = ()
+    __slots__ = ("frames",)
+
+    def __init__(self, frames: Sequence[Frame] = ()) -> None:
+        self.frames = frames
+
+    def __repr__(self) -> str:
+        return f"ReadModel({self.frames!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ReadModel) and list(self.frames) == list(other.frames)
+
+    __hash__ = None  # type: ignore[assignment]
 
 
 @dataclass(frozen=True, slots=True)

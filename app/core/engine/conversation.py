@@ -32,9 +32,9 @@ everything here holds in every mode.
 
 from __future__ import annotations
 
-from collections.abc import Generator, Mapping, Sequence
+from collections.abc import Generator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any, Final
 
 from app.core.chat import ChatRequest, UpstreamDelta
 from app.core.engine.actions import (
@@ -74,8 +74,10 @@ __all__ = ["Conversation", "ConversationConfig", "ConversationStats", "Flow"]
 
 Flow = Generator[Action, Any, None]
 
-_NOTHING: tuple[Frame, ...] = ()
 _READ: ReadModel = ReadModel()  # the usual answer to a token that completes no frame
+# The turn's text is kept as one string per this many deltas: a long open stream holds a
+# few hundred strings, not one per token.
+_RAW_BLOCK: Final = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,35 +179,49 @@ class Conversation:
             tools_left=stats.tool_calls < config.max_tool_calls,
         )
         frame_timeout = config.frame_timeout_s
+        framer = reader.framer  # read per token: its attributes, not the reader's properties
+        feed = framer.feed
+        raw: list[str] = []  # the turn's text: blocks of _RAW_BLOCK deltas, then the rest
+        pieces = 0  # deltas in raw since the last block
         opened_at: float | None = None  # when the frame now open was first seen open
         event = yield CallModel(request)
         while event is not MODEL_END:
             delta, now = event
-            frames: Sequence[Frame] = _NOTHING
+            frames: list[Frame] | None = None
             if delta.text:
                 stats.chunks += 1
-                items = reader.feed(delta.text)
-                start = 0  # items[start:] are frames not yet handed over
-                for index, item in enumerate(items):
-                    if type(item) is not BodyClosed:
-                        continue
-                    if index > start:
-                        yield Emit(cast("list[Frame]", items[start:index]))
-                    start = index + 1
-                    if item.kind is FrameKind.TOOL_CALL:
-                        for trailing in (yield StopModel(self._mode.drains_after_call)):
-                            self._account(trailing)
-                        return reader.ended_at(item)
-                    yield from self._decide(item)
-                # The usual token: its one frame goes out as the list the framer made.
-                frames = cast("list[Frame]", items[start:] if start else items)
-                if reader.error is not None:
+                raw.append(delta.text)
+                pieces += 1
+                if pieces == _RAW_BLOCK:
+                    raw[-_RAW_BLOCK:] = ["".join(raw[-_RAW_BLOCK:])]
+                    pieces = 0
+                items: list[Any] = feed(delta.text)
+                for item in items:
+                    if type(item) is BodyClosed:
+                        break
+                else:  # the usual token: its frames go out as the list the framer made
+                    frames = items
+                if frames is None:  # a frame's END among them: the slow path
+                    start = 0  # items[start:] are frames not yet handed over
+                    for index, item in enumerate(items):
+                        if type(item) is not BodyClosed:
+                            continue
+                        if index > start:
+                            yield Emit(items[start:index])
+                        start = index + 1
+                        if item.kind is FrameKind.TOOL_CALL:
+                            for trailing in (yield StopModel(self._mode.drains_after_call)):
+                                self._account(trailing)
+                            return reader.ended_at(item, "".join(raw))
+                        yield from self._decide(item)
+                    frames = items[start:]
+                if framer.error is not None:
                     if frames:  # the violation's error frame is the last of them
                         yield Emit(frames)
-                    raise _Reported(reader.error)
+                    raise _Reported(framer.error)
                 # FRAME_TIMEOUT_MS: a frame that stays open this long is abandoned, so a
                 # model that trickles forever cannot hold a tool call hostage.
-                open_id = reader.open_frame_id
+                open_id = framer.open_frame_id
                 if open_id is None:
                     opened_at = None
                 elif opened_at is None:
@@ -224,12 +240,12 @@ class Conversation:
             if delta.finish_reason is not None or delta.usage is not None:
                 self._account(delta)
             event = yield (ReadModel(frames) if frames else _READ)
-        tail = [item for item in reader.close() if type(item) is not BodyClosed]
+        tail = [item for item in framer.close() if type(item) is not BodyClosed]
         if tail:  # text held back, or the error of a frame left open
-            yield Emit(cast("list[Frame]", tail))
-        if reader.error is not None:
-            raise _Reported(reader.error)
-        return reader.finished()
+            yield Emit(tail)  # type: ignore[arg-type]
+        if framer.error is not None:
+            raise _Reported(framer.error)
+        return reader.finished("".join(raw))
 
     def _account(self, delta: UpstreamDelta) -> None:
         if delta.finish_reason is not None:

@@ -39,8 +39,7 @@ from app.core.native_tools import (
 )
 from app.core.prompt import render_tool_result
 from app.core.schemas import CompiledSchema
-from app.core.wire import Frame
-from app.errors import JSONError, ModelBehaviorError
+from app.errors import JSONError
 
 __all__ = [
     "ConstrainedMode",
@@ -54,10 +53,6 @@ __all__ = [
 ]
 
 Messages = Sequence[Mapping[str, Any]]
-
-# The turn's raw text is kept as one string per this many deltas: a long open stream holds
-# a few hundred strings, not one per token.
-_RAW_BLOCK: Final = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,60 +75,36 @@ class Turn:
 
 
 class TurnReader:
-    """One generation's deltas into frames: the sentinel Framer, and the raw text kept for
-    the continuation (sentinel and constrained modes)."""
+    """How one generation's deltas become frames: the sentinel Framer (the engine feeds
+    it the text itself: that is the per-token path) and, in native mode, the tool calls."""
 
-    __slots__ = ("_framer", "_pieces", "_raw")
+    __slots__ = ("framer",)
 
     def __init__(self, limits: ReaderLimits, seen_ids: set[str]) -> None:
-        self._framer = Framer(
+        self.framer = Framer(
             max_frame_bytes=limits.max_frame_bytes,
             max_depth=limits.max_json_depth,
             seen_ids=seen_ids,
         )
-        self._raw: list[str] = []
-        self._pieces = 0  # deltas in _raw since the last block
-
-    @property
-    def error(self) -> ModelBehaviorError | None:
-        """The framing violation that ended this turn's framing (sticky), if any."""
-        return self._framer.error
-
-    @property
-    def open_frame_id(self) -> str | None:
-        return self._framer.open_frame_id
-
-    def feed(self, text: str) -> list[Frame | BodyClosed]:
-        raw = self._raw
-        raw.append(text)
-        self._pieces += 1
-        if self._pieces == _RAW_BLOCK:
-            raw[-_RAW_BLOCK:] = ["".join(raw[-_RAW_BLOCK:])]
-            self._pieces = 0
-        return self._framer.feed(text)
 
     def tool_call_pieces(self, delta: UpstreamDelta) -> None:
         """Native tool-call pieces: not for this mode (an upstream that sends them unasked
         is ignored, as before)."""
 
-    def close(self) -> list[Frame | BodyClosed]:
-        return self._framer.close()
-
-    def ended_at(self, call: BodyClosed) -> Turn:
-        """The turn ended at a sentinel tool call's END: the model's text up to and
-        including that END.
+    def ended_at(self, call: BodyClosed, text: str) -> Turn:
+        """The turn ended at a sentinel tool call's END; ``text`` is the model's text so
+        far, and the turn's is that text up to and including the END.
 
         The real END is the last occurrence so far: an earlier one can only sit inside a
         JSON string of the body (where it is content). The model's text after the END in
         the same chunk is dropped: the model should have stopped there.
         """
-        text = "".join(self._raw)
         end = f"\u27e6END_TOOL_CALL id={call.id}\u27e7"
         cut = text.rfind(end)
         return Turn([call], text[: cut + len(end)] if cut >= 0 else text)
 
-    def finished(self) -> Turn:
-        """The generation ended without a sentinel tool call."""
+    def finished(self, text: str) -> Turn:
+        """The generation ended (``text``: all it said) without a sentinel tool call."""
         return Turn()
 
 
@@ -150,12 +121,12 @@ class NativeTurnReader(TurnReader):
     def tool_call_pieces(self, delta: UpstreamDelta) -> None:
         self._assembler.feed(delta.tool_calls)
 
-    def finished(self) -> Turn:
+    def finished(self, text: str) -> Turn:
         if not self._assembler.has_calls:
             return Turn()
         # finish_reason "tool_calls" (or "stop" from servers that say so anyway)
         native = self._assembler.finish()
-        return Turn([_as_closed(c) for c in native], "".join(self._raw), native)
+        return Turn([_as_closed(c) for c in native], text, native)
 
 
 class Mode(Protocol):
