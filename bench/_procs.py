@@ -38,6 +38,9 @@ from typing import Any, Final
 
 import orjson
 
+from app.core.events import FrameKind
+from app.core.protocol import sentinels
+
 __all__ = [
     "CLK_TCK",
     "WRITTEN",
@@ -86,7 +89,7 @@ def frames_tokens(n: int, every: int) -> tuple[list[str], int]:
             f'{{"id":{frames},"name":"Place {frames}","rating":4.5,"open":true,'
             f'"tags":["pizza","late"],"address":{{"street":"{frames} Main St","zip":"94110"}}}}'
         )
-        frame = f"⟦BEGIN_OBJECT id=o{frames} schema=Place⟧{body}⟦END_OBJECT id=o{frames}⟧"
+        frame = sentinels.frame(FrameKind.OBJECT, f"o{frames}", "Place", body)
         tokens += [frame[i : i + 4] for i in range(0, len(frame), 4)]
     return tokens, frames
 
@@ -122,14 +125,32 @@ def _script(model: str) -> Any:
     raise ValueError(f"unknown scenario {model!r}")
 
 
+# The two-tool conversation: (text before the call, call id, tool, arguments) per turn.
+_CALLS = (
+    ("Searching. ", "t1", "places.search", '{"query": "pizza", "open_at": "19:00"}'),
+    (
+        "Booking. ",
+        "t2",
+        "bookings.create",
+        '{"place_id": "trattoria-roma", "time": "19:00", "party_size": 2}',
+    ),
+)
+_ANSWER = "Done. " + sentinels.frame(
+    FrameKind.RESULT, "r1", "AssistantReply", '{"answer": "Booked Trattoria Roma at 19:00."}'
+)
 TOOL_TURNS = (
-    "Searching. \u27e6BEGIN_TOOL_CALL id=t1 name=places.search\u27e7"
-    '{"query": "pizza", "open_at": "19:00"}\u27e6END_TOOL_CALL id=t1\u27e7',
-    "Booking. \u27e6BEGIN_TOOL_CALL id=t2 name=bookings.create\u27e7"
-    '{"place_id": "trattoria-roma", "time": "19:00", "party_size": 2}'
-    "\u27e6END_TOOL_CALL id=t2\u27e7",
-    "Done. \u27e6BEGIN_RESULT id=r1 schema=AssistantReply\u27e7"
-    '{"answer": "Booked Trattoria Roma at 19:00."}\u27e6END_RESULT id=r1\u27e7',
+    *(
+        text + sentinels.frame(FrameKind.TOOL_CALL, fid, name, args)
+        for text, fid, name, args in _CALLS
+    ),
+    _ANSWER,
+)
+# The same text in one turn, with OBJECT frames where the tool calls were.
+_NO_TOOLS_TURN = (
+    "".join(
+        text + sentinels.frame(FrameKind.OBJECT, fid, "Any", args) for text, fid, _, args in _CALLS
+    )
+    + _ANSWER
 )
 
 
@@ -140,11 +161,7 @@ def _tool_script(request: dict[str, Any]) -> Any:
     from app.eval.scripted_upstream import Script
 
     if request["model"] == "tools0":
-        text = "".join(TOOL_TURNS).replace("TOOL_CALL", "OBJECT").replace("name=", "schema=Any ")
-        text = text.replace("schema=Any places.search", "schema=Any").replace(
-            "schema=Any bookings.create", "schema=Any"
-        )
-        turn_text = text
+        turn_text = _NO_TOOLS_TURN
     else:
         done = sum(
             1

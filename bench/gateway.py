@@ -564,8 +564,8 @@ async def breakdown(rep: Report, up: Proc, n: int, gw_cpu_us: float) -> None:
     by difference."""
     import httpx
 
-    from app.core.framer import Framer
-    from app.core.wire import Frame
+    from app.core.framer import BodyClosed, Framer
+    from app.core.protocol.frames import Frame
     from app.eval.scripted_upstream import Step
     from app.runtime.frame_log import FrameLog
     from app.upstream import openai_compat
@@ -603,7 +603,7 @@ async def breakdown(rep: Report, up: Proc, n: int, gw_cpu_us: float) -> None:
         framer = Framer()
         frames.clear()
         for text in texts:
-            frames.extend(f for f in framer.feed(text) if isinstance(f, Frame))
+            frames.extend(f for f in framer.feed(text) if not isinstance(f, BodyClosed))
 
     def append() -> None:
         log = FrameLog(max_pending=1 << 30)

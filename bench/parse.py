@@ -18,8 +18,9 @@ from collections.abc import Callable
 
 import orjson
 
-from app.core.events import FrameDelta, FrameEnd
+from app.core.events import FrameDelta, FrameEnd, FrameKind
 from app.core.json_validator import StreamingJSONValidator
+from app.core.protocol import sentinels
 from app.core.tokenizer import SentinelTokenizer
 
 CHUNK = 4
@@ -79,7 +80,7 @@ def main() -> None:
     ratios: dict[int, float] = {}
     for size in (1024, 10 * 1024, 100 * 1024):
         doc = tool_arguments(size)
-        stream = "⟦BEGIN_TOOL_CALL id=t1 name=places.search⟧" + doc + "⟦END_TOOL_CALL id=t1⟧"
+        stream = sentinels.frame(FrameKind.TOOL_CALL, "t1", "places.search", doc)
         chunks = [stream[i : i + CHUNK] for i in range(0, len(stream), CHUNK)]
         assert stream_once(chunks) == orjson.loads(doc)
         total = best_of(args.repeats, lambda chunks=chunks: stream_once(chunks))

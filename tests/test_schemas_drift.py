@@ -1,4 +1,4 @@
-"""The exported tool schemas in ``schemas/tools/`` match what the code generates."""
+"""The exported schemas in ``schemas/`` (tools and frames) match what the code generates."""
 
 from __future__ import annotations
 
@@ -6,35 +6,50 @@ from pathlib import Path
 
 import orjson
 
+from app.core.protocol.frames import EVENTS
+from app.core.protocol.schema import frame_schema, stream_event_definitions
 from tools import default_registry
 from tools.export_schemas import REGENERATE, SCHEMAS_DIR, check, main, render, write
 
 
-def test_committed_tool_schemas_match_the_code() -> None:
+def test_committed_schemas_match_the_code() -> None:
     problems = check()
-    assert not problems, (
-        f"schemas/tools/ is stale ({'; '.join(problems)}): run `{REGENERATE}` and commit"
-    )
+    assert not problems, f"schemas/ is stale ({'; '.join(problems)}): run `{REGENERATE}` and commit"
 
 
-def test_each_file_is_the_tools_input_schema() -> None:
+def test_each_tool_file_is_the_tools_input_schema() -> None:
     files = render()
     for spec in default_registry():
-        assert orjson.loads(files[f"{spec.name}.json"]) == spec.input_schema
-        assert (SCHEMAS_DIR / f"{spec.name}.json").is_file()
+        assert orjson.loads(files[f"tools/{spec.name}.json"]) == spec.input_schema
+        assert (SCHEMAS_DIR / "tools" / f"{spec.name}.json").is_file()
+
+
+def test_each_frame_file_is_the_typed_frames_schema() -> None:
+    files = render()
+    for event, cls in EVENTS.items():
+        assert orjson.loads(files[f"frames/{event}.json"]) == frame_schema(cls)
+    combined = orjson.loads(files["frames/frames.json"])
+    assert combined["$defs"] == stream_event_definitions()
+    assert {name for name in files if name.startswith("frames/")} == {
+        *(f"frames/{event}.json" for event in EVENTS),
+        "frames/frames.json",
+    }
 
 
 def test_drift_missing_and_stale_files_are_detected(tmp_path: Path) -> None:
-    assert check(tmp_path) == ["places.search.json: missing", "bookings.create.json: missing"]
-    assert len(write(tmp_path)) == 2 and check(tmp_path) == []
+    assert check(tmp_path) == [f"{name}: missing" for name in render()]
+    assert len(write(tmp_path)) == len(render()) and check(tmp_path) == []
     assert write(tmp_path) == []  # nothing to rewrite
-    (tmp_path / "places.search.json").write_text("{}\n")
-    (tmp_path / "old.tool.json").write_text("{}\n")
+    (tmp_path / "tools" / "places.search.json").write_text("{}\n")
+    (tmp_path / "tools" / "old.tool.json").write_text("{}\n")
+    (tmp_path / "frames" / "old.event.json").write_text("{}\n")
     assert check(tmp_path) == [
-        "places.search.json: differs from the tool's args model",
-        "old.tool.json: no tool of that name (stale)",
+        "tools/places.search.json: differs from the code that generates it",
+        "tools/old.tool.json: nothing generates it (stale)",
+        "frames/old.event.json: nothing generates it (stale)",
     ]
     assert main(["--check", "--dir", str(tmp_path)]) == 1
     assert main(["--dir", str(tmp_path)]) == 0
     assert main(["--check", "--dir", str(tmp_path)]) == 0
-    assert not (tmp_path / "old.tool.json").exists()
+    assert not (tmp_path / "tools" / "old.tool.json").exists()
+    assert not (tmp_path / "frames" / "old.event.json").exists()

@@ -20,6 +20,7 @@ from fastapi.responses import JSONResponse, Response
 from app import __version__
 from app.api.deps import Gateway
 from app.api.fastpath import GatewayApp
+from app.api.openapi import install_openapi
 from app.api.routes import ClientGone, router
 from app.api.servers import router as servers_router
 from app.core.schemas import builtin_registry
@@ -249,6 +250,7 @@ def create_app(
     )
     app.include_router(router)
     app.include_router(servers_router)
+    install_openapi(app)
 
     @app.exception_handler(ToolForgeError)
     async def _ours(request: Request, exc: ToolForgeError) -> JSONResponse:

@@ -9,7 +9,7 @@ about 0.5 ms per request on this stack (``../shared/research/perf-reliability-an
 and one timer (the ping); a batch costs one ``send``:
 
 * frames come from :class:`~app.runtime.frame_log.FrameLog` already encoded
-  (``app.core.wire``) and already coalesced: whatever was appended since the last write
+  (``app.core.protocol.frames``) and already coalesced: whatever was appended since the last write
   goes out in one ``send``, and a lone frame goes out at once, without waiting for
   company;
 * the writer sleeps on the log, which wakes it for a new frame, for a ping that is due,
@@ -32,7 +32,7 @@ from typing import Final
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from app.core.wire import PING_BYTES
+from app.core.protocol.frames import PING_BYTES
 from app.runtime.frame_log import FrameLog
 from app.runtime.session import StreamSession
 

@@ -27,7 +27,7 @@ docstring for why framing errors are sticky).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import assert_never
+from typing import Final, assert_never
 
 from app.core.events import (
     Event,
@@ -39,22 +39,28 @@ from app.core.events import (
     Violation,
 )
 from app.core.json_validator import StreamingJSONValidator
-from app.core.tokenizer import DEFAULT_MAX_FRAME_BYTES, SentinelTokenizer
-from app.core.wire import (
-    ERROR,
-    JSON_BEGIN,
-    JSON_DELTA,
-    RESULT_BEGIN,
-    RESULT_DELTA,
-    TEXT_DELTA,
+from app.core.protocol.frames import (
+    Error,
     Frame,
+    JsonBegin,
+    JsonDelta,
+    ResultBegin,
+    ResultDelta,
+    TextDelta,
 )
+from app.core.tokenizer import DEFAULT_MAX_FRAME_BYTES, SentinelTokenizer
 from app.errors import JSONError, ModelBehaviorError
 
 __all__ = ["BodyClosed", "Framer"]
 
-_BEGIN = {FrameKind.OBJECT: JSON_BEGIN, FrameKind.RESULT: RESULT_BEGIN}
-_DELTA = {FrameKind.OBJECT: JSON_DELTA, FrameKind.RESULT: RESULT_DELTA}
+_BEGIN: Final[dict[FrameKind, type[JsonBegin | ResultBegin]]] = {
+    FrameKind.OBJECT: JsonBegin,
+    FrameKind.RESULT: ResultBegin,
+}
+_DELTA: Final[dict[FrameKind, type[JsonDelta | ResultDelta]]] = {
+    FrameKind.OBJECT: JsonDelta,
+    FrameKind.RESULT: ResultDelta,
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,14 +123,14 @@ class Framer:
         for ev in events:
             match ev:
                 case Text(text=text):
-                    out.append(Frame(TEXT_DELTA, {"chunk": text}))
+                    out.append(TextDelta(text))
                 case FrameBegin(kind=kind, id=fid, name=name):
                     validator = StreamingJSONValidator(
                         max_depth=self._max_depth, max_bytes=self._max_frame_bytes, frame_id=fid
                     )
                     self._open = _OpenBody(kind, fid, name, validator)
                     if kind is not FrameKind.TOOL_CALL:
-                        out.append(Frame(_BEGIN[kind], {"id": fid, "schema": name}))
+                        out.append(_BEGIN[kind](fid, name))
                 case FrameDelta(id=fid, chunk=chunk):
                     body = self._open
                     assert body is not None and body.id == fid
@@ -135,7 +141,7 @@ class Framer:
                         except JSONError as exc:
                             body.error = exc
                     if body.kind is not FrameKind.TOOL_CALL:
-                        out.append(Frame(_DELTA[body.kind], {"id": fid, "chunk": chunk}))
+                        out.append(_DELTA[body.kind](fid, chunk))
                 case FrameEnd(id=fid):
                     body = self._open
                     assert body is not None and body.id == fid
@@ -143,7 +149,7 @@ class Framer:
                     out.append(self._close_body(body))
                 case Violation(error=error):
                     self.error = error
-                    out.append(Frame(ERROR, error.to_dict()))
+                    out.append(Error.of(error))
                 case _:
                     assert_never(ev)
         return out

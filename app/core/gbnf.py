@@ -98,6 +98,9 @@ from typing import Any, Final
 
 import orjson
 
+from app.core.events import FrameKind
+from app.core.protocol import sentinels
+
 __all__ = [
     "DEFAULT_MAX_DEPTH",
     "DEFAULT_MAX_OBJECTS",
@@ -116,8 +119,6 @@ DEFAULT_MAX_OBJECTS: Final = 4
 DEFAULT_MAX_DEPTH: Final = 16
 """SPEC §3's JSON depth limit: containers a body may nest."""
 
-_OPEN: Final = "\u27e6"  # ⟦
-_CLOSE: Final = "\u27e7"  # ⟧
 # llama.cpp refuses repetitions that expand past 2,000 rules (MAX_REPETITION_THRESHOLD).
 _MAX_REPEAT: Final = 1000
 # Integer ranges up to this many values are spelled out ("1" | "2" | ... | "20").
@@ -127,9 +128,6 @@ _MAX_REF_HOPS: Final = 32
 # Per-turn bounds from max_tokens (see "Budget" above): characters and members per token.
 _CHARS_PER_TOKEN_BUDGET: Final = 1 / 4
 _ITEMS_PER_TOKEN_BUDGET: Final = 1 / 128
-# Ids and names as the tokenizer accepts them (tokenizer ``_ID_RE``, ``_NAME_RE``).
-_ID_RE: Final = re.compile(r"[A-Za-z0-9_.:\-]{1,64}")
-_NAME_RE: Final = re.compile(r"[A-Za-z0-9_.:\-]{1,128}")
 _SEEN_ID_RE: Final = re.compile(r"([tor])([0-9]{1,18})")
 # Keywords that say nothing about the value's shape.
 _ANNOTATIONS: Final = frozenset(
@@ -154,7 +152,9 @@ _ANNOTATIONS: Final = frozenset(
 
 # A JSON string's characters: no quote, backslash, control character or sentinel raw;
 # every escape, surrogates only as a high-low pair.
-_SAFE: Final = '"\\\\\\x00-\\x1F\\u27E6\\u27E7'  # as it appears inside [^...]
+# The sentinel characters as GBNF writes them inside a character class.
+_SENTINEL_CLASS: Final = "".join(f"\\u{ord(ch):04X}" for ch in (sentinels.OPEN, sentinels.CLOSE))
+_SAFE: Final = '"\\\\\\x00-\\x1F' + _SENTINEL_CLASS  # as it appears inside [^...]
 _PRIMITIVES: Final = {
     "ws": r'( " " | "\n" [ \t]{0,8} )?',
     "hex": r"[0-9a-fA-F]",
@@ -171,7 +171,7 @@ _PRIMITIVES: Final = {
     "boolean": r'"true" | "false"',
     "null": r'"null"',
 }
-_TEXT_CLASS: Final = "[^\\u27E6\\u27E7\\x00-\\x08\\x0B-\\x1F\\x7F]"
+_TEXT_CLASS: Final = f"[^{_SENTINEL_CLASS}\\x00-\\x08\\x0B-\\x1F\\x7F]"
 _TURN_RULES: Final = ("root", "text", "objects", "result")
 
 
@@ -185,7 +185,7 @@ class TurnIds:
 
     def __post_init__(self) -> None:
         for frame_id in (self.call, *self.objects, self.result):
-            if not _ID_RE.fullmatch(frame_id):
+            if not sentinels.ID_RE.fullmatch(frame_id):
                 raise ValueError(f"bad frame id {frame_id!r}: use 1-64 of A-Z a-z 0-9 _ . : -")
         if len({self.call, *self.objects, self.result}) != 2 + len(self.objects):
             raise ValueError("the ids of a turn must be distinct")
@@ -242,7 +242,9 @@ class FrameGrammar:
 
         # A tool whose name no sentinel can carry is left out: no mode could call it.
         self._tools = [
-            (name, body("tool", name, s)) for name, s in tools.items() if _NAME_RE.fullmatch(name)
+            (name, body("tool", name, s))
+            for name, s in tools.items()
+            if sentinels.NAME_RE.fullmatch(name)
         ]
         self._result = (result[0], body("schema", *result))
         self._objects = [(name, body("schema", name, s)) for name, s in (objects or {}).items()]
@@ -258,16 +260,16 @@ class FrameGrammar:
         if allow_tools:
             for i, (name, args) in enumerate(self._tools, start=1):
                 rules[f"call-{i}"] = (
-                    f"{_lit(f'{_OPEN}BEGIN_TOOL_CALL id={ids.call} name={name}{_CLOSE}')} "
-                    f"{args} {_lit(f'{_OPEN}END_TOOL_CALL id={ids.call}{_CLOSE}')}"
+                    f"{_lit(sentinels.begin(FrameKind.TOOL_CALL, ids.call, name))} "
+                    f"{args} {_lit(sentinels.end(FrameKind.TOOL_CALL, ids.call))}"
                 )
                 choices.append(f"call-{i}")
         objects = ""
         if self._objects and ids.objects:
             for i, frame_id in enumerate(ids.objects, start=1):
                 rules[f"object-{i}"] = " | ".join(
-                    f"{_lit(f'{_OPEN}BEGIN_OBJECT id={frame_id} schema={name}{_CLOSE}')} "
-                    f"{value} {_lit(f'{_OPEN}END_OBJECT id={frame_id}{_CLOSE}')}"
+                    f"{_lit(sentinels.begin(FrameKind.OBJECT, frame_id, name))} "
+                    f"{value} {_lit(sentinels.end(FrameKind.OBJECT, frame_id))}"
                     for name, value in self._objects
                 )
             chain = ""
@@ -277,8 +279,8 @@ class FrameGrammar:
             objects = "objects? "
         name, value = self._result
         rules["result"] = (
-            f"{_lit(f'{_OPEN}BEGIN_RESULT id={ids.result} schema={name}{_CLOSE}')} "
-            f"{value} {_lit(f'{_OPEN}END_RESULT id={ids.result}{_CLOSE}')}"
+            f"{_lit(sentinels.begin(FrameKind.RESULT, ids.result, name))} "
+            f"{value} {_lit(sentinels.end(FrameKind.RESULT, ids.result))}"
         )
         choices.append(f"{objects}result")
         rules["root"] = f"{text}( {' | '.join(choices)} )"
@@ -505,8 +507,7 @@ def _class_char(ch: str) -> str:
 
 def _json_text(value: object) -> str:
     """Compact JSON for a literal value, sentinels escaped as the model must write them."""
-    text = orjson.dumps(value).decode()
-    return text.replace(_OPEN, "\\u27e6").replace(_CLOSE, "\\u27e7")
+    return sentinels.escape(orjson.dumps(value).decode())
 
 
 # --- JSON Schema -> rules --------------------------------------------------------------------
@@ -783,7 +784,7 @@ class _Unsupported(Exception):
 
 # Characters that a pattern may match literally inside a JSON string without an escape.
 def _json_safe(ch: str) -> bool:
-    return ch not in '"\\\u27e6\u27e7' and ord(ch) >= 0x20
+    return ch not in '"\\' and ch not in sentinels.ESCAPES and ord(ch) >= 0x20
 
 
 _SHORTHANDS: Final = {"d": "0-9", "w": "a-zA-Z0-9_"}

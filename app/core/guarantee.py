@@ -44,6 +44,7 @@ import orjson
 import referencing.exceptions
 from json_repair import repair_json
 
+from app.core.protocol.sentinels import CLOSE, OPEN
 from app.core.schemas import CompiledSchema, compile_schema
 from app.errors import ToolForgeError
 
@@ -523,8 +524,8 @@ def finish_frame(
 def _extract(reply: str) -> str:
     """The JSON in a model's repair reply: without code fences or frame sentinels."""
     text = reply.strip()
-    if "⟦" in text and "⟧" in text:
-        text = text.split("⟧", 1)[1].split("⟦", 1)[0].strip()
+    if OPEN in text and CLOSE in text:
+        text = text.split(CLOSE, 1)[1].split(OPEN, 1)[0].strip()
     fenced = _FENCE.match(text)
     return fenced.group(1).strip() if fenced else text
 

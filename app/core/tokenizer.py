@@ -69,41 +69,31 @@ from app.core.events import (
     Text,
     Violation,
 )
+from app.core.protocol import sentinels
+from app.core.protocol.sentinels import CLOSE, ID_RE, MAX_SENTINEL_CHARS, NAME_RE, OPEN
 from app.errors import ErrorCode, SentinelError
 
 __all__ = [
     "DEFAULT_MAX_FRAME_BYTES",
-    "MAX_SENTINEL_CHARS",
     "SentinelTokenizer",
 ]
 
-OPEN: Final = "\u27e6"  # ⟦
-CLOSE: Final = "\u27e7"  # ⟧
 
 # SPEC §3: a frame body is capped at 64 KB (the same order as Envoy's and h11's header
 # buffers: enough for any real tool call, small enough that one stream cannot hold
 # megabytes in the gateway).
 DEFAULT_MAX_FRAME_BYTES: Final = 64 * 1024
 
-# The longest valid sentinel is ``⟦BEGIN_TOOL_CALL id=<64> name=<128>⟧`` = 218 chars;
-# a committed sentinel that runs past this many characters is malformed.
-MAX_SENTINEL_CHARS: Final = 256
-
 _COMMIT_PREFIXES: Final = (OPEN + "BEGIN_", OPEN + "END_")
 
 _KINDS: Final = {kind.value: kind for kind in FrameKind}
 
-# Attribute values: the characters tool and schema names use (``places.search``,
-# ``AssistantReply``, ``ns:tool-v2``). Bounded so a sentinel stays short.
-_ID_RE: Final = re.compile(r"[A-Za-z0-9_.:\-]{1,64}")
-_NAME_RE: Final = re.compile(r"[A-Za-z0-9_.:\-]{1,128}")
-
 # Inside a committed sentinel: anything but another ``⟦`` or a control character.
-_SENTINEL_BAD_CHAR: Final = re.compile("[\u27e6\x00-\x1f\x7f]")
+_SENTINEL_BAD_CHAR: Final = re.compile(f"[{OPEN}\x00-\x1f\x7f]")
 
 # Inside a body: the characters that change the tokenizer's JSON-string state.
 _BODY_SPECIAL_IN_STRING: Final = re.compile(r'["\\]')
-_BODY_SPECIAL_OUTSIDE: Final = re.compile('["\u27e6]')
+_BODY_SPECIAL_OUTSIDE: Final = re.compile(f'["{OPEN}]')
 
 
 class _State(Enum):
@@ -224,7 +214,7 @@ class SentinelTokenizer:
                 raise SentinelError(
                     ErrorCode.FRAME_UNCLOSED,
                     f"the stream ended inside frame {frame_id!r}; "
-                    f"expected ⟦END_{self._frame.kind} id={frame_id}⟧",
+                    f"expected {sentinels.end(self._frame.kind, frame_id)}",
                     frame_id=frame_id,
                 )
         except SentinelError as exc:
@@ -388,23 +378,21 @@ class SentinelTokenizer:
         keys = [key if sep else None for key, sep, _ in pairs]
         if keys != expected:
             form = (
-                f"⟦BEGIN_{kind} id=<id> {kind.name_attribute}=<name>⟧"
-                if is_begin
-                else f"⟦END_{kind} id=<id>⟧"
+                sentinels.begin(kind, "<id>", "<name>") if is_begin else sentinels.end(kind, "<id>")
             )
             raise SentinelError(
                 ErrorCode.MALFORMED_SENTINEL,
                 f"malformed attributes in {sentinel!r}; expected exactly {form}",
                 frame_id=report_id,
             )
-        if not _ID_RE.fullmatch(frame_id):
+        if not ID_RE.fullmatch(frame_id):
             raise SentinelError(
                 ErrorCode.MALFORMED_SENTINEL,
                 f"bad frame id in {sentinel!r}: 1-64 characters of A-Z a-z 0-9 _ . : -",
                 frame_id=report_id,
             )
         name = given.get(kind.name_attribute, "")
-        if is_begin and not _NAME_RE.fullmatch(name):
+        if is_begin and not NAME_RE.fullmatch(name):
             raise SentinelError(
                 ErrorCode.MALFORMED_SENTINEL,
                 f"bad {kind.name_attribute} in {sentinel!r}: "
@@ -419,7 +407,7 @@ class SentinelTokenizer:
             if frame is not None:
                 raise SentinelError(
                     ErrorCode.NESTED_BEGIN,
-                    f"⟦BEGIN_{s.kind} id={s.id}⟧ inside open frame {frame.id!r}; "
+                    f"{sentinels.begin(s.kind, s.id, s.name)} inside open frame {frame.id!r}; "
                     "frames do not nest: close the open frame first",
                     frame_id=frame.id,
                 )
@@ -439,20 +427,20 @@ class SentinelTokenizer:
         if frame is None:
             raise SentinelError(
                 ErrorCode.END_WITHOUT_BEGIN,
-                f"⟦END_{s.kind} id={s.id}⟧ with no open frame",
+                f"{sentinels.end(s.kind, s.id)} with no open frame",
                 frame_id=s.id,
             )
         if s.id != frame.id:
             raise SentinelError(
                 ErrorCode.END_ID_MISMATCH,
-                f"⟦END_{s.kind} id={s.id}⟧ does not close the open frame {frame.id!r}",
+                f"{sentinels.end(s.kind, s.id)} does not close the open frame {frame.id!r}",
                 frame_id=frame.id,
             )
         if s.kind is not frame.kind:
             raise SentinelError(
                 ErrorCode.END_KIND_MISMATCH,
-                f"⟦END_{s.kind} id={s.id}⟧ closes a {frame.kind} frame; "
-                f"expected ⟦END_{frame.kind} id={frame.id}⟧",
+                f"{sentinels.end(s.kind, s.id)} closes a {frame.kind} frame; "
+                f"expected {sentinels.end(frame.kind, frame.id)}",
                 frame_id=frame.id,
             )
         self._frame = None

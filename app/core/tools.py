@@ -34,13 +34,13 @@ from typing import Any, Final, Generic, TypeVar
 import orjson
 from pydantic import BaseModel, ValidationError
 
+from app.core.protocol import sentinels
 from app.core.redact import normalize_key
 from app.errors import ErrorCode, ToolForgeError
 
 __all__ = [
     "MAX_ARGS_BYTES",
     "MAX_RESULT_BYTES",
-    "SENTINEL_ESCAPES",
     "PermanentToolError",
     "ToolArgumentsError",
     "ToolEnvelope",
@@ -67,14 +67,10 @@ MAX_ARGS_BYTES: Final = 32 * 1024
 MAX_RESULT_BYTES: Final = 64 * 1024
 """SPEC §3: a tool result goes back into the model's context; 64 KB is already ~16k tokens."""
 
-SENTINEL_ESCAPES: Final = {"\u27e6": "\\u27e6", "\u27e7": "\\u27e7"}
-"""What :func:`escape_sentinels` writes for each sentinel character: the six visible
-characters of its JSON escape (a backslash, ``u``, four lower-case hex digits)."""
-
 # The UTF-8 bytes of the sentinel characters, and the bytes their escapes take *inside a
 # JSON string* (the backslash itself escaped): what escaping does to serialised JSON.
 _SENTINEL_BYTES: Final = tuple(
-    (ch.encode("utf-8"), orjson.dumps(esc)[1:-1]) for ch, esc in SENTINEL_ESCAPES.items()
+    (ch.encode("utf-8"), orjson.dumps(esc)[1:-1]) for ch, esc in sentinels.ESCAPES.items()
 )
 # Details listed in a validation message: enough for any real model, bounded for a flood.
 _MAX_LISTED_VIOLATIONS: Final = 20
@@ -167,7 +163,7 @@ class ToolSpec(Generic[ArgsT]):
     input_schema: dict[str, Any] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        if not self.name or any(c.isspace() or c in "⟦⟧" for c in self.name):
+        if not self.name or any(c.isspace() or c in sentinels.ESCAPES for c in self.name):
             raise ValueError(f"tool name {self.name!r} must be non-empty, without spaces")
         if self.retries < 0 or self.retry_delay_s < 0:
             raise ValueError(f"{self.name}: retries and retry_delay_s must be >= 0")

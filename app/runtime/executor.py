@@ -46,10 +46,12 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass, replace
-from typing import Any, Final
+from typing import Any, Final, cast
 
 import orjson
 
+from app.core.protocol import frames
+from app.core.protocol.sentinels import CLOSE, ESCAPES, OPEN
 from app.core.redact import redact
 from app.core.tools import (
     MAX_ARGS_BYTES,
@@ -91,7 +93,7 @@ SENTINELS_ESCAPED: Final = "sentinels_escaped"
 @dataclass(frozen=True, slots=True)
 class ToolResult:
     """One finished call. ``envelope`` goes to the model; ``record`` (redacted) to logs and
-    ``tool_logs.json``; :meth:`frame_data` is the ``tool.result`` frame (SPEC §3).
+    ``tool_logs.json``; :meth:`frame` is the ``tool.result`` frame (SPEC §3).
 
     ``attempts`` counts runs of the tool (0: rejected before running). ``duration_ms``
     covers the attempts and retry delays, not the queue or approval wait
@@ -111,26 +113,21 @@ class ToolResult:
     def ok(self) -> bool:
         return self.envelope.ok
 
-    def frame_data(self) -> dict[str, object]:
-        """``tool.result {"id","name","ok","result"|"error","duration_ms","attempts",
-        "cached","performance_warning"}``: ``result`` is the envelope's data, ``error`` its
-        first error."""
-        out: dict[str, object] = {
-            "id": self.record.call_id,
-            "name": self.record.name,
-            "ok": self.envelope.ok,
-        }
-        if self.envelope.ok:
-            out["result"] = self.envelope.data
-        else:
-            out["error"] = self.envelope.errors[0] if self.envelope.errors else None
-        out.update(
+    def frame(self) -> frames.ToolResult:
+        """The ``tool.result`` frame (SPEC §3): ``result`` is the envelope's data, ``error``
+        its first error."""
+        errors = self.envelope.errors
+        return frames.ToolResult(
+            id=self.record.call_id,
+            name=self.record.name,
+            ok=self.envelope.ok,
+            result=self.envelope.data,
+            error=cast(frames.ToolResultError, errors[0]) if errors else None,
             duration_ms=self.duration_ms,
             attempts=self.attempts,
             cached=self.cached,
             performance_warning=self.performance_warning,
         )
-        return out
 
 
 class FifoGate:
@@ -524,7 +521,8 @@ class ToolExecutor:
             warnings.append(
                 {
                     "code": SENTINELS_ESCAPED,
-                    "message": "sentinel characters in the result were written as \\u27e6/\\u27e7",
+                    "message": "sentinel characters in the result were written as "
+                    f"{ESCAPES[OPEN]}/{ESCAPES[CLOSE]}",
                 }
             )
         if len(blob) > self.max_result_bytes:

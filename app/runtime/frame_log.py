@@ -1,6 +1,6 @@
 """The frame log: the backpressure queue, the replay buffer and the artifact source at once.
 
-Every frame of a stream is encoded once (``app.core.wire``) and appended here. Readers
+Every frame of a stream is encoded once (``app.core.protocol.frames``) and appended here. Readers
 follow the log with a cursor:
 
 - the *primary* reader is the client that started the stream. The log is the bounded
@@ -19,7 +19,7 @@ without waiting for company.
 Why one structure rather than an ``asyncio.Queue`` plus a replay list: the two would hold
 the same frames twice and could disagree about ids; here an id is an index. Only the
 encoded bytes are kept, back to back in one buffer with an offset per frame: a few dozen
-bytes a token, not a ``Frame`` and its dict, nor a ``bytes`` object (33 bytes of header
+bytes a token, not a frame object (and its dict), nor a ``bytes`` object (33 bytes of header
 and a list slot) per frame. :attr:`FrameLog.frames` decodes them again for the artifacts
 and for tests.
 """
@@ -31,12 +31,13 @@ import contextlib
 import time
 from array import array
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from typing import Any
 
 import orjson
 
-from app.core.wire import Frame, encode_frame
+from app.core.protocol.frames import Frame, decode, encode_frame
 
-__all__ = ["FrameLog", "decode_frames"]
+__all__ = ["FrameLog", "decode_events", "decode_frames"]
 
 
 class FrameLog:
@@ -151,7 +152,7 @@ class FrameLog:
 
     @property
     def frames(self) -> list[Frame]:
-        """Every frame so far, decoded again from its bytes (artifacts, tests)."""
+        """Every frame so far, decoded again from its bytes (tests)."""
         return list(decode_frames(self.encoded_after(0)))
 
     def take(self, cursor: int) -> tuple[bytes | None, int]:
@@ -205,10 +206,17 @@ class FrameLog:
             await self.wait()
 
 
-def decode_frames(encoded: Iterable[bytes]) -> Iterator[Frame]:
-    """The frames back from their wire form (``app.core.wire.encode_frame``'s output)."""
+def decode_events(encoded: Iterable[bytes]) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Each frame's event name and JSON object, as sent (``encode_frame``'s output read
+    back): what the artifacts record."""
     for raw in encoded:
         # b"id: N\nevent: NAME\ndata: JSON\n\n": the event name has no newline, and
         # the JSON none either (orjson escapes control characters).
         _, event, data = raw.split(b"\n", 2)
-        yield Frame(event[7:].decode(), orjson.loads(data[6:]))
+        yield event[7:].decode(), orjson.loads(data[6:])
+
+
+def decode_frames(encoded: Iterable[bytes]) -> Iterator[Frame]:
+    """The typed frames back from their wire form, each validated as it is decoded."""
+    for event, data in decode_events(encoded):
+        yield decode(event, data)

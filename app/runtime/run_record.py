@@ -12,17 +12,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from app.core.engine import ConversationStats
-from app.core.wire import DONE, Frame
+from app.core.protocol.frames import Done, DoneMetrics
 from app.errors import ToolForgeError
 from app.log import ARTIFACTS_WRITE_FAILED, get_logger
 from app.runtime.artifacts import RunArtifacts
-from app.runtime.frame_log import FrameLog, decode_frames
+from app.runtime.frame_log import FrameLog, decode_events
 
 __all__ = ["RunRecord"]
 
 log = get_logger(__name__)
-
-_DONE_METRICS = ("ttft_ms", "duration_ms", "tokens_per_s", "frames")
 
 
 @dataclass(slots=True)
@@ -85,17 +83,16 @@ class RunRecord:
         }
 
     @staticmethod
-    def done(reason: str, counts: ConversationStats, summary: Mapping[str, Any]) -> Frame:
+    def done(reason: str, counts: ConversationStats, summary: Mapping[str, Any]) -> Done:
         """The stream's last frame (SPEC §3): usage summed over its model calls."""
         usage = counts.usage if counts.usage is not None else {"completion_chunks": counts.chunks}
-        return Frame(
-            DONE,
-            {
-                "reason": reason,
-                "usage": usage,
-                "metrics": {k: summary[k] for k in _DONE_METRICS},
-            },
+        metrics = DoneMetrics(
+            ttft_ms=summary["ttft_ms"],
+            duration_ms=summary["duration_ms"],
+            tokens_per_s=summary["tokens_per_s"],
+            frames=summary["frames"],
         )
+        return Done(reason=reason, usage=usage, metrics=metrics)
 
     async def write(
         self,
@@ -132,8 +129,8 @@ class RunRecord:
 
 def _records(encoded: tuple[bytes, ...], degraded: frozenset[int]) -> Iterator[dict[str, object]]:
     """frames.ndjson's records: id, event, data, and ``degraded`` where SPEC §4 marks it."""
-    for seq, frame in enumerate(decode_frames(encoded), start=1):
-        record: dict[str, object] = {"id": seq, "event": frame.event, "data": frame.data}
+    for seq, (event, data) in enumerate(decode_events(encoded), start=1):
+        record: dict[str, object] = {"id": seq, "event": event, "data": data}
         if seq in degraded:
             record["degraded"] = True
         yield record

@@ -50,7 +50,7 @@ from app.core.engine import (
     ToolOutcome,
 )
 from app.core.guarantee import Degraded, Outcome, Repaired, finish_frame
-from app.core.wire import ERROR, JSON_END, RESULT_END, Frame
+from app.core.protocol.frames import Error, Frame, JsonEnd, ResultEnd
 from app.errors import ErrorCode, ToolForgeError, UpstreamError
 from app.log import (
     CLIENT_DISCONNECTED,
@@ -212,7 +212,7 @@ class StreamSession:
         except Exception as exc:  # a bug of ours: still end the stream with a frame
             log.exception(STREAM_INTERNAL_ERROR, stream_id=self.id)
             error = ToolForgeError(ErrorCode.INTERNAL, f"internal error: {type(exc).__name__}")
-            self.log.append(Frame(ERROR, error.to_dict()))
+            self.log.append(Error.of(error))
         finally:
             flow.close()
         if finish is not None and self._cancel_reason is None:
@@ -341,10 +341,10 @@ class StreamSession:
     def _append(self, frame: Frame) -> None:
         """Into the frame log, with room checked (``_push``, or the token loop itself)."""
         self.log.append(frame)
-        event = frame.event
-        if event == RESULT_END:
+        kind = type(frame)
+        if kind is ResultEnd:
             self._record.results.append(frame.data)
-        elif event == JSON_END:
+        elif kind is JsonEnd:
             self._record.objects.append(frame.data)
 
     async def _emit(self, action: Emit) -> None:
@@ -411,7 +411,7 @@ class StreamSession:
         self._record.tool_logs.append(result.record.to_dict())
         if self._metrics is not None:
             self._metrics.tool_call(action.name, "ok" if result.ok else "error")
-        return ToolOutcome(result.frame_data(), result.envelope.to_dict())
+        return ToolOutcome(result.frame(), result.envelope.to_dict())
 
     def _refused(self, action: RefuseTool) -> None:
         self._record.tool_logs.append(

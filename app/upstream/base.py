@@ -9,10 +9,10 @@ in openai-agents). Scripted fakes for tests implement the same :class:`Upstream`
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import AsyncGenerator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, Final, Protocol
+from typing import Final, Protocol
 
 # Defined in core (which imports no other layer) so the assembler and the turn engine can
 # use them; part of this seam's surface all the same.

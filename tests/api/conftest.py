@@ -12,13 +12,13 @@ from typing import Any
 import orjson
 import pytest
 
+from app.core.events import FrameKind
+from app.core.protocol import sentinels
 from app.core.tools import ToolRegistry
 from app.eval.loopback import Event, Harness, frames, open_raw_stream, serve, start_gateway
 from app.eval.scripted_upstream import ScriptLike
 
 __all__ = [
-    "LB",
-    "RB",
     "Event",
     "Harness",
     "HarnessFactory",
@@ -29,8 +29,6 @@ __all__ = [
     "sentinel_reply",
     "serve",
 ]
-
-LB, RB = "\u27e6", "\u27e7"
 
 HarnessFactory = Callable[..., Awaitable[Harness]]
 
@@ -64,5 +62,4 @@ def assert_well_formed(events: list[Event]) -> None:
 
 def sentinel_reply(answer: str = "Two places are open.") -> str:
     body = orjson.dumps({"answer": answer}).decode()
-    begin = f"{LB}BEGIN_RESULT id=r1 schema=AssistantReply{RB}"
-    return f"Here you go. {begin}{body}{LB}END_RESULT id=r1{RB}"
+    return "Here you go. " + sentinels.frame(FrameKind.RESULT, "r1", "AssistantReply", body)

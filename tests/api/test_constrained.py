@@ -7,8 +7,10 @@ from typing import Any
 
 import orjson
 
+from app.core.events import FrameKind
+from app.core.protocol import sentinels
 from app.eval.scripted_upstream import Script
-from tests.api.conftest import LB, RB, HarnessFactory, assert_well_formed, frames, sentinel_reply
+from tests.api.conftest import HarnessFactory, assert_well_formed, frames, sentinel_reply
 from tests.core.gbnf_matcher import parse
 
 
@@ -19,10 +21,7 @@ def props(*, tool_calls: bool) -> Script:
 
 def places_call(call_id: str = "t1", query: str = "pizza") -> str:
     body = orjson.dumps({"query": query}).decode()
-    return (
-        f"Looking. {LB}BEGIN_TOOL_CALL id={call_id} name=places.search{RB}{body}"
-        f"{LB}END_TOOL_CALL id={call_id}{RB}"
-    )
+    return "Looking. " + sentinels.frame(FrameKind.TOOL_CALL, call_id, "places.search", body)
 
 
 def named(events: list[Any], event: str) -> list[dict[str, Any]]:
@@ -81,10 +80,8 @@ async def test_object_schemas_and_the_result_schema_shape_the_grammar(
     make_gateway: HarnessFactory,
 ) -> None:
     action = '{"mode":"search","target":{"kind":"place","id":"p1"}}'
-    text = (
-        f"{LB}BEGIN_OBJECT id=o1 schema=Action{RB}{action}{LB}END_OBJECT id=o1{RB}"
-        f"{LB}BEGIN_RESULT id=r1 schema=Action{RB}{action}{LB}END_RESULT id=r1{RB}"
-    )
+    obj = sentinels.frame(FrameKind.OBJECT, "o1", "Action", action)
+    text = obj + sentinels.frame(FrameKind.RESULT, "r1", "Action", action)
     gw = await make_gateway([Script.from_tokens([text])], upstream_kind="llama_server")
     body = {
         "input": "x",
@@ -103,7 +100,7 @@ async def test_object_schemas_and_the_result_schema_shape_the_grammar(
 
 
 async def test_the_repair_call_carries_a_json_grammar(make_gateway: HarnessFactory) -> None:
-    bad = f'{LB}BEGIN_RESULT id=r1 schema=AssistantReply{RB}{{"answer": 5}}{LB}END_RESULT id=r1{RB}'
+    bad = sentinels.frame(FrameKind.RESULT, "r1", "AssistantReply", '{"answer": 5}')
     gw = await make_gateway(
         [Script.from_tokens([bad]), Script.from_tokens(['{"answer": "five"}'])],
         upstream_kind="llama_server",

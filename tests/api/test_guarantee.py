@@ -7,16 +7,18 @@ from typing import Any
 
 import orjson
 
+from app.core.events import FrameKind
+from app.core.protocol import sentinels
 from app.eval.scripted_upstream import Script
-from tests.api.conftest import LB, RB, HarnessFactory, assert_well_formed, frames
+from tests.api.conftest import HarnessFactory, assert_well_formed, frames
 
 
 def result_frame(body: str, fid: str = "r1", schema: str = "AssistantReply") -> str:
-    return f"{LB}BEGIN_RESULT id={fid} schema={schema}{RB}{body}{LB}END_RESULT id={fid}{RB}"
+    return sentinels.frame(FrameKind.RESULT, fid, schema, body)
 
 
 def object_frame(body: str, fid: str = "o1", schema: str = "Action") -> str:
-    return f"{LB}BEGIN_OBJECT id={fid} schema={schema}{RB}{body}{LB}END_OBJECT id={fid}{RB}"
+    return sentinels.frame(FrameKind.OBJECT, fid, schema, body)
 
 
 def tokens(text: str, size: int = 4) -> Script:

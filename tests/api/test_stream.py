@@ -9,11 +9,11 @@ import orjson
 import pytest
 
 from app.api import sse
-from app.core.wire import PING_BYTES
+from app.core.events import FrameKind
+from app.core.protocol import sentinels
+from app.core.protocol.frames import PING_BYTES
 from app.eval.scripted_upstream import Script, Step
 from tests.api.conftest import (
-    LB,
-    RB,
     HarnessFactory,
     assert_well_formed,
     frames,
@@ -28,7 +28,7 @@ def tokens(text: str, size: int = 3) -> list[str]:
 
 async def test_happy_path_text_object_and_result(make_gateway: HarnessFactory) -> None:
     action = '{"mode":"search","target":{"kind":"place","id":"p1"}}'
-    obj = f"{LB}BEGIN_OBJECT id=o1 schema=Action{RB}{action}{LB}END_OBJECT id=o1{RB}"
+    obj = sentinels.frame(FrameKind.OBJECT, "o1", "Action", action)
     text = "Looking. " + obj + " " + sentinel_reply()
     gw = await make_gateway(
         [Script.from_tokens(tokens(text), usage={"prompt_tokens": 10, "completion_tokens": 42})]
@@ -164,7 +164,7 @@ async def test_a_slow_first_token_does_not_hold_the_head(make_gateway: HarnessFa
 
 
 async def test_protocol_violation_ends_with_error_then_done(make_gateway: HarnessFactory) -> None:
-    text = f"hi {LB}END_OBJECT id=x{RB} never shown" + " more" * 20
+    text = f"hi {sentinels.end(FrameKind.OBJECT, 'x')} never shown" + " more" * 20
     # Paced, so the violation comes while the upstream is still sending.
     gw = await make_gateway([Script.from_tokens(tokens(text, 4), delay_ms=5)])
     events = await gw.stream()

@@ -9,11 +9,11 @@ from typing import Any
 import orjson
 from pydantic import BaseModel, Field
 
+from app.core.events import FrameKind
+from app.core.protocol import sentinels
 from app.core.tools import ToolRegistry, ToolSpec
 from app.eval.scripted_upstream import Script, Step
 from tests.api.conftest import (
-    LB,
-    RB,
     Harness,
     HarnessFactory,
     assert_well_formed,
@@ -24,7 +24,7 @@ from tests.api.conftest import (
 
 def call(fid: str, name: str, args: object | str) -> str:
     body = args if isinstance(args, str) else orjson.dumps(args).decode()
-    return f"{LB}BEGIN_TOOL_CALL id={fid} name={name}{RB}{body}{LB}END_TOOL_CALL id={fid}{RB}"
+    return sentinels.frame(FrameKind.TOOL_CALL, fid, name, body)
 
 
 def tokens(text: str, size: int = 5) -> Script:
@@ -164,7 +164,9 @@ async def test_max_tool_calls_is_enforced(make_gateway: HarnessFactory) -> None:
 
 async def test_a_tool_never_runs_on_a_prefix_that_parses(make_gateway: HarnessFactory) -> None:
     # The arguments are complete JSON, but the END never comes: nothing may run.
-    body = f"{LB}BEGIN_TOOL_CALL id=t1 name=places.search{RB}" + orjson.dumps(SEARCH).decode()
+    body = (
+        sentinels.begin(FrameKind.TOOL_CALL, "t1", "places.search") + orjson.dumps(SEARCH).decode()
+    )
     gw = await make_gateway([Script(steps=(Step(text=body),), end="hang")], idle_s=0.3)
     events = await gw.stream()
     assert named(events, "tool.call") == [] and named(events, "tool.result") == []

@@ -8,10 +8,11 @@ from typing import Any
 
 import pytest
 
+from app.core.protocol.sentinels import CLOSE, OPEN
 from app.eval.conformance.case import CaseFormatError, expand_script, expand_value, parse_case
 from app.eval.scripted_upstream import Script
 
-LB, RB = "\u27e6", "\u27e7"
+LB, RB = OPEN, CLOSE  # the goldens below spell the sentinels out, as a model writes them
 
 
 def texts(script: dict[str, Any]) -> list[str]:

@@ -7,10 +7,11 @@ from typing import Any
 
 import pytest
 
-from app.eval.conformance.checks import Findings, check_stream
+from app.core.events import FrameKind
+from app.core.protocol import sentinels
+from app.eval.conformance.checks import Findings, check_stream, frame_schema_errors
 from app.eval.conformance.match import matches
 
-LB, RB = "\u27e6", "\u27e7"
 BEGIN = {"stream_id": "s_1", "model": "m", "mode": "sentinel", "budget_tokens": None}
 ARGS = {"query": "pizza"}
 RESULT_OK = {"id": "t1", "name": "places.search", "ok": True, "result": {}, "duration_ms": 1.0,
@@ -20,10 +21,14 @@ RESULT_OK = {"id": "t1", "name": "places.search", "ok": True, "result": {}, "dur
 def stream(*body: tuple[str, dict[str, Any]], reason: str = "stop") -> list[dict[str, Any]]:
     events = [("stream.begin", BEGIN), *body]
     n = len(events) + 1
-    done = {"reason": reason, "usage": {}, "metrics": {"frames": n}}
+    done = {"reason": reason, "usage": {}, "metrics": metrics(n)}
     return [
         {"id": i, "event": e, "data": d} for i, (e, d) in enumerate([*events, ("done", done)], 1)
     ]
+
+
+def metrics(frames: int) -> dict[str, Any]:
+    return {"ttft_ms": 1.0, "duration_ms": 2.0, "tokens_per_s": None, "frames": frames}
 
 
 def result_frames(body: str, value: object, **end: object) -> list[tuple[str, dict[str, Any]]]:
@@ -35,7 +40,8 @@ def result_frames(body: str, value: object, **end: object) -> list[tuple[str, di
     ]  # fmt: skip
 
 
-CALL_TEXT = f'{LB}BEGIN_TOOL_CALL id=t1 name=places.search{RB}{{"query": "pizza"}}'
+CALL_TEXT = sentinels.begin(FrameKind.TOOL_CALL, "t1", "places.search") + '{"query": "pizza"}'
+CALL_END = sentinels.end(FrameKind.TOOL_CALL, "t1")
 GOOD = stream(
     ("text.delta", {"chunk": "hi "}),
     ("tool.call", {"id": "t1", "name": "places.search", "args": ARGS}),
@@ -46,7 +52,7 @@ GOOD = stream(
 
 def findings_of(frames: list[dict[str, Any]], scripts: list[str] | None = None) -> Findings:
     out = Findings()
-    script = scripts if scripts is not None else [f"{CALL_TEXT}{LB}END_TOOL_CALL id=t1{RB}"]
+    script = scripts if scripts is not None else [CALL_TEXT + CALL_END]
     check_stream(frames, {"input": "x"}, out, script_texts=script)
     return out
 
@@ -57,7 +63,7 @@ def test_a_good_stream_passes() -> None:
 
 def _renumber(frames: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out = [{**f, "id": i} for i, f in enumerate(frames, 1)]
-    out[-1]["data"] = {**out[-1]["data"], "metrics": {"frames": len(out)}}
+    out[-1]["data"] = {**out[-1]["data"], "metrics": metrics(len(out))}
     return out
 
 
@@ -70,15 +76,19 @@ def _renumber(frames: list[dict[str, Any]]) -> list[dict[str, Any]]:
         (_renumber([*GOOD[:3], *GOOD[4:]]), None, "not followed by its tool.result"),
         (_renumber([*GOOD[:2], *GOOD[3:]]), None, "no tool.call announced"),
         (GOOD, [CALL_TEXT], "came before its END"),
-        (GOOD, [f'{CALL_TEXT[:-2]}"x"}}{LB}END_TOOL_CALL id=t1{RB}'], "not the body"),
+        (GOOD, [f'{CALL_TEXT[:-2]}"x"}}{CALL_END}'], "not the body"),
         (stream(*result_frames('{"answer": 1}', {"answer": 1})), None, "schema: result r1"),
         (stream(*result_frames('{"a": "b"}', {"answer": "b"})), None, "not what its deltas"),
         (stream(*result_frames("{}", {"answer": "x"}, length=9)), None, "length 9"),
         (stream(*result_frames("{}", {"answer": "x"}, degraded=True)), None, "without diagnost"),
-        (stream(("text.delta", {"chunk": f"{LB}END_RESULT id=r1{RB}"})), None, "as text"),
+        (stream(("text.delta", {"chunk": sentinels.end(FrameKind.RESULT, "r1")})), None, "as text"),
         (stream(*result_frames("{}", {})[:2]), None, "never ended"),
         (stream(("error", {"code": "X", "message": "m", "retryable": True})), None, "done.reason"),
         (stream(("tool.result", {**RESULT_OK, "result": "\u27e6"})), None, "sentinel character"),
+        (stream(("tool.call", {"id": "t1", "name": "x"})), None, "tool.call.json: (data): 'args'"),
+        (stream(("text.delta", {"chunk": "a", "raw": 1})), None, "text.delta.json: (data): Add"),
+        (stream(("json.delta", {"id": "o 1", "chunk": ""})), None, "json.delta.json: id: 'o 1'"),
+        (stream(("shout", {})), None, "breaks schemas/frames/shout.json: no such event"),
     ],
 )
 def test_each_broken_stream_is_caught(
@@ -86,6 +96,15 @@ def test_each_broken_stream_is_caught(
 ) -> None:
     failures = findings_of(frames, scripts).failures
     assert any(needle in f for f in failures), failures
+
+
+def test_the_frame_schema_check_names_each_broken_key() -> None:
+    assert frame_schema_errors("tool.result", RESULT_OK) == []
+    bad = {**RESULT_OK, "attempts": -1, "cached": "no"}
+    assert frame_schema_errors("tool.result", bad) == [
+        "attempts: -1 is less than the minimum of 0",
+        "cached: 'no' is not of type 'boolean'",
+    ]
 
 
 def test_schema_failures_are_counted_apart() -> None:

@@ -12,6 +12,8 @@ import orjson
 import pytest
 
 from app.cli import main
+from app.core.events import FrameKind
+from app.core.protocol import sentinels
 from app.eval.conformance import (
     RealUpstream,
     load_cases,
@@ -102,8 +104,9 @@ async def test_a_real_case_without_a_model_is_not_run_never_passed() -> None:
 
 async def test_a_real_case_runs_against_the_server_it_is_given() -> None:
     # Any OpenAI-compatible server will do to exercise the path: here a scripted one.
-    reply = [{"text": '\u27e6BEGIN_RESULT id=r1 schema=AssistantReply\u27e7{"answer": "hi"}'},
-             {"text": "\u27e6END_RESULT id=r1\u27e7"}, {"finish": "stop"}]  # fmt: skip
+    begin = sentinels.begin(FrameKind.RESULT, "r1", "AssistantReply")
+    reply = [{"text": begin + '{"answer": "hi"}'},
+             {"text": sentinels.end(FrameKind.RESULT, "r1")}, {"finish": "stop"}]  # fmt: skip
     case = parse_case({**REAL, "client": {"mode": "repeat", "times": 2},
                        "expect": {"done_reason": "stop"}})  # fmt: skip
     async with ScriptedUpstream([reply, reply]) as server:

@@ -41,11 +41,11 @@ from app.core.events import FrameKind
 from app.core.gbnf import FrameGrammar
 from app.core.guarantee import finish_frame
 from app.core.native_tools import ToolCallDelta
+from app.core.protocol import sentinels
+from app.core.protocol.frames import Frame, ToolResult
 from app.core.schemas import AssistantReply, builtin_registry, model_schema
-from app.core.wire import Frame
 from app.errors import ErrorCode, UpstreamError
 
-L, R = "\u27e6", "\u27e7"
 REGISTRY = builtin_registry()
 SCHEMAS = {"AssistantReply": REGISTRY.get("AssistantReply"), "Any": REGISTRY.get("Any")}
 GRAMMAR = FrameGrammar(
@@ -54,17 +54,12 @@ GRAMMAR = FrameGrammar(
 )
 
 
-def sentinel_frame(kind: FrameKind, fid: str, name: str, body: str) -> str:
-    attribute = kind.name_attribute
-    return f"{L}BEGIN_{kind} id={fid} {attribute}={name}{R}{body}{L}END_{kind} id={fid}{R}"
-
-
 def call(fid: str = "t1", args: str = '{"query": "pizza"}') -> str:
-    return sentinel_frame(FrameKind.TOOL_CALL, fid, "places.search", args)
+    return sentinels.frame(FrameKind.TOOL_CALL, fid, "places.search", args)
 
 
 def reply(body: str = '{"answer": "ok"}', fid: str = "r1") -> str:
-    return sentinel_frame(FrameKind.RESULT, fid, "AssistantReply", body)
+    return sentinels.frame(FrameKind.RESULT, fid, "AssistantReply", body)
 
 
 # -- the scripted driver ---------------------------------------------------------------------
@@ -153,7 +148,17 @@ def drive(conversation: Conversation, script: Script) -> Run:
                 result = ModelReply(repairs.pop(0), (UpstreamDelta("", usage={"x": 1}),))
             case RunTool(id=cid, name=name):
                 envelope = {"ok": script.tool_ok, "data": {"n": 1}, "warnings": [], "errors": []}
-                result = ToolOutcome({"id": cid, "name": name, "ok": script.tool_ok}, envelope)
+                frame = ToolResult(
+                    id=cid,
+                    name=name,
+                    ok=script.tool_ok,
+                    result=envelope["data"],
+                    duration_ms=1.0,
+                    attempts=1,
+                    cached=False,
+                    performance_warning=False,
+                )
+                result = ToolOutcome(frame, envelope)
         action = flow.send(result)
 
 
@@ -416,7 +421,13 @@ def test_an_upstream_error_mid_generation_is_the_same() -> None:
 
 
 def test_a_framing_violation_ends_the_stream_with_one_error_frame() -> None:
-    bad = f"hi {L}BEGIN_TOOL_CALL id=t1 name=places.search{R}{{}}{L}END_RESULT id=t1{R}"
+    tool = FrameKind.TOOL_CALL
+    bad = (
+        "hi "
+        + sentinels.begin(tool, "t1", "places.search")
+        + "{}"
+        + sentinels.end(FrameKind.RESULT, "t1")
+    )
     run = drive(conversation(), Script([deltas(bad, "more")]))
     assert run.events.count("error") == 1 and run.events[-1] == "error"
     assert run.finish.reason == "error" and run.finish.error is not None
@@ -424,7 +435,7 @@ def test_a_framing_violation_ends_the_stream_with_one_error_frame() -> None:
 
 
 def test_a_frame_left_open_too_long_times_out_with_the_clock_it_is_given() -> None:
-    trickle = [f"{L}BEGIN_RESULT id=r1 schema=AssistantReply{R}", '{"an', 'swer"', ": 1"]
+    trickle = [sentinels.begin(FrameKind.RESULT, "r1", "AssistantReply"), '{"an', 'swer"', ": 1"]
     run = drive(
         conversation(frame_timeout_s=1.0),
         Script([deltas(*trickle)], clock=lambda tick: tick * 0.6),

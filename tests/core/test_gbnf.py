@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from jsonschema import Draft202012Validator
 
+from app.core.events import FrameKind
 from app.core.gbnf import (
     DEFAULT_MAX_TEXT_CHARS,
     FrameGrammar,
@@ -23,13 +24,14 @@ from app.core.gbnf import (
     json_value_grammar,
     next_turn_ids,
 )
+from app.core.protocol import sentinels
 from app.core.schemas import Action, AssistantReply, model_schema
 from tests.core.gbnf_matcher import Grammar, GrammarSyntaxError, parse
 from tests.strategies import json_values
 from tools.bookings import BookingsCreateArgs
 from tools.places import PlacesSearchArgs
 
-L, R = "\u27e6", "\u27e7"
+L, R = sentinels.OPEN, sentinels.CLOSE
 PLACES = PlacesSearchArgs.model_json_schema()
 BOOKINGS = BookingsCreateArgs.model_json_schema()
 REPLY = model_schema(AssistantReply)
@@ -50,15 +52,16 @@ def demo(ids: TurnIds = IDS, *, allow_tools: bool = True, objects: bool = True) 
 
 
 def call(body: str, *, name: str = "places.search", begin: str = "t1", end: str = "t1") -> str:
-    return f"{L}BEGIN_TOOL_CALL id={begin} name={name}{R}{body}{L}END_TOOL_CALL id={end}{R}"
+    tool = FrameKind.TOOL_CALL
+    return sentinels.begin(tool, begin, name) + body + sentinels.end(tool, end)
 
 
 def result(body: str, *, schema: str = "AssistantReply", rid: str = "r1") -> str:
-    return f"{L}BEGIN_RESULT id={rid} schema={schema}{R}{body}{L}END_RESULT id={rid}{R}"
+    return sentinels.frame(FrameKind.RESULT, rid, schema, body)
 
 
 def obj(body: str, oid: str = "o1", schema: str = "Action") -> str:
-    return f"{L}BEGIN_OBJECT id={oid} schema={schema}{R}{body}{L}END_OBJECT id={oid}{R}"
+    return sentinels.frame(FrameKind.OBJECT, oid, schema, body)
 
 
 def value_grammar(schema: Mapping[str, Any] | bool, **kwargs: Any) -> Grammar:
@@ -612,7 +615,7 @@ def spell(value: object, style: int) -> str:
         text = json.dumps(value, separators=(", ", ": "), ensure_ascii=False)
     else:
         text = json.dumps(value, ensure_ascii=True)
-    return text.replace(L, "\\u27e6").replace(R, "\\u27e7")
+    return sentinels.escape(text)
 
 
 SCHEMAS = {"places": PLACES, "bookings": BOOKINGS, "reply": REPLY, "action": ACTION}

@@ -13,6 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from app.core.events import FrameKind
 from app.core.guarantee import (
     MAX_ERRORS,
     REPAIR_FAILED,
@@ -31,6 +32,7 @@ from app.core.guarantee import (
     render_repair_prompt,
     validate,
 )
+from app.core.protocol import sentinels
 from app.core.schemas import CompiledSchema, builtin_registry, compile_schema
 from app.errors import ErrorCode, JSONError
 
@@ -266,7 +268,7 @@ ASKED = (ValidatorError("$", "'answer' is a required property", "required"),)
         '{"answer": "fixed"}',
         '  ```json\n{"answer": "fixed"}\n```  ',
         "```\n{'answer': 'fixed',}\n```",
-        '⟦BEGIN_RESULT id=r1 schema=AssistantReply⟧{"answer": "fixed"}⟦END_RESULT id=r1⟧',
+        sentinels.frame(FrameKind.RESULT, "r1", "AssistantReply", '{"answer": "fixed"}'),
     ],
 )
 def test_a_good_model_reply_is_a_model_repair(reply: str) -> None:

@@ -11,6 +11,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from app.core.events import FrameKind
+from app.core.protocol import sentinels
 from app.core.redact import (
     _PATTERN,  # the prefilter is checked against the bare pattern
     REDACTED,
@@ -121,7 +123,7 @@ def test_secret_shapes_in_text_are_replaced(text: str, expected: str) -> None:
         "the bearer of bad news",
         "max_tokens=5 tokens=3",
         "token: 12 password: see docs",  # prose, not an assignment
-        "⟦BEGIN_OBJECT id=a1 schema=Any⟧",
+        sentinels.begin(FrameKind.OBJECT, "a1", "Any"),
         "\ud800 lone surrogate",
     ],
 )

@@ -12,20 +12,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from app.core.events import Event, FrameBegin, FrameDelta, FrameEnd, FrameKind, Text, Violation
-from app.core.tokenizer import MAX_SENTINEL_CHARS, SentinelTokenizer
+from app.core.protocol.sentinels import CLOSE, MAX_SENTINEL_CHARS, OPEN, begin, end
+from app.core.tokenizer import SentinelTokenizer
 from app.errors import ErrorCode, SentinelError
 from tests.strategies import json_values
 
-LB, RB = "\u27e6", "\u27e7"
+LB, RB = OPEN, CLOSE  # for the lookalikes and broken sentinels written by hand below
 OBJ, TOOL, RES = FrameKind.OBJECT, FrameKind.TOOL_CALL, FrameKind.RESULT
-
-
-def begin(kind: FrameKind, fid: str, name: str) -> str:
-    return f"{LB}BEGIN_{kind} id={fid} {kind.name_attribute}={name}{RB}"
-
-
-def end(kind: FrameKind, fid: str) -> str:
-    return f"{LB}END_{kind} id={fid}{RB}"
 
 
 # -- helpers ------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import BaseModel, ConfigDict, Field
 
+from app.core.protocol import sentinels
 from app.core.tools import (
     MAX_ARGS_BYTES,
     PermanentToolError,
@@ -352,15 +353,12 @@ def test_escaping_a_value_that_is_not_json_is_a_typed_error() -> None:
 
 
 def _replace_everywhere(value: object) -> object:
-    def s(text: str) -> str:
-        return text.replace("⟦", "\\u27e6").replace("⟧", "\\u27e7")
-
     if isinstance(value, str):
-        return s(value)
+        return sentinels.escape(value)
     if isinstance(value, list):
         return [_replace_everywhere(v) for v in value]
     if isinstance(value, dict):
-        return {s(k): _replace_everywhere(v) for k, v in value.items()}
+        return {sentinels.escape(k): _replace_everywhere(v) for k, v in value.items()}
     return value
 
 

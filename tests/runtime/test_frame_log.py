@@ -7,12 +7,12 @@ import tracemalloc
 
 import pytest
 
-from app.core.wire import Frame, encode_frame
-from app.runtime.frame_log import FrameLog
+from app.core.protocol.frames import Done, TextDelta, encode_frame
+from app.runtime.frame_log import FrameLog, decode_events
 
 
-def text(i: int) -> Frame:
-    return Frame("text.delta", {"chunk": f"t{i}"})
+def text(i: int) -> TextDelta:
+    return TextDelta(f"t{i}")
 
 
 async def test_ids_are_sequential_and_encoding_is_stable() -> None:
@@ -127,3 +127,19 @@ async def test_a_reader_that_gives_up_does_not_disturb_the_others() -> None:
     log.append(text(0))
     await asyncio.wait_for(stayer, 1)
     assert log._readers == []
+
+
+def test_frames_decode_back_to_typed_values_and_events_to_what_was_sent() -> None:
+    log = FrameLog(max_pending=10)
+    done = Done(
+        reason="stop",
+        usage={"completion_chunks": 1},
+        metrics={"ttft_ms": None, "duration_ms": 1.5, "tokens_per_s": None, "frames": 2},
+    )
+    log.append(text(0))
+    log.append(done)
+    assert log.frames == [text(0), done]
+    assert list(decode_events(log.encoded_after(0))) == [
+        ("text.delta", {"chunk": "t0"}),
+        ("done", done.data),
+    ]

@@ -32,8 +32,8 @@ from typing import Final
 
 from app.core.chat import ChatRequest, UpstreamDelta
 from app.core.guarantee import FinalOutcome
+from app.core.protocol.frames import Frame, ToolResult
 from app.core.schemas import CompiledSchema
-from app.core.wire import Frame
 from app.errors import ToolForgeError
 
 __all__ = [
@@ -143,10 +143,10 @@ class RunTool:
 
 @dataclass(frozen=True, slots=True)
 class ToolOutcome:
-    """A finished tool call: its ``tool.result`` frame data and the envelope the model
-    gets back (each mode renders it its own way)."""
+    """A finished tool call: its ``tool.result`` frame and the envelope the model gets
+    back (each mode renders it its own way)."""
 
-    frame_data: Mapping[str, object]
+    frame: ToolResult
     envelope: Mapping[str, object]
 
 

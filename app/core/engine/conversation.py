@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from collections.abc import Generator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, Final, cast
 
 from app.core.chat import ChatRequest, UpstreamDelta
 from app.core.engine.actions import (
@@ -62,12 +62,20 @@ from app.core.guarantee import (
     Repaired,
     Valid,
     after_model_repair,
-    end_fields,
     give_up,
     render_repair_prompt,
 )
+from app.core.protocol.frames import (
+    Diagnostics,
+    Error,
+    Frame,
+    JsonEnd,
+    ResultEnd,
+    StreamBegin,
+    ToolCall,
+    ToolResult,
+)
 from app.core.schemas import CompiledSchema
-from app.core.wire import ERROR, JSON_END, RESULT_END, STREAM_BEGIN, TOOL_CALL, TOOL_RESULT, Frame
 from app.errors import ErrorCode, ModelBehaviorError, ToolForgeError
 
 __all__ = ["Conversation", "ConversationConfig", "ConversationStats", "Flow"]
@@ -134,14 +142,11 @@ class Conversation:
         config = self.config
         yield Emit(
             (
-                Frame(
-                    STREAM_BEGIN,
-                    {
-                        "stream_id": config.stream_id,
-                        "model": config.request.model,
-                        "mode": self._mode.name,
-                        "budget_tokens": config.budget_tokens,
-                    },
+                StreamBegin(
+                    stream_id=config.stream_id,
+                    model=config.request.model,
+                    mode=self._mode.name,
+                    budget_tokens=config.budget_tokens,
                 ),
             )
         )
@@ -159,7 +164,7 @@ class Conversation:
             yield Finish("error", exc.error)
             return
         except ToolForgeError as exc:
-            yield Emit((Frame(ERROR, exc.to_dict()),))
+            yield Emit((Error.of(exc),))
             yield Finish("error", exc)
             return
         yield Finish(self.stats.finish or "stop")
@@ -283,7 +288,6 @@ class Conversation:
 
     def _decide(self, closed: BodyClosed) -> Generator[Action, Any, None]:
         """The END frame of an OBJECT or RESULT body: valid, repaired, or degraded."""
-        event = JSON_END if closed.kind is FrameKind.OBJECT else RESULT_END
         schema = self._schema_for(closed)
         outcome: FinalOutcome
         if schema is None:  # no schema registry for this conversation: syntax is all
@@ -312,7 +316,19 @@ class Conversation:
                 self.stats.repairs += 1
             elif isinstance(outcome, Degraded):
                 self.stats.degraded_frames += 1
-        frame = Frame(event, {"id": closed.id, "length": closed.length, **end_fields(outcome)})
+        diagnostics: Diagnostics | None = None
+        if isinstance(outcome, Degraded) and not outcome.in_band:
+            # Out of band only where the schema leaves no room for it in the value.
+            diagnostics = cast(Diagnostics, outcome.diagnostics)
+        end = JsonEnd if closed.kind is FrameKind.OBJECT else ResultEnd
+        frame = end(
+            id=closed.id,
+            length=closed.length,
+            value=outcome.value,
+            repaired=isinstance(outcome, Repaired),
+            degraded=isinstance(outcome, Degraded),
+            diagnostics=diagnostics,
+        )
         yield Emit((frame,), outcome)
 
     # -- tools (SPEC §5) --------------------------------------------------------------------
@@ -346,35 +362,32 @@ class Conversation:
                 )
             )
         needs_approval = closed.name in config.approval_tools
-        call: dict[str, object] = {"id": closed.id, "name": closed.name, "args": closed.value}
-        if needs_approval:
-            call["needs_approval"] = True
-        yield Emit((Frame(TOOL_CALL, call),))
+        call = ToolCall(
+            id=closed.id,
+            name=closed.name,
+            args=closed.value,
+            needs_approval=True if needs_approval else None,
+        )
+        yield Emit((call,))
         outcome: ToolOutcome = yield RunTool(closed.id, closed.name, closed.value, needs_approval)
-        yield Emit((Frame(TOOL_RESULT, dict(outcome.frame_data)),))
+        yield Emit((outcome.frame,))
         return outcome.envelope
 
     def _refuse(
         self, closed: BodyClosed, code: ErrorCode, message: str
     ) -> Generator[Action, Any, Mapping[str, object]]:
-        error = {"code": str(code), "message": message}
-        yield Emit(
-            (
-                Frame(
-                    TOOL_RESULT,
-                    {
-                        "id": closed.id,
-                        "name": closed.name,
-                        "ok": False,
-                        "error": error,
-                        "duration_ms": 0.0,
-                        "attempts": 0,
-                        "cached": False,
-                        "performance_warning": False,
-                    },
-                ),
-            )
+        refusal = ToolResult(
+            id=closed.id,
+            name=closed.name,
+            ok=False,
+            error={"code": code, "message": message},
+            duration_ms=0.0,
+            attempts=0,
+            cached=False,
+            performance_warning=False,
         )
+        yield Emit((refusal,))
+        error = {"code": str(code), "message": message}
         yield RefuseTool(closed.id, closed.name, error)
         return {"ok": False, "data": None, "warnings": [], "errors": [error]}
 

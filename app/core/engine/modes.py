@@ -38,6 +38,8 @@ from app.core.native_tools import (
     tool_result_message,
 )
 from app.core.prompt import render_tool_result
+from app.core.protocol import sentinels
+from app.core.protocol.frames import ModeName
 from app.core.schemas import CompiledSchema
 from app.errors import JSONError
 
@@ -99,7 +101,7 @@ class TurnReader:
         JSON string of the body (where it is content). The model's text after the END in
         the same chunk is dropped: the model should have stopped there.
         """
-        end = f"\u27e6END_TOOL_CALL id={call.id}\u27e7"
+        end = sentinels.end(FrameKind.TOOL_CALL, call.id)
         cut = text.rfind(end)
         return Turn([call], text[: cut + len(end)] if cut >= 0 else text)
 
@@ -133,7 +135,7 @@ class Mode(Protocol):
     """A mode of SPEC §4: how turns are requested, read, continued and repaired."""
 
     @property
-    def name(self) -> str: ...
+    def name(self) -> ModeName: ...
 
     @property
     def drains_after_call(self) -> bool:
@@ -167,7 +169,7 @@ class Mode(Protocol):
 class SentinelMode:
     """Any OpenAI-compatible upstream; the system prompt teaches the sentinel contract."""
 
-    name: str = "sentinel"
+    name: ModeName = "sentinel"
     drains_after_call: bool = False
 
     def turn_request(
@@ -210,7 +212,7 @@ class ConstrainedMode:
     are spent; the repair call's grammar allows only the JSON value."""
 
     grammar: FrameGrammar
-    name: str = "constrained"
+    name: ModeName = "constrained"
     drains_after_call: bool = True
 
     def turn_request(
@@ -239,7 +241,7 @@ class NativeMode:
     """The upstream's own ``tool_calls`` (its tools are in the plan's request ``extra``);
     frames of text as in sentinel mode."""
 
-    name: str = "native"
+    name: ModeName = "native"
     drains_after_call: bool = False
 
     def turn_request(

@@ -62,6 +62,9 @@ from typing import Any, Final
 
 import orjson
 
+from app.core.events import FrameKind
+from app.core.protocol import sentinels
+
 __all__ = [
     "CATEGORIES",
     "CLIENT_KEYS",
@@ -92,8 +95,6 @@ CATEGORIES: Final = (
     "upstream_faults",
     "determinism",
 )
-
-LB, RB = "\u27e6", "\u27e7"
 
 _TOP_KEYS: Final = frozenset(
     {
@@ -150,9 +151,9 @@ CLIENT_KEYS: Final = {
     "seeds": frozenset({"seeds"}),
 }
 _FRAME_STEPS: Final = {
-    "tool_call": ("TOOL_CALL", "name", "args"),
-    "object": ("OBJECT", "schema", "value"),
-    "result": ("RESULT", "schema", "value"),
+    "tool_call": (FrameKind.TOOL_CALL, "name", "args"),
+    "object": (FrameKind.OBJECT, "schema", "value"),
+    "result": (FrameKind.RESULT, "schema", "value"),
 }
 
 
@@ -226,10 +227,9 @@ def frame_text(kind: str, spec: Mapping[str, Any]) -> str:
         body = orjson.dumps(spec[value_key]).decode()
     else:
         raise CaseFormatError(f"a {kind} step needs {value_key!r} or 'body'")
-    attr_name = "name" if kind == "tool_call" else "schema"
-    text = f"{LB}BEGIN_{sentinel} id={fid} {attr_name}={name}{RB}{body}"
+    text = sentinels.begin(sentinel, fid, name) + body
     if spec.get("end", True):
-        text += f"{LB}END_{sentinel} id={fid}{RB}"
+        text += sentinels.end(sentinel, fid)
     return text
 
 

@@ -5,7 +5,9 @@ matrix can say *what* failed, and a case reports every problem it has, not the f
 
 The invariants, on every stream a case produces (SPEC §3-§5):
 
-1. **Wire**: each frame has a numeric ``id``; pings have none; ``data`` is a JSON object.
+1. **Wire**: each frame has a numeric ``id``; pings have none; ``data`` is a JSON object
+   valid against its event's schema (``schemas/frames/<event>.json``, generated from the
+   typed frames of :mod:`app.core.protocol.frames`).
 2. **Ids** are 1, 2, ..., n: strictly increasing, no gaps, no repeats.
 3. **Ends**: ``stream.begin`` first; exactly one ``done``, last; an ``error`` frame is at
    most one, right before ``done``, and ``done.reason`` is ``error`` exactly then;
@@ -33,15 +35,20 @@ The invariants, on every stream a case produces (SPEC §3-§5):
 
 from __future__ import annotations
 
-import re
+import functools
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
 import orjson
+from jsonschema import Draft202012Validator
 
+from app.core.events import FrameKind
 from app.core.guarantee import REPAIR_FAILED, validate
+from app.core.protocol import sentinels
+from app.core.protocol.frames import EVENTS
+from app.core.protocol.schema import frame_schema
 from app.core.redact import redact
 from app.core.schemas import SchemaRegistry, builtin_registry
 from app.core.tools import ToolRegistry
@@ -50,19 +57,19 @@ from app.eval.conformance.case import Case
 from app.eval.conformance.match import json_type, matches
 from app.runtime.artifacts import ARTIFACT_FILES
 
-__all__ = ["DONE_REASONS", "Findings", "check_artifacts", "check_expectations", "check_stream"]
+__all__ = [
+    "DONE_REASONS",
+    "Findings",
+    "check_artifacts",
+    "check_expectations",
+    "check_stream",
+    "frame_schema_errors",
+]
 
 DONE_REASONS: Final = frozenset(
     {"stop", "length", "error", "cancelled", "client_disconnected", "shutdown"}
 )
 _STOPPED: Final = frozenset({"error", "cancelled", "client_disconnected", "shutdown"})
-_SENTINEL: Final = re.compile(
-    r"\u27e6(?:BEGIN|END)_(?:OBJECT|TOOL_CALL|RESULT) id=[A-Za-z0-9_.:\-]{1,64}"
-    r"(?: (?:schema|name)=[A-Za-z0-9_.:\-]{1,128})?\u27e7"
-)
-_BEGIN_TOOL: Final = re.compile(
-    r"\u27e6BEGIN_TOOL_CALL id=([A-Za-z0-9_.:\-]{1,64}) name=([A-Za-z0-9_.:\-]{1,128})\u27e7"
-)
 # expect key -> the client's timing it bounds (milliseconds)
 _TIMINGS: Final = (
     ("upstream_closed_within_ms", "upstream_closed_ms"),
@@ -93,6 +100,25 @@ class Findings:
         self.failures.append(f"schema: {message}")
 
 
+@functools.cache
+def _frame_validator(event: str) -> Any:
+    """The validator of one event's frames, from the schema its file in schemas/frames/
+    holds (tests/test_schemas_drift.py keeps the two equal); None for an unknown event."""
+    cls = EVENTS.get(event)
+    return None if cls is None else Draft202012Validator(frame_schema(cls))
+
+
+def frame_schema_errors(event: str, data: object) -> list[str]:
+    """Why ``data`` is not a valid ``event`` frame (empty: it is one)."""
+    validator = _frame_validator(event)
+    if validator is None:
+        return [f"no such event {event!r}"]
+    return [
+        f"{'/'.join(map(str, error.absolute_path)) or '(data)'}: {error.message}"
+        for error in validator.iter_errors(data)
+    ]
+
+
 def request_schemas(request: Mapping[str, Any]) -> SchemaRegistry:
     """The built-in schemas plus the request's inline ``object_schemas``."""
     registry = builtin_registry().scoped()
@@ -112,9 +138,9 @@ def tool_calls_sent(texts: Iterable[str]) -> dict[str, list[tuple[str, str]]]:
     sit inside a JSON string of the body, where it is content (SPEC §3)."""
     found: dict[str, list[tuple[str, str]]] = {}
     for text in texts:
-        for begin in _BEGIN_TOOL.finditer(text):
+        for begin in sentinels.TOOL_CALL_BEGIN_RE.finditer(text):
             fid, name = begin.group(1), begin.group(2)
-            end = text.rfind(f"\u27e6END_TOOL_CALL id={fid}\u27e7")
+            end = text.rfind(sentinels.end(FrameKind.TOOL_CALL, fid))
             if end >= begin.end():
                 found.setdefault(fid, []).append((name, text[begin.end() : end]))
     return found
@@ -170,7 +196,7 @@ class _StreamChecker:
         text = "".join(
             str(f["data"].get("chunk", "")) for f in frames if f["event"] == "text.delta"
         )
-        if (leak := _SENTINEL.search(text)) is not None:
+        if (leak := sentinels.SENTINEL_RE.search(text)) is not None:
             self.fail(f"a sentinel reached the client as text: {leak.group(0)!r}")
         if sent_calls is not None:
             self._check_calls_sent(sent_calls)
@@ -208,6 +234,8 @@ class _StreamChecker:
         if not isinstance(data, dict):
             self.fail(f"frame {frame['id']} ({event}) data is not an object")
             return
+        for error in frame_schema_errors(event, data):
+            self.fail(f"frame {frame['id']} breaks schemas/frames/{event}.json: {error}")
         if event in _FRAME_EVENTS:
             self._check_body_frame(event, data)
         elif self.open is not None and event not in ("error", "done"):

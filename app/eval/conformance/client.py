@@ -52,7 +52,7 @@ from typing import Any, Final
 import httpx
 import orjson
 
-from app.core.wire import PING_BYTES
+from app.core.protocol.frames import PING_BYTES
 from app.eval.conformance.case import Case
 from app.eval.conformance.match import comparable, first_difference, matches
 from app.eval.loopback import Event, Harness, frames, open_raw_stream
