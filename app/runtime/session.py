@@ -257,8 +257,9 @@ class StreamSession:
                         try:
                             delta = await deltas.__anext__()  # type: ignore[union-attr]
                         except StopAsyncIteration:
+                            # The generator finished, and its own clean-up ran: nothing
+                            # to close (a shielded close costs an anyio scope per turn).
                             result = MODEL_END
-                            await _close(deltas)  # type: ignore[arg-type]
                             deltas = None
                         else:
                             now = clock()
@@ -266,13 +267,17 @@ class StreamSession:
                                 record.token(now)
                             result = (delta, now)
                     elif kind is Emit:
-                        await self._emit(action)  # type: ignore[arg-type]
+                        emit: Emit = action  # type: ignore[assignment]
+                        frames = emit.frames
+                        if emit.outcome is None and len(frames) == 1 and log_.pending() < queue_max:
+                            self._append(frames[0])  # the usual Emit: no coroutine for it
+                        else:
+                            await self._emit(emit)
                     elif kind is CallModel:
                         self._record.turn_started = self._clock()
                         deltas = self._upstream.stream(action.request)  # type: ignore[attr-defined]
                         result = await self._next_event(deltas)
                         if result is MODEL_END:  # nothing at all: the generation is over
-                            await _close(deltas)
                             deltas = None
                     elif kind is StopModel:
                         assert deltas is not None

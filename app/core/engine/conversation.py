@@ -88,9 +88,12 @@ _READ: ReadModel = ReadModel()  # the usual answer to a token that completes no 
 _RAW_BLOCK: Final = 64
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ConversationConfig:
-    """One conversation's rules, resolved from the request (see the runtime planner)."""
+    """One conversation's rules, resolved from the request (see the runtime planner).
+
+    Not frozen, unlike the engine's values: one is built per stream, and a frozen
+    dataclass's ``__init__`` costs a ``object.__setattr__`` per field. Nothing mutates it."""
 
     stream_id: str
     request: ChatRequest  # the first turn's; later turns replace its messages
