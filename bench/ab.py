@@ -1,12 +1,21 @@
-"""B1 for two versions of the gateway at once: a git revision against the working tree.
+"""B1 and B2 for two versions of the gateway at once: a git revision against the working tree.
 
 Run with ``python -m bench.ab REV`` (e.g. ``HEAD~3``). The shared benchmark VM changes
 speed by half from hour to hour, so two ``bench.gateway`` runs made minutes apart cannot
 resolve a 0.1 ms change in the time to first event. Here both gateways (REV, checked out
 in a temporary git worktree, and the working tree) sit in front of the same scripted
-upstream, and requests to the direct upstream and to each gateway take turns, in
-rotating order, 10 ms apart, exactly as B1 does: machine drift hits all three alike.
-Prints added p50/p99 per gateway and their CPU per request. Never writes RESULTS.md.
+upstream, and the direct upstream and each gateway take turns, in rotating order:
+machine drift hits all three alike.
+
+- B1, exactly as ``bench.gateway`` runs it: sequential requests, 10 ms apart. Prints added
+  p50/p99 per gateway and its CPU per request.
+- B2, ``bench.gateway``'s two streams at full speed (plain text, and an OBJECT frame every
+  50 tokens): an untimed round, then ``--b2-rounds`` rounds of one stream each to direct,
+  base and work. Prints, from the median tokens/s of each, every gateway's ratio to the
+  direct upstream and the ratio work/base (with its range over the rounds' own ratios:
+  the noise), and each gateway's CPU µs per upstream token.
+
+Never writes RESULTS.md.
 """
 
 from __future__ import annotations
@@ -18,21 +27,96 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from bench._procs import ROOT, cpu_seconds, scratch, spawn_gateway, spawn_upstream
+from bench._procs import ROOT, Proc, cpu_seconds, scratch, spawn_gateway, spawn_upstream
 from bench.gateway import (
     MS,
     PAUSE_S,
     Client,
     FirstText,
+    Run,
+    Target,
     _uvloop,
+    b2_streams,
     direct_body,
     gateway_body,
     median,
+    one_stream,
     pct,
 )
 
 
-async def compare(base: Path, requests: int, warmup: int) -> list[str]:
+def rotations(names: list[str], rounds: int) -> list[list[str]]:
+    """``names`` in every order in turn, ``rounds`` times: who goes first changes."""
+    return [names[k % len(names) :] + names[: k % len(names)] for k in range(rounds)]
+
+
+async def b1(
+    targets: dict[str, Target], gateways: dict[str, Proc], n: int, warmup: int
+) -> list[str]:
+    clients = {name: await Client.open(t.port) for name, t in targets.items()}
+    sent = {
+        name: clients[name].request_bytes(t.path, t.body("ttft")) for name, t in targets.items()
+    }
+    ttft: dict[str, list[float]] = {name: [] for name in targets}
+    cpu0: dict[str, float] = {}
+    for i, order in enumerate(rotations(list(targets), warmup + n)):
+        if i == warmup:
+            cpu0 = {name: cpu_seconds(p.pid) for name, p in gateways.items()}
+        for name in order:
+            sink = FirstText(targets[name].direct)
+            t0, _ = await clients[name].stream(sent[name], sink, timeout_s=10)
+            assert sink.ts is not None, f"{name}: no content event"
+            if i >= warmup:
+                ttft[name].append((sink.ts - t0) / MS)
+            await asyncio.sleep(PAUSE_S)
+    await asyncio.sleep(0.5)  # the artifacts of the last streams
+    for client in clients.values():
+        client.close()
+    d50, d99 = median(ttft["direct"]), pct(ttft["direct"], 99)
+    lines = [f"B1: direct p50 {d50:.3f} ms, p99 {d99:.3f} ms ({n} requests each)"]
+    for name, proc in gateways.items():
+        g = ttft[name]
+        cpu = (cpu_seconds(proc.pid) - cpu0[name]) / n * 1e3
+        lines.append(
+            f"  {name}: added p50 {median(g) - d50:.3f} ms, p99 {pct(g, 99) - d99:.3f} ms, "
+            f"CPU {cpu:.2f} ms per request"
+        )
+    return lines
+
+
+async def b2(targets: dict[str, Target], procs: dict[str, Proc], n: int, rounds: int) -> list[str]:
+    """``procs``: the process behind each target, whose CPU each stream reports."""
+    up = procs["direct"]
+    lines: list[str] = []
+    for label, model, total, expect_text, frames in b2_streams(n):
+        runs: dict[str, list[Run]] = {name: [] for name in targets}
+        for i, order in enumerate(rotations(list(targets), rounds + 1)):
+            for name in order:
+                t = targets[name]
+                run = await one_stream(
+                    t, model, total if t.direct else expect_text, procs[name], up, frames
+                )
+                run.tokens = total
+                if i:  # round 0 warms the upstream's script and each gateway up
+                    runs[name].append(run)
+        rate = {name: median([r.rate for r in rs]) for name, rs in runs.items()}
+        lines.append(f"B2, {label} ({total:,} tokens, median of {rounds} rounds):")
+        lines.append(f"  direct {rate['direct']:,.0f} tokens/s")
+        for name in ("base", "work"):
+            cpu = median([r.gw_cpu_s for r in runs[name]]) / total * 1e6
+            lines.append(
+                f"  {name} {rate[name]:,.0f} tokens/s, ratio {rate[name] / rate['direct']:.3f}, "
+                f"CPU {cpu:.1f} µs/token"
+            )
+        each = sorted(w.rate / b.rate for w, b in zip(runs["work"], runs["base"], strict=True))
+        lines.append(
+            f"  work/base {rate['work'] / rate['base']:.3f} "
+            f"(each round: {each[0]:.3f} to {each[-1]:.3f})"
+        )
+    return lines
+
+
+async def compare(base: Path, args: argparse.Namespace) -> list[str]:
     with scratch("toolforge-ab-") as (artifacts, procs):
         up = spawn_upstream()
         procs.append(up)
@@ -42,48 +126,26 @@ async def compare(base: Path, requests: int, warmup: int) -> list[str]:
             "work": spawn_gateway(url, artifacts),
         }
         procs += gateways.values()
-        ports = {"direct": up.port, **{name: p.port for name, p in gateways.items()}}
-        clients = {name: await Client.open(port) for name, port in ports.items()}
-        sent = {
-            name: clients[name].request_bytes("/v1/chat/completions", direct_body("ttft"))
-            if name == "direct"
-            else clients[name].request_bytes("/v1/stream", gateway_body("ttft"))
-            for name in ports
+        targets = {
+            "direct": Target("direct", up.port, "/v1/chat/completions", direct_body),
+            **{
+                name: Target(name, p.port, "/v1/stream", gateway_body)
+                for name, p in gateways.items()
+            },
         }
-        ttft: dict[str, list[float]] = {name: [] for name in ports}
-        names = list(ports)
-        cpu0: dict[str, float] = {}
-        for i in range(warmup + requests):
-            if i == warmup:
-                cpu0 = {name: cpu_seconds(p.pid) for name, p in gateways.items()}
-            k = i % len(names)
-            for name in names[k:] + names[:k]:
-                sink = FirstText(name == "direct")
-                t0, _ = await clients[name].stream(sent[name], sink, timeout_s=10)
-                assert sink.ts is not None, f"{name}: no content event"
-                if i >= warmup:
-                    ttft[name].append((sink.ts - t0) / MS)
-                await asyncio.sleep(PAUSE_S)
-        await asyncio.sleep(0.5)  # the artifacts of the last streams
-        for client in clients.values():
-            client.close()
-        d50, d99 = median(ttft["direct"]), pct(ttft["direct"], 99)
-        lines = [f"direct p50 {d50:.3f} ms, p99 {d99:.3f} ms ({requests} requests each)"]
-        for name, proc in gateways.items():
-            g = ttft[name]
-            cpu = (cpu_seconds(proc.pid) - cpu0[name]) / requests * 1e3
-            lines.append(
-                f"{name}: added p50 {median(g) - d50:.3f} ms, p99 {pct(g, 99) - d99:.3f} ms, "
-                f"CPU {cpu:.2f} ms per request"
-            )
+        lines = await b1(targets, gateways, args.requests, args.warmup)
+        if args.b2_rounds:
+            lines += await b2(targets, {"direct": up, **gateways}, args.b2_tokens, args.b2_rounds)
         return lines
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("rev", help="the git revision to compare the working tree with")
-    parser.add_argument("--requests", type=int, default=300, help="per side, after warm-up")
-    parser.add_argument("--warmup", type=int, default=30)
+    parser.add_argument("--requests", type=int, default=300, help="B1, per side, after warm-up")
+    parser.add_argument("--warmup", type=int, default=30, help="B1")
+    parser.add_argument("--b2-rounds", type=int, default=5, help="per stream; 0 skips B2")
+    parser.add_argument("--b2-tokens", type=int, default=50_000)
     args = parser.parse_args()
     worktree = Path(tempfile.mkdtemp(prefix="toolforge-ab-rev-"))
     subprocess.run(
@@ -94,7 +156,7 @@ def main() -> None:
     )
     try:
         _uvloop()
-        lines = asyncio.run(compare(worktree, args.requests, args.warmup))
+        lines = asyncio.run(compare(worktree, args))
     finally:
         subprocess.run(
             ["git", "worktree", "remove", "--force", str(worktree)],

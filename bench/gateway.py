@@ -254,8 +254,9 @@ class Target:
 
     @property
     def direct(self) -> bool:
-        """The upstream's own stream format (direct, or through the bare proxy)."""
-        return self.name != "gateway"
+        """The upstream's own stream format (direct, or through the bare proxy); every
+        gateway target (``bench.ab`` has two) asks ``/v1/stream``."""
+        return self.path != "/v1/stream"
 
 
 def _text_of(event: bytes, direct: bool) -> str | None:
@@ -508,17 +509,21 @@ async def one_stream(
     return Run((t1 - t0) / 1e9, 0, cpu1 - cpu0, after, up1 - up0, me1 - me0, sink.json_end)
 
 
-async def b2(
-    rep: Report, direct: Target, gateway: Target, gw: Proc, up: Proc, n: int, repeats: int
-) -> None:
-    every = 50
+def b2_streams(n: int, every: int = 50) -> list[tuple[str, str, int, int, int]]:
+    """B2's two streams of ``n`` tokens: (label, scenario, upstream tokens, ``text.delta``
+    frames expected, ``json.end`` expected); also run by ``bench.ab``."""
     tokens_f, frames = frames_tokens(n, every)
-    # (label, scenario, upstream tokens, text.delta frames expected, json.end expected)
-    variants = [
+    return [
         ("plain text", f"plain:{n}", n, n, 0),
         (f"OBJECT frame every {every} tokens", f"frames:{n}:{every}", len(tokens_f),
          every * frames, frames),
     ]  # fmt: skip
+
+
+async def b2(
+    rep: Report, direct: Target, gateway: Target, gw: Proc, up: Proc, n: int, repeats: int
+) -> None:
+    variants = b2_streams(n)
     rep.add(
         "",
         f"### B2 — one stream at full speed (median of {repeats}; upstream steps without "
