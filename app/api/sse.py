@@ -76,8 +76,14 @@ class FrameStreamResponse(Response):
         primary: bool = False,
         ping_interval_s: float = 15.0,
         headers: Mapping[str, str] | None = None,
+        encoder: Callable[[bytes], bytes] | None = None,
+        ping: bytes = PING_BYTES,
     ) -> None:
+        """``encoder``: writes each batch of encoded frames in another dialect (the
+        OpenAI-compatible proxy's chunks), ``ping`` its keep-alive."""
         self._session = session
+        self._encoder = encoder
+        self._ping = ping
         self._after = after
         self._primary = primary
         self._ping_interval_s = ping_interval_s
@@ -134,7 +140,11 @@ class FrameStreamResponse(Response):
                 if batch is not None:
                     # The last batch ends the body in the same write (and syscall).
                     last = log.closed and end == log.last_id
-                    await send({"type": "http.response.body", "body": batch, "more_body": not last})
+                    body = batch if self._encoder is None else self._encoder(batch)
+                    if body or last:
+                        await send(
+                            {"type": "http.response.body", "body": body, "more_body": not last}
+                        )
                     cursor = end
                     log.written(cursor, len(batch), primary=primary)
                     if last:
@@ -146,7 +156,7 @@ class FrameStreamResponse(Response):
                     ping_due = False
                     # No id: pings are not frames, so they never move Last-Event-ID.
                     await send(
-                        {"type": "http.response.body", "body": PING_BYTES, "more_body": True}
+                        {"type": "http.response.body", "body": self._ping, "more_body": True}
                     )
                 else:
                     await log.wait()

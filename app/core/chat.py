@@ -51,10 +51,13 @@ class UpstreamDelta:
     ``text`` may be empty (a usage-only, finish-only or tool-call chunk). ``usage`` is the
     upstream's token accounting as sent (``prompt_tokens``, ``completion_tokens``, ...).
     ``tool_calls`` holds the native tool-call pieces of this chunk, in the order sent;
-    empty unless the request offered ``tools`` and the model called one.
+    empty unless the request offered ``tools`` and the model called one. ``reasoning``
+    is the upstream's own ``reasoning_content`` (servers that split a model's thinking off
+    themselves); the OpenAI-compatible proxy returns it as such, ``/v1/stream`` ignores it.
     """
 
     text: str
     finish_reason: str | None = None
     usage: dict[str, Any] | None = None
     tool_calls: tuple[ToolCallDelta, ...] = ()
+    reasoning: str = ""

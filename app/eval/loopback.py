@@ -145,9 +145,10 @@ async def open_raw_stream(
     rcvbuf: int | None = None,
     close: bool = False,
     headers: dict[str, str] | None = None,
+    path: str = "/v1/stream",
 ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-    """POST /v1/stream over a raw socket (a small receive buffer makes a slow client;
-    ``close`` asks for ``Connection: close``, so the body ends at EOF)."""
+    """POST ``path`` (``/v1/stream``) over a raw socket (a small receive buffer makes a slow
+    client; ``close`` asks for ``Connection: close``, so the body ends at EOF)."""
     host, port = gw.url.removeprefix("http://").split(":")
     sock = socket.socket()
     if rcvbuf is not None:
@@ -158,9 +159,9 @@ async def open_raw_stream(
     payload = orjson.dumps(body)
     extra = b"".join(b"%s: %s\r\n" % (k.encode(), v.encode()) for k, v in (headers or {}).items())
     writer.write(
-        b"POST /v1/stream HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
         b"Content-Length: %d\r\n%s%s\r\n%s"
-        % (len(payload), extra, b"Connection: close\r\n" if close else b"", payload)
+        % (path.encode(), len(payload), extra, b"Connection: close\r\n" if close else b"", payload)
     )
     await writer.drain()
     return reader, writer

@@ -141,6 +141,18 @@ class GatewayMetrics:
             registry=registry,
         )
 
+        self.guardrails = Counter(
+            "toolforge_guardrail_actions",
+            "What the small-model guardrails did (rescued, nudge, respond, ...), by kind.",
+            ["action"],
+            registry=registry,
+        )
+
+    def guardrail_actions(self, counts: Mapping[str, int]) -> None:
+        """A stream's guardrail actions (``done.guardrails``), counted by kind."""
+        for action, count in counts.items():
+            self.guardrails.labels(action=action).inc(count)
+
     def stream_started(self) -> None:
         """A stream opened."""
         self.streams_active.inc()

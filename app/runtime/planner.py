@@ -75,6 +75,8 @@ class StreamPlan:
     approval_tools: frozenset[str] = frozenset()  # their calls wait for an approval
     max_tool_calls: int = 8
     idempotency_key: str | None = None
+    # The OpenAI-compatible proxy's: functions the client runs itself (SPEC §7).
+    client_tools: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
@@ -241,6 +243,10 @@ class StreamPlanner:
             "is a llama-server behind a proxy",
             http_status=422,
         )
+
+    async def probe(self, model: str) -> ModeDecision:
+        """What ``auto`` picks for ``model`` (whether it takes grammars, for the proxy)."""
+        return await self._probe(model)
 
     async def _probe(self, model: str) -> ModeDecision:
         """What ``auto`` picks for ``model``: probed once, shared by concurrent first requests."""

@@ -80,6 +80,7 @@ class RunRecord:
             "budget": budget,
             "turn_ttft_ms": self.turn_ttft_ms,
             "upstream_timings": counts.upstream_timings,
+            "guardrails": dict(counts.guardrails),
         }
 
     @staticmethod
@@ -92,7 +93,12 @@ class RunRecord:
             tokens_per_s=summary["tokens_per_s"],
             frames=summary["frames"],
         )
-        return Done(reason=reason, usage=usage, metrics=metrics)
+        return Done(
+            reason=reason,
+            usage=usage,
+            metrics=metrics,
+            guardrails=dict(counts.guardrails) if counts.guardrails else None,
+        )
 
     async def write(
         self,

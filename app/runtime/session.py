@@ -122,6 +122,7 @@ class StreamSession:
                 frame_timeout_s=limits.frame_timeout_s,
                 repair_retries=limits.repair_retries,
                 repair_template=repair_template,
+                client_tools=plan.client_tools,
             )
         )
         self.log = FrameLog(max_pending=limits.queue_max_frames, clock=clock)
@@ -481,6 +482,8 @@ class StreamSession:
                 summary["tokens"],
                 self.log.paused_s,
             )
+            if counts.guardrails:
+                self._metrics.guardrail_actions(counts.guardrails)
         if self._artifacts is not None:
             await record.write(
                 self._artifacts,

@@ -4,7 +4,9 @@ scripted upstream (``app.eval.loopback``, shared with the conformance runner).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -28,6 +30,7 @@ __all__ = [
     "open_raw_stream",
     "sentinel_reply",
     "serve",
+    "upstream_closed_within",
 ]
 
 HarnessFactory = Callable[..., Awaitable[Harness]]
@@ -49,6 +52,14 @@ async def make_gateway(tmp_path: Path) -> AsyncIterator[HarnessFactory]:
             )
 
         yield factory
+
+
+async def upstream_closed_within(gw: Harness, seconds: float) -> float:
+    """How long until the upstream has no connection open (at most ``seconds``)."""
+    started = time.perf_counter()
+    async with asyncio.timeout(seconds):
+        await gw.upstream.wait_connections_closed()
+    return time.perf_counter() - started
 
 
 def assert_well_formed(events: list[Event]) -> None:

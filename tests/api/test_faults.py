@@ -5,14 +5,20 @@ from __future__ import annotations
 
 import asyncio
 import socket
-import time
 
 import pytest
 
 from app.api import sse
 from app.eval.scripted_upstream import Script, Step
 from app.upstream.transport import UpstreamClient
-from tests.api.conftest import Harness, HarnessFactory, assert_well_formed, frames, open_raw_stream
+from tests.api.conftest import (
+    Harness,
+    HarnessFactory,
+    assert_well_formed,
+    frames,
+    open_raw_stream,
+    upstream_closed_within,
+)
 
 
 async def _error_of(gw: Harness) -> tuple[dict[str, object], str]:
@@ -96,13 +102,6 @@ async def test_readyz_reports_the_upstream(make_gateway: HarnessFactory) -> None
     assert response.status_code == 503 and response.json()["status"] == "unavailable"
 
 
-async def _upstream_closed_within(gw: Harness, seconds: float) -> float:
-    started = time.perf_counter()
-    async with asyncio.timeout(seconds):
-        await gw.upstream.wait_connections_closed()
-    return time.perf_counter() - started
-
-
 async def test_client_disconnect_mid_token_cancels_the_upstream_fast(
     make_gateway: HarnessFactory,
 ) -> None:
@@ -113,7 +112,7 @@ async def test_client_disconnect_mid_token_cancels_the_upstream_fast(
     await reader.readuntil(b"event: text.delta")
     assert gw.upstream.open_connections == 1
     writer.transport.abort()
-    elapsed = await _upstream_closed_within(gw, 1.0)
+    elapsed = await upstream_closed_within(gw, 1.0)
     assert elapsed < 0.05, f"upstream still open {elapsed * 1000:.1f} ms after the client left"
     await gw.settle()
     session = next(iter(gw.gateway.registry._sessions.values()))
@@ -126,7 +125,7 @@ async def test_client_disconnect_during_an_upstream_stall(make_gateway: HarnessF
     reader, writer = await open_raw_stream(gw, {"input": "x"})
     await reader.readuntil(b"event: text.delta")
     writer.close()
-    assert await _upstream_closed_within(gw, 1.0) < 0.05
+    assert await upstream_closed_within(gw, 1.0) < 0.05
     await gw.settle()
 
 
@@ -135,7 +134,7 @@ async def test_client_gone_right_after_sending(make_gateway: HarnessFactory) -> 
     _, writer = await open_raw_stream(gw, {"input": "x"})
     writer.transport.abort()  # gone before reading a single byte of the answer
     await asyncio.sleep(0.1)
-    await _upstream_closed_within(gw, 1.0)
+    await upstream_closed_within(gw, 1.0)
     await gw.settle()
     assert all(s.reason == "client_disconnected" for s in gw.gateway.registry._sessions.values())
 
@@ -151,7 +150,7 @@ async def test_client_gone_before_the_upstream_answered(
     async with asyncio.timeout(2):
         await gw.upstream.wait_for_requests(1)
     writer.transport.abort()
-    assert await _upstream_closed_within(gw, 1.0) < 0.05
+    assert await upstream_closed_within(gw, 1.0) < 0.05
     await gw.settle()
     (session,) = gw.gateway.registry._sessions.values()
     assert session.reason == "client_disconnected"

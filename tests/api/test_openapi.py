@@ -71,3 +71,16 @@ async def test_errors_before_the_stream_are_the_gateways_error_body(
     assert response.status_code == 422
     assert errors.is_valid(response.json()), response.json()
     assert not errors.is_valid({"detail": [{"loc": ["body"], "msg": "FastAPI's shape"}]})
+
+
+async def test_the_proxy_body_is_described(make_gateway: HarnessFactory) -> None:
+    document = await fetch(make_gateway)
+    post = document["paths"]["/v1/chat/completions"]["post"]
+    schema = post["requestBody"]["content"]["application/json"]["schema"]
+    assert schema == {"$ref": f"{COMPONENTS}ChatCompletionRequest"}
+    request = validator(document, "ChatCompletionRequest")
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+    assert request.is_valid(body)
+    assert request.is_valid({**body, "toolforge": {"guardrails": {"json": False}}})
+    assert not request.is_valid({**body, "frobnicate": 1})
+    assert "/v1/models" in document["paths"]

@@ -113,6 +113,11 @@ class ConversationConfig:
     frame_timeout_s: float = 15.0  # FRAME_TIMEOUT_MS
     repair_retries: int = 1  # REPAIR_RETRIES: model repair calls per body
     repair_template: str = ""  # prompts/repair.txt
+    # Tools the *client* runs (the OpenAI-compatible proxy's): a turn that calls one ends
+    # the conversation with its tool.call frames (executor "client") and reason
+    # "tool_calls"; the client answers in its next request.
+    client_tools: frozenset[str] = frozenset()
+    max_nudges: int = 1  # turns asked again because the reader's guardrails said so
 
 
 @dataclass(slots=True)
@@ -126,6 +131,8 @@ class ConversationStats:
     degraded_frames: int = 0
     usage: dict[str, Any] | None = None  # summed over turns and repair calls
     finish: str | None = None  # the last finish reason the upstream gave
+    # What the guardrails did, by kind (rescued calls, nudges, respond, ...): done.guardrails.
+    guardrails: dict[str, int] = field(default_factory=dict)
     # llama-server's per-call timings (cache_n: prompt tokens reused from the cache), in
     # call order: shows whether a resumed turn hit the prompt cache (SPEC §4).
     upstream_timings: list[dict[str, Any]] = field(default_factory=list)
@@ -157,11 +164,48 @@ class Conversation:
             messages = config.request.messages
             while True:
                 turn = yield from self._turn(messages)
+                for note in turn.notes:
+                    self._note(note)
+                if turn.nudge is not None and self.stats.guardrails.get("nudge", 0) < (
+                    config.max_nudges
+                ):
+                    # The reader's guardrails refused the turn (no usable call where one
+                    # was required, an unknown tool): nothing of it was shown; ask again.
+                    self._note("nudge")
+                    messages = [
+                        *messages,
+                        {"role": "assistant", "content": turn.text},
+                        {"role": "user", "content": turn.nudge},
+                    ]
+                    continue
+                if turn.frames:
+                    yield Emit(turn.frames)
+                for body in turn.bodies:
+                    yield from self._decide(body)
                 if not turn.calls:
+                    if self.stats.finish == "tool_calls":  # a call that was the answer
+                        self.stats.finish = "stop"
+                    break
+                handed = [call for call in turn.calls if call.name in config.client_tools]
+                if handed:  # the client runs these: the conversation ends here
+                    yield Emit(
+                        tuple(
+                            ToolCall(
+                                id=call.id,
+                                name=call.name,
+                                args=call.value,
+                                executor="client",
+                                rescued=True if call.id in turn.rescued else None,
+                            )
+                            for call in handed
+                        )
+                    )
+                    self.stats.tool_calls += len(handed)
+                    self.stats.finish = "tool_calls"
                     break
                 envelopes = []
                 for call in turn.calls:
-                    envelopes.append((yield from self._tool(call)))
+                    envelopes.append((yield from self._tool(call, call.id in turn.rescued)))
                 messages = self._mode.continuation(messages, turn, envelopes)
         except _Reported as exc:  # its error frame is out already (the framer made it)
             yield Finish("error", exc.error)
@@ -245,6 +289,10 @@ class Conversation:
                     )
             if delta.tool_calls:
                 reader.tool_call_pieces(delta)
+            if delta.reasoning:
+                thought = reader.reasoning(delta.reasoning)
+                if thought:
+                    frames = [*thought, *(frames or ())]
             if delta.finish_reason is not None or delta.usage is not None:
                 self._account(delta)
             event = yield (ReadModel(frames) if frames else _READ)
@@ -254,6 +302,10 @@ class Conversation:
         if framer.error is not None:
             raise _Reported(framer.error)
         return reader.finished("".join(raw))
+
+    def _note(self, kind: str) -> None:
+        guardrails = self.stats.guardrails
+        guardrails[kind] = guardrails.get(kind, 0) + 1
 
     def _account(self, delta: UpstreamDelta) -> None:
         if delta.finish_reason is not None:
@@ -336,7 +388,9 @@ class Conversation:
 
     # -- tools (SPEC §5) --------------------------------------------------------------------
 
-    def _tool(self, closed: BodyClosed) -> Generator[Action, Any, Mapping[str, object]]:
+    def _tool(
+        self, closed: BodyClosed, rescued: bool = False
+    ) -> Generator[Action, Any, Mapping[str, object]]:
         """Run one tool call, or refuse it; return the envelope that goes back to the model."""
         config = self.config
         self.stats.tool_calls += 1
@@ -370,6 +424,7 @@ class Conversation:
             name=closed.name,
             args=closed.value,
             needs_approval=True if needs_approval else None,
+            rescued=True if rescued else None,
         )
         yield Emit((call,))
         outcome: ToolOutcome = yield RunTool(closed.id, closed.name, closed.value, needs_approval)

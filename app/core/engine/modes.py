@@ -39,7 +39,7 @@ from app.core.native_tools import (
 )
 from app.core.prompt import render_tool_result
 from app.core.protocol import sentinels
-from app.core.protocol.frames import ModeName
+from app.core.protocol.frames import Frame, ModeName
 from app.core.schemas import CompiledSchema
 from app.errors import JSONError
 
@@ -69,11 +69,24 @@ class ReaderLimits:
 class Turn:
     """How one generation ended: the tool calls it made (none: the conversation is over),
     the text to record as the model's, and (native mode) the calls as the upstream sent
-    them, for the continuation."""
+    them, for the continuation.
+
+    A reader that decides only at the end of the turn (the OpenAI-compatible proxy's, see
+    :mod:`app.core.engine.completion`) also says what to emit now (``frames``), which
+    bodies the JSON guarantee decides (``bodies``), which calls it rescued from text
+    (``rescued``: their ids), what its guardrails did (``notes``, counted in
+    ``done.guardrails``), and whether to ask again: ``nudge`` is the correction for the
+    model, and the turn is then not shown at all.
+    """
 
     calls: list[BodyClosed] = field(default_factory=list)
     text: str = ""
     native: list[AssembledCall] = field(default_factory=list)
+    frames: list[Frame] = field(default_factory=list)
+    bodies: list[BodyClosed] = field(default_factory=list)
+    rescued: frozenset[str] = frozenset()
+    notes: list[str] = field(default_factory=list)
+    nudge: str | None = None
 
 
 class TurnReader:
@@ -92,6 +105,11 @@ class TurnReader:
     def tool_call_pieces(self, delta: UpstreamDelta) -> None:
         """Native tool-call pieces: not for this mode (an upstream that sends them unasked
         is ignored, as before)."""
+
+    def reasoning(self, text: str) -> list[Frame]:
+        """The upstream's own reasoning (``reasoning_content``): not part of the frames of
+        ``/v1/stream`` (ignored, as before); the proxy's reader returns it."""
+        return []
 
     def ended_at(self, call: BodyClosed, text: str) -> Turn:
         """The turn ended at a sentinel tool call's END; ``text`` is the model's text so

@@ -47,6 +47,7 @@ __all__ = [
     "JSON_END",
     "PING",
     "PING_BYTES",
+    "REASONING_DELTA",
     "RESULT_BEGIN",
     "RESULT_DELTA",
     "RESULT_END",
@@ -66,6 +67,7 @@ __all__ = [
     "JsonEnd",
     "ModeName",
     "Ping",
+    "ReasoningDelta",
     "ResultBegin",
     "ResultDelta",
     "ResultEnd",
@@ -82,6 +84,7 @@ __all__ = [
 
 STREAM_BEGIN: Final = "stream.begin"
 TEXT_DELTA: Final = "text.delta"
+REASONING_DELTA: Final = "reasoning.delta"
 JSON_BEGIN: Final = "json.begin"
 JSON_DELTA: Final = "json.delta"
 JSON_END: Final = "json.end"
@@ -183,6 +186,16 @@ class TextDelta(_TypedFrame):
     """Free text outside frames, sent as soon as it cannot be part of a sentinel."""
 
     event: ClassVar[str] = TEXT_DELTA
+    chunk: Annotated[str, Field(min_length=1)]
+
+
+@dataclass(frozen=True, slots=True)
+class ReasoningDelta(_TypedFrame):
+    """The model's reasoning (``<think>…</think>``, or the upstream's own
+    ``reasoning_content``), kept apart from its answer. Sent where reasoning is separated:
+    by the OpenAI-compatible proxy, which returns it as ``reasoning_content`` (SPEC §7)."""
+
+    event: ClassVar[str] = REASONING_DELTA
     chunk: Annotated[str, Field(min_length=1)]
 
 
@@ -376,6 +389,9 @@ class Done(_TypedFrame):
     usage: Mapping[str, object]
     metrics: DoneMetrics
     workflow: Mapping[str, object] | None = None
+    # What the small-model guardrails did (SPEC §7: rescues, nudges, respond calls, ...),
+    # counted by kind; absent when none acted.
+    guardrails: Mapping[str, int] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -390,6 +406,7 @@ class Ping(_TypedFrame):
 Frame: TypeAlias = (
     StreamBegin
     | TextDelta
+    | ReasoningDelta
     | JsonBegin
     | JsonDelta
     | JsonEnd
@@ -410,6 +427,7 @@ EVENTS: Final[Mapping[str, type[Frame]]] = {
     for cls in (
         StreamBegin,
         TextDelta,
+        ReasoningDelta,
         JsonBegin,
         JsonDelta,
         JsonEnd,

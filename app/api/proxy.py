@@ -1,0 +1,201 @@
+"""The OpenAI-compatible proxy (SPEC §7): ``POST /v1/chat/completions`` and ``GET /v1/models``.
+
+Thin, like every route: parse the body (OpenAI's error shape for every refusal), plan it
+(:func:`app.runtime.completion_plan.plan_completion`), start a
+:class:`~app.runtime.session.StreamSession` — the same engine, driver, backpressure,
+cancellation and artifacts as ``POST /v1/stream`` — and write its frames as OpenAI chunks
+(:class:`app.core.protocol.openai.ChunkWriter`) or one completion
+(:class:`~app.core.protocol.openai.CompletionBuilder`). docs/proxy.md is the user's side.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import secrets
+import time
+from typing import Any, Final
+
+import orjson
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+from pydantic import ValidationError
+from starlette.types import Receive
+
+from app.api.deps import GatewayDep
+from app.api.models import ChatCompletionRequest
+from app.api.routes import read_body
+from app.api.sse import FrameStreamResponse
+from app.core.protocol.openai import ChunkWriter, CompletionBuilder, error_body
+from app.errors import ErrorCode, RequestError, ToolForgeError
+from app.runtime.completion_plan import plan_completion
+from app.runtime.frame_log import decode_events
+from app.runtime.session import StreamSession
+
+__all__ = ["router"]
+
+router = APIRouter(tags=["openai"])
+
+_COMMENT_PING: Final = b": ping\n\n"  # an SSE comment: the SDKs skip it (an event they would not)
+_STARTED: Final = int(time.time())
+
+
+def openai_error(exc: ToolForgeError, status: int | None = None) -> JSONResponse:
+    """A refusal as OpenAI writes one (``{"error": {message, type, param, code}}``): the
+    SDKs raise the matching exception class (400 BadRequestError, 404 NotFoundError, ...).
+    Caller errors are 400 here, as OpenAI's are, not the 422 of ``/v1/stream``."""
+    code = status or exc.http_status
+    if code == 422:
+        code = 400
+    body = error_body(str(exc.code), exc.message, code)
+    if exc.details:
+        body["error"]["param"] = exc.details[0].get("field")
+    return JSONResponse(body, status_code=code)
+
+
+def _parse(body: bytes) -> ChatCompletionRequest:
+    try:
+        raw = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise RequestError(ErrorCode.BAD_REQUEST, f"the body is not valid JSON: {exc}") from exc
+    try:
+        return ChatCompletionRequest.model_validate(raw)
+    except ValidationError as exc:
+        errors = exc.errors(include_url=False, include_input=False)
+        first = errors[0]
+        field = ".".join(str(p) for p in first["loc"]) or "(body)"
+        message = str(first["msg"]).removeprefix("Value error, ")
+        if first["type"] == "extra_forbidden":
+            message = (
+                f"unknown parameter '{field}'; docs/proxy.md lists every parameter the proxy "
+                "takes (ToolForge's own go in the 'toolforge' extension object)"
+            )
+        raise RequestError(
+            ErrorCode.BAD_REQUEST,
+            f"invalid '{field}': {message}" if field != "(body)" else message,
+            details=[{"field": field, "message": message}],
+        ) from exc
+
+
+@router.post(
+    "/v1/chat/completions",
+    summary="OpenAI-compatible chat completions, with the small-model guardrails",
+    response_model=None,
+)
+async def chat_completions(request: Request, gw: GatewayDep) -> Response:
+    try:
+        body = await read_body(
+            request.receive, request.headers.get("content-length"), gw.settings.max_body_bytes
+        )
+        req = _parse(body)
+        stream_id = "s_" + secrets.token_hex(10)
+        plan = await plan_completion(
+            gw.planner,
+            req,
+            stream_id,
+            tools_template=gw.proxy_tools_template,
+            nudges=gw.proxy_nudges,
+        )
+    except ToolForgeError as exc:
+        return openai_error(exc)
+    session = gw.session(plan)
+    completion_id = "chatcmpl-" + stream_id[2:]
+    created = int(time.time())
+    mode = plan.mode.name
+    headers = {
+        "X-ToolForge-Mode": mode,
+        "X-ToolForge-Guardrails": ",".join(
+            k for k, on in plan.prompt_record["guardrails"].items() if on
+        ),
+    }
+    if req.stream:
+        session.log.attach_primary()  # backpressure from the first frame on
+        gw.registry.start(session)
+        await asyncio.sleep(0)  # the upstream request goes out first (TTFT)
+        writer = ChunkWriter(
+            stream_id=stream_id,
+            completion_id=completion_id,
+            created=created,
+            model=req.model,
+            include_usage=req.stream_options is not None and req.stream_options.include_usage,
+            mode=mode,
+        )
+        return FrameStreamResponse(
+            session,
+            primary=True,
+            ping_interval_s=gw.settings.ping_interval_s,
+            headers=headers,
+            encoder=_with_role(writer),
+            ping=_COMMENT_PING,
+        )
+    gw.registry.start(session)
+    await _until_done(session, request.receive)
+    builder = CompletionBuilder(
+        stream_id=stream_id,
+        completion_id=completion_id,
+        created=created,
+        model=req.model,
+        mode=mode,
+    )
+    builder.feed(decode_events(session.log.encoded_after(0)))
+    guardrails = builder.toolforge.get("guardrails") or {}
+    headers["X-Stream-Id"] = session.id
+    for action, count in sorted(guardrails.items()):
+        headers[f"X-ToolForge-{action.replace('_', '-').title()}"] = str(count)
+    if builder.error is not None:
+        error = builder.error
+        status = 504 if error["code"] == ErrorCode.UPSTREAM_TIMEOUT else 502
+        if error["code"] in (ErrorCode.INTERNAL,):
+            status = 500
+        payload = error_body(error["code"], error["message"], status)
+        payload["error"]["retryable"] = error["retryable"]
+        return JSONResponse(payload, status_code=status, headers=headers)
+    return Response(orjson.dumps(builder.build()), media_type="application/json", headers=headers)
+
+
+def _with_role(writer: ChunkWriter) -> Any:
+    """The writer's encoder, with the role chunk in front of the first batch."""
+
+    def encode(batch: bytes) -> bytes:
+        if not writer.started:
+            return writer.first() + writer.batch(batch)
+        return writer.batch(batch)
+
+    return encode
+
+
+async def _until_done(session: StreamSession, receive: Receive) -> None:
+    """Wait for a non-streaming request's stream to end; a client that leaves first
+    cancels it (SPEC §4: the upstream closed within 50 ms)."""
+    ended = asyncio.ensure_future(session.wait())
+    gone = asyncio.ensure_future(_disconnect(receive))
+    try:
+        await asyncio.wait((ended, gone), return_when=asyncio.FIRST_COMPLETED)
+        if not ended.done():
+            session.client_left()
+            await ended
+    finally:
+        gone.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await gone
+
+
+async def _disconnect(receive: Receive) -> None:
+    with contextlib.suppress(Exception):
+        while (await receive())["type"] != "http.disconnect":
+            pass
+
+
+@router.get("/v1/models", summary="The models this gateway serves (OpenAI-compatible)")
+async def list_models(gw: GatewayDep) -> dict[str, Any]:
+    return {
+        "object": "list",
+        "data": [
+            {
+                "id": gw.settings.model_id,
+                "object": "model",
+                "created": _STARTED,
+                "owned_by": "toolforge",
+            }
+        ],
+    }

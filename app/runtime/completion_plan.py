@@ -1,0 +1,362 @@
+"""Planning an OpenAI-compatible request: from a validated ``POST /v1/chat/completions`` body
+to a :class:`~app.runtime.planner.StreamPlan` whose mode is the proxy's
+(:class:`app.core.engine.completion.CompletionMode`), SPEC §7.
+
+The plan decides, once per request:
+
+* the mode: ``constrained`` when the upstream takes GBNF grammars (llama-server; the
+  stream planner's probe, cached per model) and the grammar guardrail is on, else
+  ``native`` (the upstream's own ``tools``);
+* what the model is offered: the client's functions, the registry's ``server_tools``, and
+  ``respond`` (the answer as a call) when tools are present and ``tool_choice`` is auto;
+* in constrained mode, the grammar of a call (``{"name", "arguments"}`` whose arguments
+  have the function's schema, or a list of them when ``parallel_tool_calls``) or of the
+  JSON answer, and a system message that describes the functions (llama-server gets no
+  ``tools`` then: the grammar and the prompt are the whole contract);
+* in native mode, the upstream's ``tools``, ``tool_choice`` and ``response_format``;
+* sampling and the rest, forwarded as given.
+
+The body is read through :class:`CompletionAsk` (``app.api.models.ChatCompletionRequest``
+satisfies it): runtime does not import the HTTP layer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any, Final, Protocol
+
+import orjson
+
+from app.core.chat import ChatRequest
+from app.core.engine.completion import RESPOND, CompletionMode, Guards, Nudges
+from app.core.gbnf import json_value_grammar
+from app.core.native_tools import to_openai_tools
+from app.core.schemas import CompiledSchema, compile_schema
+from app.errors import ErrorCode, RequestError
+from app.runtime.planner import StreamPlan, StreamPlanner
+
+__all__ = ["CompletionAsk", "call_schema", "plan_completion"]
+
+_ANY_OBJECT: Final[Mapping[str, Any]] = {"type": "object"}
+_RESPOND_TEXT: Final[Mapping[str, Any]] = {
+    "type": "object",
+    "properties": {"content": {"type": "string"}},
+    "required": ["content"],
+    "additionalProperties": False,
+}
+_RESPOND_DESCRIPTION: Final = (
+    "Answer the user directly, in plain text, when no other function fits."
+)
+# The grammar's strings and arrays are sized from max_tokens; without one, this many.
+_GRAMMAR_TOKENS: Final = 1024
+_MAX_PARALLEL: Final = 8
+
+
+class _FunctionAsk(Protocol):
+    @property
+    def name(self) -> str: ...
+    @property
+    def description(self) -> str | None: ...
+    @property
+    def parameters(self) -> dict[str, Any] | None: ...
+
+
+class _ToolAsk(Protocol):
+    @property
+    def function(self) -> _FunctionAsk: ...
+
+
+class CompletionAsk(Protocol):
+    """What the planner reads of a ``POST /v1/chat/completions`` body."""
+
+    model: str
+    messages: list[dict[str, Any]]
+    temperature: float | None
+    top_p: float | None
+    seed: int | None
+    stop: str | list[str] | None
+    max_tokens: int | None
+    max_completion_tokens: int | None
+    presence_penalty: float | None
+    frequency_penalty: float | None
+    parallel_tool_calls: bool | None
+    user: str | None
+    metadata: dict[str, str] | None
+
+    @property
+    def reasoning_effort(self) -> str | None: ...
+    @property
+    def tools(self) -> Sequence[_ToolAsk] | None: ...
+    @property
+    def tool_choice_name(self) -> str: ...
+    @property
+    def tool_choice(self) -> Any: ...
+    @property
+    def response_format(self) -> Any: ...
+    @property
+    def toolforge(self) -> Any: ...
+
+
+def call_schema(functions: Mapping[str, Mapping[str, Any]], *, parallel: bool) -> dict[str, Any]:
+    """The JSON Schema of a reply that calls one of ``functions`` (name -> parameters):
+    ``{"name": <one of them>, "arguments": <its parameters>}``, or a list of such calls
+    when ``parallel``. The constrained grammar is this schema's (app.core.gbnf)."""
+    one = {
+        "anyOf": [
+            {
+                "type": "object",
+                "properties": {"name": {"const": name}, "arguments": params},
+                "required": ["name", "arguments"],
+                "additionalProperties": False,
+            }
+            for name, params in functions.items()
+        ]
+    }
+    if not parallel:
+        return one
+    return {
+        "anyOf": [one, {"type": "array", "items": one, "minItems": 1, "maxItems": _MAX_PARALLEL}]
+    }
+
+
+async def plan_completion(
+    planner: StreamPlanner,
+    req: CompletionAsk,
+    stream_id: str,
+    *,
+    tools_template: str,
+    nudges: Nudges,
+) -> StreamPlan:
+    """The plan of one proxy request (see the module docstring)."""
+    switches = req.toolforge.guardrails
+    guards = Guards(**switches.model_dump(by_alias=True))
+    grammar_ok = guards.grammar and (await planner.probe(req.model)).grammar
+    mode_name = "constrained" if grammar_ok else "native"
+
+    # What the model is offered: the client's functions, then the registry's server tools.
+    client: dict[str, Mapping[str, Any]] = {}
+    descriptions: dict[str, str] = {}
+    for tool in req.tools or ():
+        fn = tool.function
+        client[fn.name] = fn.parameters if fn.parameters is not None else _ANY_OBJECT
+        descriptions[fn.name] = fn.description or ""
+    server: dict[str, Mapping[str, Any]] = {}
+    registry = planner.tools
+    for name in req.toolforge.server_tools:
+        registry.check_allowed(name)  # unknown or internal tool names are the caller's error
+        spec = registry.get(name)
+        assert spec is not None
+        if name in client:
+            raise _bad(f"server tool {name!r} has the name of one of the request's tools")
+        server[name] = spec.input_schema
+        descriptions[name] = spec.description
+    choice = req.tool_choice_name
+    forced = req.tool_choice.function.name if choice == "function" else None
+    offered = {**client, **server} if choice != "none" else {}
+    compiled: dict[str, CompiledSchema] = {
+        name: compile_schema(params, name=f"{name}.parameters") for name, params in offered.items()
+    }
+
+    # The answer: text, any JSON object, or a schema's JSON (response_format).
+    answer: CompiledSchema | None = None
+    fmt = req.response_format
+    if fmt is not None and fmt.type == "json_object":
+        answer = compile_schema(_ANY_OBJECT, name="json_object")
+    elif fmt is not None and fmt.type == "json_schema":
+        answer = compile_schema(fmt.json_schema.schema_ or {}, name=fmt.json_schema.name)
+
+    mode = CompletionMode(
+        name=mode_name,  # type: ignore[arg-type]
+        tools=compiled,
+        choice=choice,  # type: ignore[arg-type]
+        forced=forced,
+        guards=guards,
+        answer=answer if guards.json else None,
+        nudges=nudges,
+        id_prefix=f"call_{stream_id[2:]}_",
+    )
+    respond_params = dict(answer.schema) if answer is not None else _RESPOND_TEXT
+    callable_ = dict(offered)
+    if mode.offers_respond:
+        callable_[RESPOND] = respond_params
+        descriptions[RESPOND] = _RESPOND_DESCRIPTION
+    if forced is not None:
+        callable_ = {forced: offered[forced]}
+    parallel = req.parallel_tool_calls is not False and forced is None
+    max_tokens = req.max_completion_tokens or req.max_tokens
+    messages = _messages(req.messages)
+
+    extra: dict[str, Any] = {}
+    if req.presence_penalty is not None:
+        extra["presence_penalty"] = req.presence_penalty
+    if req.frequency_penalty is not None:
+        extra["frequency_penalty"] = req.frequency_penalty
+    if req.reasoning_effort is not None:
+        extra["reasoning_effort"] = req.reasoning_effort
+    turn: dict[str, Any] = {}
+    final: dict[str, Any] = {}
+    repair_grammar: str | None = None
+    limit = max_tokens or _GRAMMAR_TOKENS
+    depth = planner.config.max_json_depth
+    if mode_name == "constrained":
+        if callable_:
+            turn["grammar"] = json_value_grammar(
+                call_schema(callable_, parallel=parallel), max_depth=depth, max_tokens=limit
+            )
+            messages = _with_tools_prompt(
+                messages,
+                tools_template,
+                callable_,
+                descriptions,
+                respond=_respond_line(answer) if mode.offers_respond else "",
+            )
+            if mode.offers_respond:  # max_tool_calls spent: only the answer is left
+                final["grammar"] = json_value_grammar(
+                    call_schema({RESPOND: respond_params}, parallel=False),
+                    max_depth=depth,
+                    max_tokens=limit,
+                )
+        elif answer is not None:
+            turn["grammar"] = final["grammar"] = json_value_grammar(
+                answer.schema, max_depth=depth, max_tokens=limit
+            )
+        if answer is not None:
+            repair_grammar = json_value_grammar(answer.schema, max_depth=depth, max_tokens=limit)
+    else:
+        if callable_ or offered:
+            specs = [
+                {"name": name, "description": descriptions.get(name, ""), "input_schema": params}
+                for name, params in {**offered, **callable_}.items()
+            ]
+            turn["tools"] = to_openai_tools(specs)
+            turn["tool_choice"] = _native_choice(choice, forced, mode.offers_respond)
+            if req.parallel_tool_calls is not None:
+                turn["parallel_tool_calls"] = req.parallel_tool_calls
+            if mode.offers_respond:
+                final = {
+                    "tools": to_openai_tools(
+                        [
+                            {
+                                "name": RESPOND,
+                                "description": _RESPOND_DESCRIPTION,
+                                "input_schema": respond_params,
+                            }
+                        ]
+                    ),
+                    "tool_choice": "required",
+                }
+        elif answer is not None and fmt is not None:
+            turn["response_format"] = final["response_format"] = fmt.model_dump(
+                by_alias=True, exclude_none=True
+            )
+    mode = dataclasses.replace(
+        mode,
+        extra={**extra, **turn},
+        final_extra={**extra, **final},
+        repair_grammar=repair_grammar,
+    )
+    stop = [req.stop] if isinstance(req.stop, str) else req.stop
+    chat = ChatRequest(
+        model=req.model,
+        messages=messages,
+        temperature=req.temperature,
+        seed=req.seed,
+        max_tokens=max_tokens,
+        top_p=req.top_p,
+        stop=stop,
+    )
+    prompt_record: dict[str, Any] = {
+        "api": "chat.completions",
+        "model": chat.model,
+        "mode": mode_name,
+        "messages": messages,
+        "sampling": {
+            "temperature": chat.temperature,
+            "seed": chat.seed,
+            "max_tokens": chat.max_tokens,
+            "top_p": chat.top_p,
+            "stop": stop,
+        },
+        "tools": {name: dict(params) for name, params in callable_.items()},
+        "tool_choice": choice if forced is None else {"function": forced},
+        "server_tools": list(server),
+        "response_format": fmt.model_dump(by_alias=True) if fmt is not None else None,
+        "guardrails": dataclasses.asdict(guards),
+        "request_extra": {k: v for k, v in mode.extra.items() if k != "grammar"},
+        "grammar": "grammar" in mode.extra,
+        "user": req.user,
+        "metadata": req.metadata,
+    }
+    schemas = {"answer": answer} if answer is not None else {}
+    return StreamPlan(
+        stream_id=stream_id,
+        chat=chat,
+        mode=mode,
+        budget=planner.budget,
+        prompt_record=prompt_record,
+        schemas=schemas,
+        result_schema="answer" if answer is not None else None,
+        registered=schemas,
+        tools_allow=tuple(server),
+        approval_tools=frozenset(n for n in server if (s := registry.get(n)) and s.needs_approval),
+        max_tool_calls=req.toolforge.max_tool_calls,
+        client_tools=frozenset(client),
+    )
+
+
+def _bad(message: str) -> RequestError:
+    return RequestError(ErrorCode.BAD_REQUEST, message, http_status=400)
+
+
+def _respond_line(answer: CompiledSchema | None) -> str:
+    if answer is not None:
+        return f'To answer the user directly, call "{RESPOND}" with your answer as its arguments.'
+    return f'To answer the user directly, call "{RESPOND}" with {{"content": "<your answer>"}}.'
+
+
+def _native_choice(choice: str, forced: str | None, respond: bool) -> object:
+    if forced is not None:
+        return {"type": "function", "function": {"name": forced}}
+    if choice == "auto" and respond:
+        return "required"  # the answer is a call to respond (seed 001)
+    return choice
+
+
+def _messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The client's messages for the upstream: ``developer`` is a system message to the
+    local servers (llama-server, Ollama) whose chat templates know no such role."""
+    out: list[dict[str, Any]] = []
+    for message in messages:
+        item = dict(message)
+        if item.get("role") == "developer":
+            item["role"] = "system"
+        out.append(item)
+    return out
+
+
+def _with_tools_prompt(
+    messages: list[dict[str, Any]],
+    template: str,
+    functions: Mapping[str, Mapping[str, Any]],
+    descriptions: Mapping[str, str],
+    *,
+    respond: str,
+) -> list[dict[str, Any]]:
+    """The functions described in a system message (constrained mode sends no ``tools``):
+    after the client's own system message, or as the first message."""
+    listing = "\n".join(
+        f"- {name}: {descriptions.get(name, '') or '(no description)'}\n"
+        f"  arguments: {orjson.dumps(params).decode()}"
+        for name, params in functions.items()
+    )
+    text = template.format(functions=listing, respond=respond).strip()
+    if (
+        messages
+        and messages[0].get("role") == "system"
+        and isinstance(messages[0].get("content"), str)
+    ):
+        first = dict(messages[0])
+        first["content"] = f"{first['content']}\n\n{text}"
+        return [first, *messages[1:]]
+    return [{"role": "system", "content": text}, *messages]
