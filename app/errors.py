@@ -94,6 +94,8 @@ class ErrorCode(StrEnum):
     TOOL_APPROVAL_DENIED = "TOOL_APPROVAL_DENIED"
     TOOL_APPROVAL_TIMEOUT = "TOOL_APPROVAL_TIMEOUT"
     TOOL_CALL_LIMIT = "TOOL_CALL_LIMIT"  # more tool calls than the request's max_tool_calls
+    # A client-side tool's result did not come within CLIENT_TOOL_TIMEOUT_MS (SPEC §5).
+    CLIENT_TOOL_TIMEOUT = "CLIENT_TOOL_TIMEOUT"
     # Native mode (SPEC §4): the upstream's tool_calls pieces do not make a call (no name,
     # one id with two names). Too many calls per turn is TOOL_CALL_LIMIT, too long
     # arguments ARGUMENTS_TOO_LARGE, as in sentinel mode.

@@ -69,6 +69,9 @@ class Settings(BaseSettings):
     max_json_depth: int = Field(16, ge=1, le=512, validation_alias="MAX_JSON_DEPTH")
     frame_timeout_ms: int = Field(15_000, ge=1, validation_alias="FRAME_TIMEOUT_MS")
     tool_timeout_ms: int = Field(8_000, ge=1, validation_alias="TOOL_TIMEOUT_MS")
+    # A client-side tool waits for a person or a program: longer than a server tool, never
+    # forever (SPEC §5: the model gets a CLIENT_TOOL_TIMEOUT result).
+    client_tool_timeout_ms: int = Field(120_000, ge=1, validation_alias="CLIENT_TOOL_TIMEOUT_MS")
     tool_concurrency: int = Field(10, ge=1, validation_alias="TOOL_CONCURRENCY")
     repair_retries: int = Field(1, ge=0, le=3, validation_alias="REPAIR_RETRIES")
 

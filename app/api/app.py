@@ -81,6 +81,7 @@ def session_limits(settings: Settings) -> SessionLimits:
         max_json_depth=settings.max_json_depth,
         frame_timeout_s=settings.frame_timeout_ms / 1000,
         repair_retries=settings.repair_retries,
+        client_tool_timeout_s=settings.client_tool_timeout_ms / 1000,
     )
 
 

@@ -13,6 +13,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 __all__ = [
     "ApprovalDecision",
     "ChatMessage",
+    "ClientTool",
+    "ClientToolResult",
     "InlineSchema",
     "Sampling",
     "StreamRequest",
@@ -51,6 +53,46 @@ class InlineSchema(BaseModel):
 SchemaName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.:\-]{1,128}$")]
 
 
+class ClientTool(BaseModel):
+    """A tool the caller runs itself (SPEC §5): the stream waits at its call for
+    ``POST /v1/streams/{id}/tool_results/{call_id}``."""
+
+    model_config = _STRICT
+
+    # A name a sentinel can carry (no spaces), as a registry tool's.
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.\-]{1,64}$")]
+    description: Annotated[str, Field(max_length=8192)] = ""
+    parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object"})
+
+
+class ClientToolError(BaseModel):
+    model_config = _STRICT
+
+    code: Annotated[str, Field(min_length=1, max_length=64)] = "CLIENT_TOOL_FAILED"
+    message: Annotated[str, Field(min_length=1, max_length=4096)]
+
+
+class ClientToolResult(BaseModel):
+    """``POST /v1/streams/{id}/tool_results/{call_id}``: ``{"ok": true, "result": ...}`` or
+    ``{"ok": false, "error": {"code", "message"}}``."""
+
+    model_config = _STRICT
+
+    ok: bool
+    result: Any = None
+    error: ClientToolError | None = None
+
+    @model_validator(mode="after")
+    def _one_of(self) -> ClientToolResult:
+        if self.ok and self.error is not None:
+            raise ValueError("an ok result has no 'error'")
+        if not self.ok and self.error is None:
+            raise ValueError("a failed result needs 'error': {\"message\": ...}")
+        if not self.ok and self.result is not None:
+            raise ValueError("a failed result has no 'result'")
+        return self
+
+
 class StreamRequest(BaseModel):
     """``POST /v1/stream``. Give ``messages`` or ``input``, not both."""
 
@@ -61,6 +103,7 @@ class StreamRequest(BaseModel):
     tools: list[SchemaName] | None = None
     result_schema: SchemaName = "AssistantReply"
     object_schemas: list[SchemaName | InlineSchema] = Field(default_factory=list, max_length=32)
+    client_tools: list[ClientTool] = Field(default_factory=list, max_length=32)
     mode: Literal["auto", "sentinel", "constrained", "native"] = "auto"
     sampling: Sampling | None = None
     profile: Literal["demo"] | None = None

@@ -17,9 +17,11 @@ from pydantic import ValidationError
 from starlette.types import Receive
 
 from app.api.deps import Gateway, GatewayDep
-from app.api.models import ApprovalDecision, Sampling, StreamRequest
+from app.api.models import ApprovalDecision, ClientToolResult, Sampling, StreamRequest
 from app.api.sse import FrameStreamResponse
+from app.core.tools import ToolError
 from app.errors import ErrorCode, RequestError
+from app.runtime.session import ClientAnswer
 
 __all__ = ["ClientGone", "read_body", "router", "start_stream"]
 
@@ -208,6 +210,43 @@ async def approve(
             http_status=404,
         )
     return {"stream_id": stream_id, "call_id": call_id, "approved": decision.approve}
+
+
+@router.post(
+    "/v1/streams/{stream_id}/tool_results/{call_id}",
+    summary="The result of a client-side tool call; the model resumes",
+)
+async def post_tool_result(
+    stream_id: str, call_id: str, result: ClientToolResult, gw: GatewayDep
+) -> dict[str, Any]:
+    """SPEC §5: ``{"ok": true, "result": ...}`` or ``{"ok": false, "error": {...}}`` for a
+    ``tool.call`` whose executor is ``client``. 404: no such call waits; 409: answered."""
+    session = gw.registry.get(stream_id)
+    error = None
+    if result.error is not None:
+        error = ToolError(
+            ErrorCode.TOOL_FAILED,
+            result.error.message,
+            details=[{"client_code": result.error.code}],
+        )
+    outcome = session.post_tool_result(
+        call_id, ClientAnswer(ok=result.ok, result=result.result, error=error)
+    )
+    if outcome == "duplicate":
+        raise RequestError(
+            ErrorCode.CONFLICT,
+            f"tool call {call_id!r} of stream {stream_id!r} has its result already",
+            http_status=409,
+        )
+    if outcome == "unknown":
+        waiting = ", ".join(session.pending_tool_results) or "none"
+        raise RequestError(
+            ErrorCode.NOT_FOUND,
+            f"no client tool call {call_id!r} is waiting for a result in stream "
+            f"{stream_id!r} (waiting: {waiting})",
+            http_status=404,
+        )
+    return {"stream_id": stream_id, "call_id": call_id, "accepted": True}
 
 
 @router.get("/v1/tools", summary="The tools models may call, with their input schemas")

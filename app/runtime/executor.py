@@ -509,30 +509,35 @@ class ToolExecutor:
         )
 
     def _checked_output(self, data: object, warnings: list[dict[str, str]]) -> object:
-        """Escape sentinels, check the size, and return a detached JSON copy."""
-        try:
-            blob = dump_json(data)
-        except TypeError as exc:
-            raise ToolError(
-                ErrorCode.TOOL_OUTPUT_INVALID, f"the tool returned a value that is not JSON: {exc}"
-            ) from exc
-        if has_sentinels(blob):
-            blob = escape_sentinels_json(blob)
-            warnings.append(
-                {
-                    "code": SENTINELS_ESCAPED,
-                    "message": "sentinel characters in the result were written as "
-                    f"{ESCAPES[OPEN]}/{ESCAPES[CLOSE]}",
-                }
-            )
-        if len(blob) > self.max_result_bytes:
-            raise ToolError(
-                ErrorCode.TOOL_OUTPUT_TOO_LARGE,
-                f"the result is {len(blob)} bytes of JSON; the limit is "
-                f"{self.max_result_bytes}: ask for less (a narrower query, a smaller limit)",
-                details=[{"size": str(len(blob)), "limit": str(self.max_result_bytes)}],
-            )
-        return orjson.loads(blob)
+        return checked_output(data, warnings, self.max_result_bytes)
+
+    def client_result(
+        self,
+        name: str,
+        call_id: str,
+        args: object,
+        *,
+        ok: bool,
+        data: object,
+        error: ToolError | None,
+        duration_s: float,
+        started_at: float,
+    ) -> ToolResult:
+        """A client-side tool's result (SPEC §5), posted by the client or its timeout:
+        checked like any tool output (sentinels escaped, size capped), redacted for the
+        logs. The client ran it once: ``attempts`` is 1, 0 when nothing came."""
+        return client_result(
+            name,
+            call_id,
+            args,
+            ok=ok,
+            data=data,
+            error=error,
+            duration_s=duration_s,
+            started_at=started_at,
+            ended_at=self._wall(),
+            max_result_bytes=self.max_result_bytes,
+        )
 
     def _rejected(
         self,
@@ -603,3 +608,77 @@ def _redacted_error(error: ToolError, spec: ToolSpec[Any] | None) -> dict[str, o
 
 def _ms(seconds: float) -> float:
     return round(max(seconds, 0.0) * 1000.0, 3)
+
+
+def client_result(
+    name: str,
+    call_id: str,
+    args: object,
+    *,
+    ok: bool,
+    data: object,
+    error: ToolError | None,
+    duration_s: float,
+    started_at: float,
+    ended_at: float,
+    max_result_bytes: int = MAX_RESULT_BYTES,
+) -> ToolResult:
+    """See :meth:`ToolExecutor.client_result` (a gateway without an executor uses this)."""
+    warnings: list[dict[str, str]] = []
+    if ok and error is None:
+        try:
+            data = checked_output(data, warnings, max_result_bytes)
+        except ToolError as exc:
+            error = exc
+    envelope = (
+        ToolEnvelope.success(data, warnings)
+        if error is None
+        else ToolEnvelope.failure(error, warnings)
+    )
+    timed_out = error is not None and error.code == ErrorCode.CLIENT_TOOL_TIMEOUT
+    record = ToolInvocationRecord(
+        call_id=call_id,
+        name=name,
+        args=redact(args),
+        result=None if error is not None else redact(data),
+        error=None if error is None else cast(dict[str, object], redact(error.to_dict())),
+        started_at=started_at,
+        ended_at=ended_at,
+        attempts=0 if timed_out else 1,
+    )
+    return ToolResult(
+        envelope=envelope,
+        record=record,
+        attempts=0 if timed_out else 1,
+        duration_ms=_ms(duration_s),
+        cached=False,
+        performance_warning=False,
+        queue_wait_ms=0.0,
+    )
+
+
+def checked_output(data: object, warnings: list[dict[str, str]], max_bytes: int) -> object:
+    """Escape sentinels, check the size, and return a detached JSON copy (SPEC §3, §5)."""
+    try:
+        blob = dump_json(data)
+    except TypeError as exc:
+        raise ToolError(
+            ErrorCode.TOOL_OUTPUT_INVALID, f"the tool returned a value that is not JSON: {exc}"
+        ) from exc
+    if has_sentinels(blob):
+        blob = escape_sentinels_json(blob)
+        warnings.append(
+            {
+                "code": SENTINELS_ESCAPED,
+                "message": "sentinel characters in the result were written as "
+                f"{ESCAPES[OPEN]}/{ESCAPES[CLOSE]}",
+            }
+        )
+    if len(blob) > max_bytes:
+        raise ToolError(
+            ErrorCode.TOOL_OUTPUT_TOO_LARGE,
+            f"the result is {len(blob)} bytes of JSON; the limit is "
+            f"{max_bytes}: ask for less (a narrower query, a smaller limit)",
+            details=[{"size": str(len(blob)), "limit": str(max_bytes)}],
+        )
+    return orjson.loads(blob)

@@ -25,7 +25,7 @@ from app.core.engine import ConstrainedMode, Mode, mode_named
 from app.core.gbnf import FrameGrammar
 from app.core.native_tools import to_openai_tools
 from app.core.prompt import build_messages, render_system_prompt
-from app.core.schemas import ANY, CompiledSchema, SchemaRegistry
+from app.core.schemas import ANY, CompiledSchema, SchemaRegistry, compile_schema
 from app.core.tools import ToolRegistry, ToolSpec
 from app.errors import ErrorCode, RequestError
 from app.log import MODE_SELECTED, get_logger
@@ -77,6 +77,9 @@ class StreamPlan:
     idempotency_key: str | None = None
     # The OpenAI-compatible proxy's: functions the client runs itself (SPEC §7).
     client_tools: frozenset[str] = frozenset()
+    # POST /v1/stream's client_tools (SPEC §5): the stream waits at their calls for the
+    # client's result; their arguments are checked against these schemas first.
+    awaited_tools: Mapping[str, CompiledSchema] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +89,7 @@ class SessionLimits:
     max_json_depth: int = 16
     frame_timeout_s: float = 15.0
     repair_retries: int = 1
+    client_tool_timeout_s: float = 120.0
 
 
 class InlineSchemaAsk(Protocol):
@@ -95,6 +99,17 @@ class InlineSchemaAsk(Protocol):
     def name(self) -> str: ...
     @property
     def schema_(self) -> dict[str, Any]: ...
+
+
+class ClientToolAsk(Protocol):
+    """A client-side tool of the body: ``{"name", "description", "parameters"}``."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def description(self) -> str: ...
+    @property
+    def parameters(self) -> dict[str, Any]: ...
 
 
 class SamplingAsk(Protocol):
@@ -114,6 +129,8 @@ class StreamAsk(Protocol):
     def result_schema(self) -> str: ...
     @property
     def object_schemas(self) -> Sequence[str | InlineSchemaAsk]: ...
+    @property
+    def client_tools(self) -> Sequence[ClientToolAsk]: ...
     @property
     def sampling(self) -> SamplingAsk | None: ...
     @property
@@ -151,6 +168,8 @@ class PlanShape:
     # For the prompt record (artifacts): the schema documents and the tools' descriptions.
     schema_docs: Mapping[str, Any]
     tool_dicts: Sequence[Mapping[str, Any]]
+    # The request's client-side tools, their parameters compiled (none: cached shapes).
+    client_schemas: Mapping[str, CompiledSchema] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -213,6 +232,7 @@ class StreamPlanner:
             approval_tools=shape.approval_tools,
             max_tool_calls=req.max_tool_calls,
             idempotency_key=idempotency_key,
+            awaited_tools=shape.client_schemas,
         )
 
     # -- the mode -------------------------------------------------------------------------
@@ -286,7 +306,7 @@ class StreamPlanner:
         schemas = shape.schemas
         return ConstrainedMode(
             FrameGrammar(
-                tools={t.name: t.input_schema for t in shape.visible},
+                tools={t["name"]: t["input_schema"] for t in shape.tool_dicts},
                 result=(req.result_schema, schemas[req.result_schema].schema),
                 objects={name: schemas[name].schema for name in objects},
                 max_depth=self.config.max_json_depth,
@@ -300,7 +320,7 @@ class StreamPlanner:
         """The request's :class:`PlanShape`: cached unless it has inline schemas (those are
         the caller's own, checked and compiled per request)."""
         key: tuple[object, ...] | None = None
-        if all(isinstance(item, str) for item in req.object_schemas):
+        if not req.client_tools and all(isinstance(item, str) for item in req.object_schemas):
             tools_named = tuple(req.tools) if req.tools is not None else None
             key = (req.result_schema, tuple(req.object_schemas), tools_named, mode)
             cached = self.shapes.get(key)
@@ -322,6 +342,26 @@ class StreamPlanner:
             tools.check_allowed(name)  # unknown or internal tool names are the caller's error
         visible = tools.visible(req.tools)
         tool_dicts = [t.to_dict() for t in visible]
+        # Client-side tools are shown like the registry's (SPEC §5), under their own names.
+        client_schemas: dict[str, CompiledSchema] = {}
+        for tool in req.client_tools:
+            if tool.name in client_schemas or tools.get(tool.name) is not None:
+                raise RequestError(
+                    ErrorCode.BAD_REQUEST,
+                    f"client tool {tool.name!r} has the name of another tool; rename it",
+                    http_status=422,
+                )
+            client_schemas[tool.name] = compile_schema(
+                tool.parameters, name=f"{tool.name}.parameters"
+            )
+            tool_dicts.append(
+                {
+                    "name": tool.name,
+                    "description": tool.description,
+                    "input_schema": tool.parameters,
+                    "executor": "client",
+                }
+            )
         extra: dict[str, Any] = {}
         if mode == "native" and visible:  # the upstream's own function calling (SPEC §4)
             extra = {"tools": to_openai_tools(tool_dicts), "tool_choice": "auto"}
@@ -333,8 +373,12 @@ class StreamPlanner:
                 result_schema=req.result_schema,
                 schemas={name: c.schema for name, c in schemas.items() if name != ANY},
                 tools=[
-                    {"name": t.name, "description": t.description, "input_schema": t.input_schema}
-                    for t in visible
+                    {
+                        "name": t["name"],
+                        "description": t["description"],
+                        "input_schema": t["input_schema"],
+                    }
+                    for t in tool_dicts
                 ],
             ),
             extra=extra,
@@ -344,6 +388,7 @@ class StreamPlanner:
             approval_tools=frozenset(t.name for t in tools if t.needs_approval),
             schema_docs={name: c.schema for name, c in schemas.items()},
             tool_dicts=tool_dicts,
+            client_schemas=client_schemas,
         )
         if key is not None:
             if len(self.shapes) >= _SHAPE_CACHE_MAX:

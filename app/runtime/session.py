@@ -27,7 +27,8 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
-from typing import Any, Final
+from dataclasses import dataclass
+from typing import Any, Final, Literal
 
 import anyio
 
@@ -51,6 +52,7 @@ from app.core.engine import (
 )
 from app.core.guarantee import Degraded, Outcome, Repaired, finish_frame
 from app.core.protocol.frames import Error, Frame, JsonEnd, ResultEnd
+from app.core.tools import MAX_RESULT_BYTES, ToolError
 from app.errors import ErrorCode, ToolForgeError, UpstreamError
 from app.log import (
     CLIENT_DISCONNECTED,
@@ -63,18 +65,28 @@ from app.log import (
     get_logger,
 )
 from app.runtime.artifacts import RunArtifacts
-from app.runtime.executor import Approval, ToolExecutor
+from app.runtime.executor import Approval, ToolExecutor, client_result
 from app.runtime.frame_log import FrameLog
 from app.runtime.metrics import GatewayMetrics
 from app.runtime.planner import SessionLimits, StreamPlan
 from app.runtime.run_record import RunRecord
 from app.upstream.base import Upstream, UpstreamDelta
 
-__all__ = ["StreamSession"]
+__all__ = ["ClientAnswer", "StreamSession"]
 
 log = get_logger(__name__)
 
 Deltas = AsyncGenerator[UpstreamDelta, None]
+
+
+@dataclass(frozen=True, slots=True)
+class ClientAnswer:
+    """What a client posted for one of its tool calls (or its timeout)."""
+
+    ok: bool
+    result: object = None
+    error: ToolError | None = None
+
 
 # Bodies above this are decided in a worker thread (see StreamSession._repair_body).
 _REPAIR_IN_THREAD_BYTES: Final = 8 * 1024
@@ -123,6 +135,7 @@ class StreamSession:
                 repair_retries=limits.repair_retries,
                 repair_template=repair_template,
                 client_tools=plan.client_tools,
+                awaited_tools=plan.awaited_tools,
             )
         )
         self.log = FrameLog(max_pending=limits.queue_max_frames, clock=clock)
@@ -130,6 +143,9 @@ class StreamSession:
         self._scope = anyio.CancelScope()
         self._cancel_reason: str | None = None
         self._approvals: dict[str, asyncio.Future[bool]] = {}
+        # Client-side tool calls waiting for their result, and those already answered.
+        self._client_calls: dict[str, asyncio.Future[ClientAnswer]] = {}
+        self._answered: set[str] = set()
         self._record = RunRecord()
         self._ended = False  # done is appended and the artifacts are written
         self._end_waiters: list[asyncio.Future[None]] = []
@@ -174,6 +190,23 @@ class StreamSession:
             return False
         waiter.set_result(approved)
         return True
+
+    def post_tool_result(
+        self, call_id: str, answer: ClientAnswer
+    ) -> Literal["accepted", "unknown", "duplicate"]:
+        """A client-side tool's result for call ``call_id`` (SPEC §5): the stream resumes."""
+        if call_id in self._answered:
+            return "duplicate"
+        waiter = self._client_calls.get(call_id)
+        if waiter is None or waiter.done():
+            return "unknown"
+        self._answered.add(call_id)
+        waiter.set_result(answer)
+        return "accepted"
+
+    @property
+    def pending_tool_results(self) -> list[str]:
+        return [cid for cid, waiter in self._client_calls.items() if not waiter.done()]
 
     @property
     def pending_approvals(self) -> list[str]:
@@ -404,6 +437,8 @@ class StreamSession:
     # -- tools ------------------------------------------------------------------------------
 
     async def _run_tool(self, action: RunTool) -> ToolOutcome:
+        if action.executor == "client":
+            return await self._client_tool(action)
         executor = self._executor
         assert executor is not None  # the engine refuses every call when there is none
         result = await executor.run(
@@ -413,6 +448,48 @@ class StreamSession:
             idempotency_key=self.plan.idempotency_key,
             approval=self._approval(action.id) if action.needs_approval else None,
             allow=self.plan.tools_allow,
+        )
+        self._record.tool_logs.append(result.record.to_dict())
+        if self._metrics is not None:
+            self._metrics.tool_call(action.name, "ok" if result.ok else "error")
+        return ToolOutcome(result.frame(), result.envelope.to_dict())
+
+    async def _client_tool(self, action: RunTool) -> ToolOutcome:
+        """Wait for the client's result (pings go on meanwhile), at most
+        ``CLIENT_TOOL_TIMEOUT_MS``; then it is checked like any tool output."""
+        waiter: asyncio.Future[ClientAnswer] = asyncio.get_running_loop().create_future()
+        self._client_calls[action.id] = waiter
+        started, wall = self._clock(), time.time()
+        answer: ClientAnswer
+        try:
+            with anyio.fail_after(self._limits.client_tool_timeout_s):
+                answer = await waiter
+        except TimeoutError:
+            timeout = self._limits.client_tool_timeout_s
+            answer = ClientAnswer(
+                ok=False,
+                error=ToolError(
+                    ErrorCode.CLIENT_TOOL_TIMEOUT,
+                    f"the client did not post a result for {action.name} within "
+                    f"{timeout:g} s; go on without it",
+                    retryable=True,
+                ),
+            )
+        finally:
+            self._client_calls.pop(action.id, None)
+        result = client_result(
+            action.name,
+            action.id,
+            action.args,
+            ok=answer.ok,
+            data=answer.result,
+            error=answer.error,
+            duration_s=self._clock() - started,
+            started_at=wall,
+            ended_at=time.time(),
+            max_result_bytes=self._executor.max_result_bytes
+            if self._executor is not None
+            else MAX_RESULT_BYTES,
         )
         self._record.tool_logs.append(result.record.to_dict())
         if self._metrics is not None:

@@ -14,7 +14,8 @@ openai-agents' ``NextStep*`` values). The table is the whole protocol:
     RepairBody    decides the body (guarantee.finish_frame)     its Valid | Repaired |
                                                                 NeedsModelRepair
     AskModel      one whole model call (the repair)             a ModelReply
-    RunTool       runs the tool (approval, timeout, retries)    a ToolOutcome
+    RunTool       runs the tool (approval, timeout, retries),   a ToolOutcome
+                  or waits for the client's result
     RefuseTool    records the refusal (logs, metrics)           None
     Finish        ends the stream: ``done`` with the reason     (nothing: the flow is over)
 
@@ -133,12 +134,14 @@ class ModelReply:
 
 @dataclass(frozen=True, slots=True)
 class RunTool:
-    """Run tool ``name`` on ``args`` for call ``id`` (the ``tool.call`` frame is out)."""
+    """Run tool ``name`` on ``args`` for call ``id`` (the ``tool.call`` frame is out).
+    ``executor`` "client": the client runs it; wait for the result it posts (SPEC §5)."""
 
     id: str
     name: str
     args: object
     needs_approval: bool = False
+    executor: str = "server"
 
 
 @dataclass(frozen=True, slots=True)

@@ -117,6 +117,9 @@ class ConversationConfig:
     # the conversation with its tool.call frames (executor "client") and reason
     # "tool_calls"; the client answers in its next request.
     client_tools: frozenset[str] = frozenset()
+    # Tools the client runs while the stream waits (POST /v1/stream's client_tools,
+    # SPEC §5), with their parameters' schemas: the arguments are checked here first.
+    awaited_tools: Mapping[str, CompiledSchema] = field(default_factory=dict)
     max_nudges: int = 1  # turns asked again because the reader's guardrails said so
 
 
@@ -412,6 +415,9 @@ class Conversation:
                     "answer now with the information you have",
                 )
             )
+        awaited = config.awaited_tools.get(closed.name)
+        if awaited is not None:
+            return (yield from self._client_tool(closed, awaited, rescued))
         if not config.runs_tools:
             return (
                 yield from self._refuse(
@@ -428,6 +434,36 @@ class Conversation:
         )
         yield Emit((call,))
         outcome: ToolOutcome = yield RunTool(closed.id, closed.name, closed.value, needs_approval)
+        yield Emit((outcome.frame,))
+        return outcome.envelope
+
+    def _client_tool(
+        self, closed: BodyClosed, schema: CompiledSchema, rescued: bool
+    ) -> Generator[Action, Any, Mapping[str, object]]:
+        """A call the client runs: arguments checked, ``tool.call`` (executor "client")
+        out, then the stream waits for the result the client posts."""
+        if not schema.is_valid(closed.value):
+            error = next(iter(schema.validator.iter_errors(closed.value)))
+            path = "/".join(str(p) for p in error.absolute_path) or "(arguments)"
+            return (
+                yield from self._refuse(
+                    closed,
+                    ErrorCode.TOOL_ARGS_INVALID,
+                    f"{path}: {error.message}; call {closed.name} again with arguments "
+                    "that match its parameters",
+                )
+            )
+        call = ToolCall(
+            id=closed.id,
+            name=closed.name,
+            args=closed.value,
+            executor="client",
+            rescued=True if rescued else None,
+        )
+        yield Emit((call,))
+        outcome: ToolOutcome = yield RunTool(
+            closed.id, closed.name, closed.value, executor="client"
+        )
         yield Emit((outcome.frame,))
         return outcome.envelope
 
