@@ -200,16 +200,25 @@ async def plan_completion(
     limit = max_tokens or _GRAMMAR_TOKENS
     depth = planner.config.max_json_depth
     if mode_name == "constrained":
-        if callable_:
+        # With tool_choice auto and no respond offered, prose must stay possible: the
+        # functions are described, but no grammar forces a call (rescue reads one).
+        if callable_ and (choice != "auto" or mode.offers_respond):
             turn["grammar"] = json_value_grammar(
                 call_schema(callable_, parallel=parallel), max_depth=depth, max_tokens=limit
             )
+        if callable_:
             messages = _with_tools_prompt(
                 messages,
                 tools_template,
                 callable_,
                 descriptions,
-                respond=_respond_line(answer) if mode.offers_respond else "",
+                respond=_respond_line(answer)
+                if mode.offers_respond
+                else (
+                    "If no function fits, answer the user in plain text."
+                    if choice == "auto"
+                    else ""
+                ),
             )
             if mode.offers_respond:  # max_tool_calls spent: only the answer is left
                 final["grammar"] = json_value_grammar(

@@ -462,6 +462,22 @@ async def test_the_grammar_can_be_switched_off(make_gateway: HarnessFactory, sdk
     assert "grammar" not in body and body["tools"][0]["function"]["name"] == "get_weather"
 
 
+async def test_on_llama_server_respond_off_leaves_prose_possible(
+    make_gateway: HarnessFactory, sdk: SDK
+) -> None:
+    gw = await make_gateway([Script.from_tokens(["Paris."])], upstream_kind="llama_server")
+    done = await sdk(gw).chat.completions.create(
+        model="m",
+        messages=USER,
+        tools=[WEATHER],
+        extra_body={"toolforge": {"guardrails": {"respond": False}}},
+    )
+    assert done.choices[0].message.content == "Paris."
+    body = sent(gw)
+    assert "grammar" not in body  # no grammar forces a call under tool_choice auto
+    assert "get_weather" in body["messages"][0]["content"]
+
+
 # -- JSON answers ---------------------------------------------------------------------------
 
 ANSWER = {
