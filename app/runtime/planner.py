@@ -52,9 +52,13 @@ _ASKED: Final = {
 DisconnectPolicy = Literal["cancel", "continue"]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class StreamPlan:
-    """Everything a session needs, resolved from the HTTP request (:meth:`StreamPlanner.plan`)."""
+    """Everything a session needs, resolved from the HTTP request (:meth:`StreamPlanner.plan`).
+
+    Not frozen, like ``ConversationConfig``: one is built per stream before its upstream
+    request goes out, and a frozen dataclass's ``__init__`` costs an ``object.__setattr__``
+    per field (this one: 5.2 µs hot, 1.2 not frozen). Nothing mutates it."""
 
     stream_id: str
     chat: ChatRequest

@@ -40,7 +40,6 @@ from app.core.engine import (
     ConversationConfig,
     Emit,
     Finish,
-    ModelEvent,
     ModelReply,
     ReaderLimits,
     ReadModel,
@@ -147,6 +146,7 @@ class StreamSession:
         self._client_calls: dict[str, asyncio.Future[ClientAnswer]] = {}
         self._answered: set[str] = set()
         self._record = RunRecord()
+        self._opening: Sequence[Frame] = ()  # stream.begin, until the upstream request is out
         self._ended = False  # done is appended and the artifacts are written
         self._end_waiters: list[asyncio.Future[None]] = []
         self.reason: str | None = None
@@ -224,8 +224,9 @@ class StreamSession:
 
     async def _run(self) -> None:
         self._record.started = self._clock()
-        # Counted and logged once this step yields (the upstream request is out by then):
-        # a log line and the metrics cost tens of µs, and this is the time to first token.
+        # Opened, counted and logged once this step yields (the upstream request is out by
+        # then): stream.begin's frame, a log line and the metrics cost tens of µs, and until
+        # the request is out they are time to first token.
         asyncio.get_running_loop().call_soon(self._started)
         finish: Finish | None = None
         error: ToolForgeError | None = None
@@ -254,6 +255,7 @@ class StreamSession:
         await self._finish(finish.reason if finish is not None else "error", error)
 
     def _started(self) -> None:
+        self._open_log()
         if self._metrics is not None:
             self._metrics.stream_started()
         log.info(
@@ -270,6 +272,9 @@ class StreamSession:
         flush_first = True  # until the first content frame is handed to the writer
         action: object = next(flow)
         try:
+            if type(action) is Emit and action.outcome is None:  # stream.begin: _open_log
+                self._opening = action.frames
+                action = flow.send(None)
             while True:
                 result: object = None
                 try:
@@ -287,7 +292,7 @@ class StreamSession:
                                 # not after the rest of the read it came in (TTFT).
                                 flush_first = False
                                 await asyncio.sleep(0)
-                        # _next_event inlined: one coroutine less per token.
+                        # The next event, read inline: no coroutine per token.
                         try:
                             delta = await deltas.__anext__()  # type: ignore[union-attr]
                         except StopAsyncIteration:
@@ -308,11 +313,22 @@ class StreamSession:
                         else:
                             await self._emit(emit)
                     elif kind is CallModel:
-                        self._record.turn_started = self._clock()
+                        record.turn_started = clock()
                         deltas = self._upstream.stream(action.request)  # type: ignore[attr-defined]
-                        result = await self._next_event(deltas)
-                        if result is MODEL_END:  # nothing at all: the generation is over
+                        # The first read, inlined as above: this is the time to first token.
+                        try:
+                            delta = await deltas.__anext__()
+                        except StopAsyncIteration:  # nothing at all: the generation is over
+                            result = MODEL_END
                             deltas = None
+                        else:
+                            now = clock()
+                            if delta.text:
+                                record.token(now)
+                            result = (delta, now)
+                        finally:
+                            if self._opening:  # the task did not wait: _started has not run
+                                self._open_log()
                     elif kind is StopModel:
                         assert deltas is not None
                         drain = action.drain  # type: ignore[attr-defined]
@@ -341,21 +357,12 @@ class StreamSession:
                     continue
                 action = flow.send(result)
         finally:
+            if self._opening:  # the flow ended before it called the model
+                self._open_log()
             # Leaving early (a cancel, a bug) must close the upstream response now, not
             # whenever the generator is garbage-collected.
             if deltas is not None:
                 await _close(deltas)
-
-    async def _next_event(self, deltas: Deltas) -> ModelEvent:
-        """The generation's next delta with the time it came, or MODEL_END."""
-        try:
-            delta = await deltas.__anext__()
-        except StopAsyncIteration:
-            return MODEL_END
-        now = self._clock()
-        if delta.text and self._record.turn_started is not None:
-            self._record.token(now)
-        return (delta, now)
 
     async def _drain(self, deltas: Deltas) -> tuple[UpstreamDelta, ...]:
         """The generation's trailing chunks (finish reason, usage, llama-server's timings),
@@ -371,6 +378,21 @@ class StreamSession:
         return tuple(trailing)
 
     # -- frames ---------------------------------------------------------------------------
+
+    def _open_log(self) -> None:
+        """Append the stream's opening frames (the engine's first ``Emit``: ``stream.begin``).
+
+        They are held back until the first model call's request is on the wire: encoded
+        and appended before it, they cost about 30 µs of time to first event, cold (B1).
+        ``_started`` appends them when this task first waits, which is for the upstream's
+        answer; the first model call does if the generation answered without a wait, and
+        ``_drive`` on its way out if the flow never called the model. Either way they go
+        in before any other frame, and no client waits for them: the response's head waits
+        for the first frame after ``stream.begin`` (``app.api.sse``).
+        """
+        opening, self._opening = self._opening, ()
+        for frame in opening:
+            self._append(frame)
 
     async def _push(self, frame: Frame) -> None:
         if self.log.pending() >= self._limits.queue_max_frames:

@@ -84,6 +84,7 @@ class OllamaUpstream:
             raise ValueError(f"num_ctx must be a positive int, got {num_ctx!r}")
         self._client = client
         self._url = httpx.URL(ollama_root(base_url) + "/api/chat")
+        self._url_text = str(self._url)  # for errors: httpx rebuilds it on each str()
         self._post = PostTemplate(
             self._url, {"Content-Type": "application/json", "Accept-Encoding": "identity"}
         )
@@ -109,7 +110,7 @@ class OllamaUpstream:
     async def stream(self, request: ChatRequest) -> AsyncGenerator[UpstreamDelta, None]:
         """Yield deltas until the ``done`` line; raise :class:`UpstreamError` on failure."""
         loop = asyncio.get_running_loop()
-        exchange = Exchange(str(self._url), self._connect_s, self._first_byte_s, self._idle_s)
+        exchange = Exchange(self._url_text, self._connect_s, self._first_byte_s, self._idle_s)
         head, chunks, first_byte_at, close = await open_stream(
             self._client,
             self._post,
@@ -124,7 +125,7 @@ class OllamaUpstream:
                     raise http_error(
                         head.status_code,
                         await excerpt(chunks),
-                        url=str(self._url),
+                        url=self._url_text,
                         model=request.model,
                     )
                 chunk = await anext(chunks, None)

@@ -233,6 +233,7 @@ class OpenAICompatUpstream:
             raise ValueError(f"upstream base_url must be an http(s) URL, got {base_url!r}")
         self._client = client
         self._url = url
+        self._url_text = str(url)  # for the exchange's errors: httpx rebuilds it on each str()
         headers = {"Accept": "text/event-stream", "Accept-Encoding": "identity"}
         if api_key:
             headers["Authorization"] = f"Bearer {api_key}"
@@ -326,7 +327,7 @@ class OpenAICompatUpstream:
         """
         attempts = 2 if self._retry_unanswered else 1
         for attempt in range(1, attempts + 1):
-            exchange = Exchange(str(self._url), self._connect_s, self._first_byte_s, self._idle_s)
+            exchange = Exchange(self._url_text, self._connect_s, self._first_byte_s, self._idle_s)
             try:
                 return exchange, *await self._first_chunk(exchange, content)
             except UpstreamError as exc:

@@ -291,6 +291,8 @@ class NativeMode:
 
 
 _SENTINEL: Final = SentinelMode()
+# The stateless strategies, built once: a plan asks for one per stream.
+_MODES: Final[Mapping[str, Mode]] = {"sentinel": _SENTINEL, "native": NativeMode()}
 
 
 def mode_named(name: str, grammar: FrameGrammar | None = None) -> Mode:
@@ -299,8 +301,7 @@ def mode_named(name: str, grammar: FrameGrammar | None = None) -> Mode:
         if grammar is None:
             raise ValueError("constrained mode needs a grammar")
         return ConstrainedMode(grammar)
-    modes: dict[str, Mode] = {"sentinel": _SENTINEL, "native": NativeMode()}
-    return modes[name]
+    return _MODES[name]
 
 
 def _with_grammar(chat: ChatRequest, grammar: str) -> ChatRequest:
