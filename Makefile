@@ -72,6 +72,7 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.gateway
 	$(BIN)/python -m bench.tools
 	$(BIN)/python -m bench.llama
+	$(BIN)/python -m bench.proxy_quality
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis $(NODE_DIR)/node_modules

@@ -6,15 +6,22 @@ that does not touch RESULTS.md). Three processes: the scripted upstream
 serve`` runs it) each in their own (``bench._procs``), and the load generator here, which
 speaks HTTP/1.1 over raw asyncio sockets and timestamps every read with
 ``time.perf_counter_ns`` the moment it returns. "Direct" is the same client asking the
-upstream's ``/v1/chat/completions`` for the same script the gateway gets.
+upstream's ``/v1/chat/completions`` for the same script the gateway gets. "Proxy" is the
+gateway's OpenAI-compatible ``/v1/chat/completions`` (docs/proxy.md) asked with the very
+body the direct client sends (``stream: true``, no tools): its chunks are the direct
+arm's format, read by the same code, plus one role chunk first.
 
-- B1: added time to first event. Direct: request sent → first ``data:`` content chunk;
-  gateway: request sent → first ``text.delta`` frame of ``POST /v1/stream``. Sequential
-  requests on a kept-alive connection, direct, gateway and a bare TCP relay (uvloop, in a
-  process of its own: the floor of one more hop on this machine) taking turns.
-- B2: one long stream at full speed; tokens/s direct vs gateway, gateway CPU µs per upstream
-  token (utime + stime from /proc while the stream runs; the artifacts written after
-  ``done`` are reported apart), plain text and text with an OBJECT frame every 50 tokens.
+- B1: added time to first event. Direct and proxy: request sent → first ``data:`` chunk
+  with content (the proxy's role chunk, ``"content":""``, does not count); gateway:
+  request sent → first ``text.delta`` frame of ``POST /v1/stream``. Sequential requests on
+  a kept-alive connection, direct, gateway, proxy and a bare TCP relay (uvloop, in a
+  process of its own: the floor of one more hop on this machine) taking turns. The
+  gateway's CPU per request is counted per arm (``/proc`` schedstat, from each of its
+  requests to the next one it serves, so the artifacts written after ``done`` count too).
+- B2: one long stream at full speed; tokens/s direct vs gateway vs proxy, gateway CPU µs
+  per upstream token (utime + stime from /proc while the stream runs; the artifacts written
+  after ``done`` are reported apart), plain text and text with an OBJECT frame every 50
+  tokens (through the proxy, which has no sentinel frames, the same text as content).
 - B3: gap fidelity at 4 ± 2 ms (seeded): each gap between two tokens as the client saw it,
   minus the same gap as the upstream wrote it, in the same stream (the scripted upstream
   records when each step went out, on the clock this process reads too); two direct runs
@@ -26,6 +33,8 @@ upstream's ``/v1/chat/completions`` for the same script the gateway gets.
 Targets (issue text): B1 added p50 ≤ 1 ms, p99 ≤ 3 ms; B2 ratio ≥ 0.5 (aim 0.8) and
 ≤ 15 µs gateway CPU per plain-text token; B3 p99 |Δgap| ≤ 1 ms and zero bursts; B4 ≥ 99 %
 delivered, ≤ 50 KB RSS per stream, zero active streams and upstream sockets afterwards.
+The proxy (B1p, B2p): added time to first content chunk p50 ≤ 1 ms; plain-text
+throughput ratio ≥ 0.8.
 """
 
 from __future__ import annotations
@@ -54,6 +63,7 @@ import orjson
 from bench._procs import (
     WRITTEN,
     Proc,
+    cpu_ns,
     cpu_seconds,
     frames_tokens,
     paced_delays,
@@ -245,18 +255,25 @@ def gateway_body(model: str) -> bytes:
 
 @dataclass
 class Target:
-    """Where a client goes: the upstream directly, or the gateway."""
+    """Where a client goes: the upstream directly, the bare relay, the gateway's
+    ``/v1/stream``, or the gateway's OpenAI-compatible proxy (``proxy``)."""
 
     name: str
     port: int
     path: str
     body: Callable[[str], bytes]
+    proxy: bool = False
 
     @property
     def direct(self) -> bool:
-        """The upstream's own stream format (direct, or through the bare proxy); every
-        gateway target (``bench.ab`` has two) asks ``/v1/stream``."""
+        """The upstream's own stream format (direct, through the bare relay, or from the
+        proxy); every ``/v1/stream`` target (``bench.ab`` has two) is the gateway's."""
         return self.path != "/v1/stream"
+
+    @property
+    def on_gateway(self) -> bool:
+        """Served by the gateway: its CPU, and its artifacts after ``done``, count."""
+        return self.proxy or not self.direct
 
 
 def _text_of(event: bytes, direct: bool) -> str | None:
@@ -282,7 +299,9 @@ class FirstText(Sink):
 
 
 class Counter(Sink):
-    """Counts content events cheaply (B2); the client must not be the bottleneck."""
+    """Counts content events cheaply (B2); the client must not be the bottleneck. The
+    proxy's chunks take the direct arm's path, the same two tests per event (its role
+    chunk, ``"content":""``, is one more content event)."""
 
     def __init__(self, direct: bool) -> None:
         self.direct = direct
@@ -417,20 +436,35 @@ class Report:
 
 
 async def b1(
-    rep: Report, direct: Target, gateway: Target, proxy: Target, gw: Proc, n: int, warmup: int
+    rep: Report,
+    direct: Target,
+    gateway: Target,
+    proxy: Target,
+    relay: Target,
+    gw: Proc,
+    n: int,
+    warmup: int,
 ) -> None:
-    targets = (direct, gateway, proxy)
+    targets = (direct, gateway, proxy, relay)
     clients = {t.name: await Client.open(t.port) for t in targets}
     requests = {t.name: clients[t.name].request_bytes(t.path, t.body("ttft")) for t in targets}
     ttft: dict[str, list[float]] = {t.name: [] for t in targets}
-    cpu0 = 0.0
+    # The gateway's CPU per arm: from each request it serves to the next one it serves.
+    cpu_ns_of = {t.name: 0 for t in targets if t.on_gateway}
+    last: tuple[str, int] | None = None
     try:
         for i in range(warmup + n):
             if i == warmup:
-                cpu0 = settle_cpu(gw.pid)
-            k = i % 3  # every order in turn
+                await asyncio.to_thread(settle_cpu, gw.pid)  # the warm-up's tail work
+                last = None
+            k = i % len(targets)  # every order in turn
             order = targets[k:] + targets[:k]
             for t in order:
+                if i >= warmup and t.on_gateway:
+                    now = cpu_ns(gw.pid)
+                    if last is not None:
+                        cpu_ns_of[last[0]] += now - last[1]
+                    last = (t.name, now)
                 sink = FirstText(t.direct)
                 t0, _ = await clients[t.name].stream(requests[t.name], sink, timeout_s=10)
                 assert sink.ts is not None, f"{t.name}: no content event"
@@ -442,10 +476,24 @@ async def b1(
     finally:
         for c in clients.values():
             c.close()
-    cpu_req = (settle_cpu(gw.pid) - cpu0) / n * 1e3
-    rep.facts["b1_cpu_ms"] = cpu_req
-    d, g, p = ttft["direct"], ttft["gateway"], ttft["proxy"]
+    await asyncio.to_thread(settle_cpu, gw.pid)
+    if last is not None:
+        cpu_ns_of[last[0]] += cpu_ns(gw.pid) - last[1]
+    cpu_req = {name: ns / n / MS for name, ns in cpu_ns_of.items()}
+    rep.facts["b1_cpu_ms"] = cpu_req[gateway.name]
+    rep.facts["b1p_cpu_ms"] = cpu_req[proxy.name]
+    d, g, o, r = (ttft[t.name] for t in targets)
+
+    def added(v: list[float], base: list[float], label: str, bold: bool = False) -> str:
+        b = "**" if bold else ""
+        return (
+            f"| {label} | {b}{median(v) - median(base):.3f}{b} | "
+            f"{pct(v, 90) - pct(base, 90):.3f} | {b}{pct(v, 99) - pct(base, 99):.3f}{b} | |"
+        )
+
     added50, added99 = median(g) - median(d), pct(g, 99) - pct(d, 99)
+    proxy50, proxy99 = median(o) - median(d), pct(o, 99) - pct(d, 99)
+    rep.facts["b1p_over_stream_ms"] = median(o) - median(g)
     rep.add(
         "",
         f"### B1 — time to first event ({n} sequential requests each, alternating, "
@@ -457,22 +505,26 @@ async def b1(
             f"| {name} | {median(v):.3f} | {pct(v, 90):.3f} | {pct(v, 99):.3f} | {max(v):.3f} |"
             for name, v in (
                 ("direct (first `data:` chunk)", d),
-                ("gateway (first `text.delta`)", g),
-                ("bare TCP proxy (uvloop relay; first `data:` chunk)", p),
+                ("gateway `/v1/stream` (first `text.delta`)", g),
+                ("proxy: the gateway's `/v1/chat/completions` (first content chunk)", o),
+                ("bare TCP relay (uvloop; first `data:` chunk)", r),
             )
         ),
-        f"| **added by the gateway** | **{added50:.3f}** | {pct(g, 90) - pct(d, 90):.3f} | "
-        f"**{added99:.3f}** | |",
-        f"| added by the bare proxy (the floor of one more process on this machine) | "
-        f"{median(p) - median(d):.3f} | {pct(p, 90) - pct(d, 90):.3f} | "
-        f"{pct(p, 99) - pct(d, 99):.3f} | |",
+        added(g, d, "**added by the gateway** (`/v1/stream`)", bold=True),
+        added(o, d, "**added by the proxy** (`/v1/chat/completions`)", bold=True),
+        added(o, g, "proxy − gateway `/v1/stream`"),
+        added(r, d, "added by the bare relay (the floor of one more process on this machine)"),
         "",
-        f"Gateway CPU per request: {cpu_req:.2f} ms (a 3-token stream, including the "
-        "artifacts written after `done`).",
+        f"Gateway CPU per request (a 3-token stream, including the artifacts written after "
+        f"`done`): {cpu_req[gateway.name]:.2f} ms for `/v1/stream`, "
+        f"{cpu_req[proxy.name]:.2f} ms for the proxy.",
         "",
     )
     rep.target(f"B1 added p50 {added50:.3f} ms ≤ 1 ms", added50 <= 1.0)
     rep.target(f"B1 added p99 {added99:.3f} ms ≤ 3 ms", added99 <= 3.0)
+    rep.target(
+        f"B1p proxy added p50 {proxy50:.3f} ms ≤ 1 ms (p99 {proxy99:.3f} ms)", proxy50 <= 1.0
+    )
 
 
 @dataclass
@@ -502,10 +554,11 @@ async def one_stream(
         cpu1, up1, me1 = cpu_seconds(gw.pid), cpu_seconds(up.pid), time.process_time()
     finally:
         client.close()
+    want = expect_tokens + t.proxy  # the proxy's role chunk first
     assert sink.done, f"{t.name}: stream did not end with done"
-    assert sink.text == expect_tokens, f"{t.name}: {sink.text} text events, want {expect_tokens}"
+    assert sink.text == want, f"{t.name}: {sink.text} text events, want {want}"
     assert sink.json_end == expect_frames or t.direct, f"{t.name}: {sink.json_end} objects"
-    after = settle_cpu(gw.pid) - cpu1 if not t.direct else 0.0
+    after = settle_cpu(gw.pid) - cpu1 if t.on_gateway else 0.0
     return Run((t1 - t0) / 1e9, 0, cpu1 - cpu0, after, up1 - up0, me1 - me0, sink.json_end)
 
 
@@ -521,63 +574,102 @@ def b2_streams(n: int, every: int = 50) -> list[tuple[str, str, int, int, int]]:
 
 
 async def b2(
-    rep: Report, direct: Target, gateway: Target, gw: Proc, up: Proc, n: int, repeats: int
+    rep: Report,
+    direct: Target,
+    gateway: Target,
+    proxy: Target,
+    gw: Proc,
+    up: Proc,
+    n: int,
+    repeats: int,
 ) -> None:
     variants = b2_streams(n)
+    arms = (direct, gateway, proxy)
+    labels = {
+        direct.name: "direct",
+        gateway.name: "gateway `/v1/stream`",
+        proxy.name: "proxy `/v1/chat/completions`",
+    }
     rep.add(
         "",
-        f"### B2 — one stream at full speed (median of {repeats}; upstream steps without "
-        "delay, i.e. `pace=False`)",
+        f"### B2 — one stream at full speed (median of {repeats}, the three paths taking "
+        "turns; upstream steps without delay, i.e. `pace=False`)",
         "",
-        "| stream | upstream tokens | direct tok/s | gateway tok/s | **ratio** | "
-        "gateway CPU µs/token | + after `done` (artifacts) | upstream CPU µs/token | "
-        "client CPU µs/token |",
+        "| stream | upstream tokens | path | tok/s | **ratio to direct** | gateway CPU µs/token | "
+        "+ after `done` (artifacts) | upstream CPU µs/token | client CPU µs/token |",
         "|---|---|---|---|---|---|---|---|---|",
     )
-    results: dict[str, tuple[float, float]] = {}
+    results: dict[tuple[str, str], tuple[float, float]] = {}
     for label, model, total, expect_text, nframes in variants:
-        runs: dict[str, list[Run]] = {"direct": [], "gateway": []}
-        for _ in range(repeats):
-            for t in (direct, gateway):
+        runs: dict[str, list[Run]] = {t.name: [] for t in arms}
+        for r in range(repeats):
+            k = r % len(arms)  # who goes first changes
+            for t in arms[k:] + arms[:k]:
+                # The proxy has no sentinel frames: each upstream token is a content chunk.
                 expect = total if t.direct else expect_text
                 run = await one_stream(t, model, expect, gw, up, nframes)
                 run.tokens = total
                 runs[t.name].append(run)
-        d = sorted(runs["direct"], key=lambda r: r.rate)[len(runs["direct"]) // 2]
-        g = sorted(runs["gateway"], key=lambda r: r.rate)[len(runs["gateway"]) // 2]
-        ratio = g.rate / d.rate
-        cpu_tok = g.gw_cpu_s / total * 1e6
-        results[label] = (ratio, cpu_tok)
+        mid = {name: sorted(rs, key=lambda r: r.rate)[len(rs) // 2] for name, rs in runs.items()}
+        d = mid[direct.name]
+        for t in arms:
+            m = mid[t.name]
+            ratio = m.rate / d.rate
+            cpu_tok = m.gw_cpu_s / total * 1e6
+            results[label, t.name] = (ratio, cpu_tok)
+            gw_cells = (
+                f"**{ratio:.2f}** | {cpu_tok:.1f} | {m.gw_after_s * 1e3:.0f} ms"
+                if t.on_gateway
+                else " | | "
+            )
+            rep.add(
+                f"| {label} | {total:,} | {labels[t.name]} | {m.rate:,.0f} | {gw_cells} | "
+                f"{m.up_cpu_s / total * 1e6:.1f} | {m.client_cpu_s / total * 1e6:.1f} |"
+            )
+        g = mid[gateway.name]
         rep.facts.setdefault("artifacts_us", g.gw_after_s / total * 1e6)
-        rep.add(
-            f"| {label} | {total:,} | {d.rate:,.0f} | {g.rate:,.0f} | **{ratio:.2f}** | "
-            f"{cpu_tok:.1f} | {g.gw_after_s * 1e3:.0f} ms | {d.up_cpu_s / total * 1e6:.1f} | "
-            f"{g.client_cpu_s / total * 1e6:.1f} |"
-        )
     rep.add("")
-    ratio, cpu_tok = results["plain text"]
+    ratio, cpu_tok = results["plain text", gateway.name]
+    p_ratio, p_cpu_tok = results["plain text", proxy.name]
     rep.facts["b2_cpu_us"] = cpu_tok
-    await breakdown(rep, up, min(n, 20_000), cpu_tok)
+    rep.facts["b2p_cpu_us"] = p_cpu_tok
+    await breakdown(rep, up, min(n, 20_000), cpu_tok, p_cpu_tok)
     rep.target(f"B2 throughput ratio, plain text {ratio:.2f} ≥ 0.5 (aim 0.8)", ratio >= 0.5)
     rep.target(f"B2 gateway CPU {cpu_tok:.1f} µs per plain-text token ≤ 15 µs", cpu_tok <= 15)
+    rep.target(
+        f"B2p proxy throughput ratio, plain text {p_ratio:.2f} ≥ 0.8 (gateway CPU "
+        f"{p_cpu_tok:.1f} µs per token)",
+        p_ratio >= 0.8,
+    )
 
 
-async def breakdown(rep: Report, up: Proc, n: int, gw_cpu_us: float) -> None:
-    """Where the gateway's CPU per plain-text token goes: the read path (httpx over the
-    gateway's own transport) and the sans-IO stages measured alone in this process, the
-    rest (ASGI server and SSE writes, asyncio tasks and generators between the stages)
-    by difference."""
+async def breakdown(rep: Report, up: Proc, n: int, gw_cpu_us: float, proxy_cpu_us: float) -> None:
+    """Where the gateway's CPU per plain-text token goes, for ``/v1/stream`` and for the
+    proxy: the read path (httpx over the gateway's own transport) and the sans-IO stages
+    measured alone in this process, the rest (ASGI server and SSE writes, asyncio tasks
+    and generators between the stages) by difference."""
     import httpx
 
+    from app.core.engine.completion import PlainFramer
     from app.core.framer import BodyClosed, Framer
     from app.core.protocol.frames import Frame
+    from app.core.protocol.openai import ChunkWriter
     from app.eval.scripted_upstream import Step
     from app.runtime.frame_log import FrameLog
     from app.upstream import openai_compat
     from app.upstream.sse_decoder import UpstreamSSEDecoder
     from app.upstream.transport import LeanTransport
 
-    rows: list[tuple[str, float]] = []
+    def best_of_3(fn: Callable[[], object]) -> float:
+        best = float("inf")
+        for _ in range(3):
+            t0 = time.process_time()
+            fn()
+            best = min(best, (time.process_time() - t0) / n * 1e6)
+        return best
+
+    # (stage, µs per token, on the /v1/stream path, on the proxy's)
+    rows: list[tuple[str, float, bool, bool]] = []
     async with httpx.AsyncClient(
         timeout=httpx.Timeout(10.0, read=None), transport=LeanTransport()
     ) as client:
@@ -589,7 +681,9 @@ async def breakdown(rep: Report, up: Proc, n: int, gw_cpu_us: float) -> None:
                 async for _chunk in resp.aiter_raw():
                     chunks += 1
             best = min(best, (time.process_time() - c0) / n * 1e6)
-    rows.append(("httpx `aiter_raw()` over `LeanTransport` (an item per socket read)", best))
+    rows.append(
+        ("httpx `aiter_raw()` over `LeanTransport` (an item per socket read)", best, True, True)
+    )
 
     events = [b"".join(Step(text=t).encode("m")) for t in plain_tokens(n)]
     parse = getattr(openai_compat, "_parse_chunk", None)
@@ -610,35 +704,63 @@ async def breakdown(rep: Report, up: Proc, n: int, gw_cpu_us: float) -> None:
         for text in texts:
             frames.extend(f for f in framer.feed(text) if not isinstance(f, BodyClosed))
 
+    def plain_frame() -> None:
+        # The proxy's reader with no tools and no JSON answer: text passes at once, and
+        # the reasoning guardrail watches for <think> (docs/proxy.md).
+        framer = PlainFramer(hold=False, reasoning=True)
+        for text in texts:
+            framer.feed(text)
+
+    encoded: list[bytes] = []  # the frames as the log holds them, for the proxy's writer
+
     def append() -> None:
         log = FrameLog(max_pending=1 << 30)
         for f in frames:
             log.append(f)
+        if not encoded:  # in the first pass only, which the best of three leaves out
+            encoded[:] = log.encoded_after(0)
 
-    for label, fn in (
-        ("SSE decoder + chunk JSON (`UpstreamSSEDecoder`, `_parse_chunk`)", decode),
-        ("tokenizer + framer (`Framer.feed`)", frame),
-        ("encode + log (`FrameLog.append`)", append),
+    def openai_chunks() -> None:
+        writer = ChunkWriter(
+            stream_id="s_0", completion_id="chatcmpl-0", created=0, model="m",
+            include_usage=False, mode="native",
+        )  # fmt: skip
+        writer.first()
+        for one in encoded:
+            writer.batch(one)
+
+    for label, fn, stream, proxy in (
+        ("SSE decoder + chunk JSON (`UpstreamSSEDecoder`, `_parse_chunk`)", decode, True, True),
+        ("tokenizer + framer (`Framer.feed`)", frame, True, False),
+        ("reasoning split + plain framer (`PlainFramer.feed`)", plain_frame, False, True),
+        ("encode + log (`FrameLog.append`)", append, True, True),
+        (
+            "frames → OpenAI chunks (`ChunkWriter.batch`, a frame per batch)",
+            openai_chunks,
+            False,
+            True,
+        ),
     ):
-        best = float("inf")
-        for _ in range(3):
-            t0 = time.process_time()
-            fn()
-            best = min(best, (time.process_time() - t0) / n * 1e6)
-        rows.append((label, best))
-    rest = gw_cpu_us - sum(us for _, us in rows)
+        rows.append((label, best_of_3(fn), stream, proxy))
+    rest = gw_cpu_us - sum(us for _, us, on, _ in rows if on)
+    proxy_rest = proxy_cpu_us - sum(us for _, us, _, on in rows if on)
     rep.facts["read_us"], rep.facts["rest_us"] = rows[0][1], rest
+    rep.facts["chunks_us"], rep.facts["proxy_rest_us"] = rows[-1][1], proxy_rest
     rep.add(
         "",
         "Where the gateway's CPU per plain-text token goes (each stage timed alone in the "
         "load generator; the remainder by difference):",
         "",
-        "| stage | µs per token |",
-        "|---|---|",
-        *(f"| {label} | {us:.1f} |" for label, us in rows),
+        "| stage | `/v1/stream` µs per token | proxy µs per token |",
+        "|---|---|---|",
+        *(
+            f"| {label} | {f'{us:.1f}' if stream else ''} | {f'{us:.1f}' if proxy else ''} |"
+            for label, us, stream, proxy in rows
+        ),
         "| rest: uvicorn and the SSE writer, asyncio tasks and async generators between "
-        f"the stages, per-read deadline | {rest:.1f} |",
-        f"| **total (B2, measured in the gateway process)** | **{gw_cpu_us:.1f}** |",
+        f"the stages, per-read deadline | {rest:.1f} | {proxy_rest:.1f} |",
+        f"| **total (B2, measured in the gateway process)** | **{gw_cpu_us:.1f}** | "
+        f"**{proxy_cpu_us:.1f}** |",
         "",
     )
 
@@ -887,7 +1009,7 @@ def notes(rep: Report) -> None:
     if "B1" in missed:
         lines.append(
             f"- **B1.** The gateway spends {f.get('b1_cpu_ms', 0):.1f} ms of CPU per request, "
-            "all threads, the artifacts thread after `done` included. The bare proxy row is "
+            "all threads, the artifacts thread after `done` included. The bare relay row is "
             "the floor of one more process and two more loopback hops on this machine; the "
             "rest of the added time is Python work per request, in order: uvicorn parsing "
             "the request, the handler (body, validation, plan, session), the session's "
@@ -896,6 +1018,18 @@ def notes(rep: Report) -> None:
             "code runs with cold caches on a shared 2-vCPU VM, several times slower than "
             "the same code in a hot loop."
         )
+    if "B1p" in missed:
+        lines.append(
+            f"- **B1p.** The proxy's first content chunk comes "
+            f"{f.get('b1p_over_stream_ms', 0):+.3f} ms after `/v1/stream`'s first "
+            f"`text.delta` (p50), at {f.get('b1p_cpu_ms', 0):.1f} ms of gateway CPU per "
+            f"request against {f.get('b1_cpu_ms', 0):.1f}. Both run the same session; the "
+            "proxy's request also goes through FastAPI's stack (routing, the dependency, "
+            "the error middleware around every `send`), which `/v1/stream`'s fast path "
+            "skips (`app/api/fastpath.py`, about 0.3 ms cold), parses and plans an OpenAI "
+            "body (`plan_completion`), and writes the role chunk and the first content "
+            "chunk through `ChunkWriter`."
+        )
     if "B2" in missed:
         lines.append(
             f"- **B2.** Per token at full speed: {f.get('read_us', 0):.0f} µs is the read "
@@ -903,6 +1037,13 @@ def notes(rep: Report) -> None:
             "(async generator hops, the per-read deadline, task wake-ups, the ASGI writes). "
             f"The artifacts cost another {f.get('artifacts_us', 0):.0f} µs per token after "
             "`done`, in a thread that holds the GIL."
+        )
+    if "B2p" in missed:
+        lines.append(
+            f"- **B2p.** The proxy costs {f.get('b2p_cpu_us', 0):.1f} µs of gateway CPU per "
+            f"token against {f.get('b2_cpu_us', 0):.1f} for `/v1/stream`; re-encoding the "
+            f"frames as OpenAI chunks is {f.get('chunks_us', 0):.1f} µs of it (timed alone), "
+            f"and the machinery between stages {f.get('proxy_rest_us', 0):.1f} µs."
         )
     if "B3" in missed:
         lines.append(
@@ -1008,13 +1149,15 @@ async def run(args: argparse.Namespace, rep: Report) -> None:
         procs.append(gw)
         direct = Target("direct", up.port, "/v1/chat/completions", direct_body)
         gateway = Target("gateway", gw.port, "/v1/stream", gateway_body)
-        proxy_proc = spawn_proxy(up.port)
-        procs.append(proxy_proc)
-        proxy = Target("proxy", proxy_proc.port, "/v1/chat/completions", direct_body)
+        # The proxy: the direct arm's body, to the gateway's OpenAI-compatible route.
+        proxy = Target("proxy", gw.port, "/v1/chat/completions", direct_body, proxy=True)
+        relay_proc = spawn_proxy(up.port)
+        procs.append(relay_proc)
+        relay = Target("relay", relay_proc.port, "/v1/chat/completions", direct_body)
         if "b1" in args.only:
-            await b1(rep, direct, gateway, proxy, gw, args.b1_requests, args.b1_warmup)
+            await b1(rep, direct, gateway, proxy, relay, gw, args.b1_requests, args.b1_warmup)
         if "b2" in args.only:
-            await b2(rep, direct, gateway, gw, up, args.b2_tokens, args.b2_repeats)
+            await b2(rep, direct, gateway, proxy, gw, up, args.b2_tokens, args.b2_repeats)
         if "b3" in args.only:
             await b3(rep, direct, gateway, gw, args.b3_tokens, seed=11)
         if "b4" not in args.only:
@@ -1061,8 +1204,9 @@ def main() -> None:
     rep.add(
         "",
         f"`{command}` — three processes on 127.0.0.1 (scripted upstream, gateway under "
-        "uvicorn + httptools, this load generator on raw asyncio sockets); direct and "
-        "gateway measured side by side in the same run.",
+        "uvicorn + httptools, this load generator on raw asyncio sockets); direct, gateway "
+        "(`/v1/stream`) and proxy (the gateway's `/v1/chat/completions`) measured side by "
+        "side in the same run.",
         "",
         *machine(),
     )
