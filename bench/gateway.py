@@ -1023,12 +1023,12 @@ def notes(rep: Report) -> None:
             f"- **B1p.** The proxy's first content chunk comes "
             f"{f.get('b1p_over_stream_ms', 0):+.3f} ms after `/v1/stream`'s first "
             f"`text.delta` (p50), at {f.get('b1p_cpu_ms', 0):.1f} ms of gateway CPU per "
-            f"request against {f.get('b1_cpu_ms', 0):.1f}. Both run the same session; the "
-            "proxy's request also goes through FastAPI's stack (routing, the dependency, "
-            "the error middleware around every `send`), which `/v1/stream`'s fast path "
-            "skips (`app/api/fastpath.py`, about 0.3 ms cold), parses and plans an OpenAI "
-            "body (`plan_completion`), and writes the role chunk and the first content "
-            "chunk through `ChunkWriter`."
+            f"request against {f.get('b1_cpu_ms', 0):.1f}. Both run the same session, and "
+            "from the upstream request on both take the same time; the difference is before "
+            "it: FastAPI's stack (middleware, routing, the dependency), which `/v1/stream`'s "
+            "fast path skips (`app/api/fastpath.py`), then parsing and planning an OpenAI "
+            "body (`ChatCompletionRequest`, `plan_completion`). The hand-written subsection "
+            "above, if there is one, takes it apart."
         )
     if "B2" in missed:
         lines.append(
