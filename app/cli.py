@@ -8,12 +8,12 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from app.api.app import create_app
-from app.api.server import run
-from app.errors import ServerError
-from app.eval.conformance.command import add_conformance_command
-from app.runtime.local_backend import LocalBackend, cache_root
-from app.settings import Settings
+from toolforge.api.app import create_app
+from toolforge.api.server import run
+from toolforge.errors import ServerError
+from toolforge.eval.conformance.command import add_conformance_command
+from toolforge.runtime.local_backend import LocalBackend, cache_root
+from toolforge.settings import Settings
 
 __all__ = ["main"]
 

@@ -40,7 +40,7 @@ import orjson
 import structlog
 from structlog.typing import EventDict, FilteringBoundLogger, Processor, WrappedLogger
 
-from app.core.redact import redact
+from toolforge.core.redact import redact
 
 __all__ = [
     "ARTIFACTS_WRITE_FAILED",
@@ -254,7 +254,7 @@ def _add_logger_name(logger: WrappedLogger, _method: str, event_dict: EventDict)
 
 
 def _redact_event(_logger: WrappedLogger, _method: str, event_dict: EventDict) -> EventDict:
-    """The processor that runs :func:`app.core.redact.redact` over every event."""
+    """The processor that runs :func:`toolforge.core.redact.redact` over every event."""
     return cast(EventDict, redact(event_dict))
 
 

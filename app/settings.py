@@ -13,7 +13,7 @@ from typing import Literal
 from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from app.core.budget import MIN_BUDGET_TOKENS, BudgetMode
+from toolforge.core.budget import MIN_BUDGET_TOKENS, BudgetMode
 
 __all__ = ["Settings"]
 

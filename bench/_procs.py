@@ -6,14 +6,14 @@ gateway do not share an event loop (or a GIL)::
     python -m bench._procs upstream --port P
     python -m bench._procs gateway --port P --upstream http://127.0.0.1:U/v1 --artifacts DIR
 
-The upstream is ``app.eval.scripted_upstream.ScriptedUpstream``; what it streams is chosen
+The upstream is ``toolforge.eval.scripted_upstream.ScriptedUpstream``; what it streams is chosen
 by the request's ``model`` field (see :func:`script_for`), so a direct client and the
 gateway, which forwards ``model`` as is, get byte-for-byte the same script. Steps without a
 delay are written back to back (the same code path as ``pace=False``); paced scenarios set
 ``delay_ms`` per step.
 
 The gateway is what ``toolforge serve`` runs: ``create_app(Settings(...))`` under
-``app.api.server.run`` (uvicorn) with httptools, no access log, log level warning, and
+``toolforge.api.server.run`` (uvicorn) with httptools, no access log, log level warning, and
 uvloop when installed (``loop="auto"``).
 """
 
@@ -38,8 +38,8 @@ from typing import Any, Final
 
 import orjson
 
-from app.core.events import FrameKind
-from app.core.protocol import sentinels
+from toolforge.core.events import FrameKind
+from toolforge.core.protocol import sentinels
 
 __all__ = [
     "CLK_TCK",
@@ -104,7 +104,7 @@ def paced_delays(n: int, seed: int, mean_ms: float = 4.0, spread_ms: float = 2.0
 @functools.lru_cache(maxsize=16)
 def _script(model: str) -> Any:
     """The script for a ``model`` name: ``kind:arg:arg`` (see the cases below)."""
-    from app.eval.scripted_upstream import Script, Step
+    from toolforge.eval.scripted_upstream import Script, Step
 
     kind, *args = model.split(":")
     usage = {"prompt_tokens": 8}
@@ -159,7 +159,7 @@ def _tool_script(request: dict[str, Any]) -> Any:
     """``tools2``: the two-tool conversation, one turn per upstream request (the turn is
     the number of tool results already in the messages). ``tools0``: the same text in
     one turn, with OBJECT frames where the tool calls were (bench.tools' baseline)."""
-    from app.eval.scripted_upstream import Script
+    from toolforge.eval.scripted_upstream import Script
 
     if request["model"] == "tools0":
         turn_text = _NO_TOOLS_TURN
@@ -177,7 +177,7 @@ def _tool_script(request: dict[str, Any]) -> Any:
 def script_for(request: Any) -> Any:
     """ScriptedUpstream's chooser: chat requests by ``model``; anything else (GET /models
     from the gateway's /readyz, the ``mode: auto`` probes) gets a small 200."""
-    from app.eval.scripted_upstream import Script
+    from toolforge.eval.scripted_upstream import Script
 
     if isinstance(request, dict) and request.get("model") in ("tools0", "tools2"):
         return _tool_script(request)
@@ -201,7 +201,7 @@ WRITTEN: Final = "written:"
 
 
 async def _serve_upstream(port: int) -> None:
-    from app.eval.scripted_upstream import Script, ScriptedUpstream
+    from toolforge.eval.scripted_upstream import Script, ScriptedUpstream
 
     def choose(request: Any) -> Any:
         # model "written:M": when each step of the latest answer to model M went out
@@ -231,9 +231,9 @@ async def _serve_upstream(port: int) -> None:
 
 
 def _serve_gateway(port: int, upstream: str, artifacts: str) -> None:
-    from app.api.app import create_app
-    from app.api.server import run
-    from app.settings import Settings
+    from toolforge.api.app import create_app
+    from toolforge.api.server import run
+    from toolforge.settings import Settings
 
     settings = Settings(
         upstream_base_url=upstream, artifacts_dir=Path(artifacts), log_level="WARNING"

@@ -2,7 +2,7 @@
 
 Run with ``make bench`` (or ``python -m bench.gateway``; ``--quick`` for a ~30 s smoke run
 that does not touch RESULTS.md). Three processes: the scripted upstream
-(``app.eval.scripted_upstream``) and the gateway (uvicorn + httptools, as ``toolforge
+(``toolforge.eval.scripted_upstream``) and the gateway (uvicorn + httptools, as ``toolforge
 serve`` runs it) each in their own (``bench._procs``), and the load generator here, which
 speaks HTTP/1.1 over raw asyncio sockets and timestamps every read with
 ``time.perf_counter_ns`` the moment it returns. "Direct" is the same client asking the
@@ -650,15 +650,15 @@ async def breakdown(rep: Report, up: Proc, n: int, gw_cpu_us: float, proxy_cpu_u
     and generators between the stages) by difference."""
     import httpx
 
-    from app.core.engine.completion import PlainFramer
-    from app.core.framer import BodyClosed, Framer
-    from app.core.protocol.frames import Frame
-    from app.core.protocol.openai import ChunkWriter
-    from app.eval.scripted_upstream import Step
-    from app.runtime.frame_log import FrameLog
-    from app.upstream import openai_compat
-    from app.upstream.sse_decoder import UpstreamSSEDecoder
-    from app.upstream.transport import LeanTransport
+    from toolforge.core.engine.completion import PlainFramer
+    from toolforge.core.framer import BodyClosed, Framer
+    from toolforge.core.protocol.frames import Frame
+    from toolforge.core.protocol.openai import ChunkWriter
+    from toolforge.eval.scripted_upstream import Step
+    from toolforge.runtime.frame_log import FrameLog
+    from toolforge.upstream import openai_compat
+    from toolforge.upstream.sse_decoder import UpstreamSSEDecoder
+    from toolforge.upstream.transport import LeanTransport
 
     def best_of_3(fn: Callable[[], object]) -> float:
         best = float("inf")

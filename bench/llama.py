@@ -36,11 +36,11 @@ from typing import Any
 import httpx
 import orjson
 
-from app.runtime.local_backend import SMOLLM2_135M, LocalBackend, cache_root
-from app.runtime.servers import LlamaServerSpec, ServerManager
-from app.settings import Settings
 from bench._procs import Proc, cpu_ns, settle_cpu, spawn_gateway
 from bench._results import load_average, write_section
+from toolforge.runtime.local_backend import SMOLLM2_135M, LocalBackend, cache_root
+from toolforge.runtime.servers import LlamaServerSpec, ServerManager
+from toolforge.settings import Settings
 
 HEADING = "## llama-server (bench/llama.py)"
 STORY = {

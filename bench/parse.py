@@ -18,10 +18,10 @@ from collections.abc import Callable
 
 import orjson
 
-from app.core.events import FrameDelta, FrameEnd, FrameKind
-from app.core.json_validator import StreamingJSONValidator
-from app.core.protocol import sentinels
-from app.core.tokenizer import SentinelTokenizer
+from toolforge.core.events import FrameDelta, FrameEnd, FrameKind
+from toolforge.core.json_validator import StreamingJSONValidator
+from toolforge.core.protocol import sentinels
+from toolforge.core.tokenizer import SentinelTokenizer
 
 CHUNK = 4
 

@@ -22,7 +22,7 @@ def test_serve_starts_the_gateway_with_flags(tmp_path: Path) -> None:
     port, dead = _free_port(), _free_port()
     env = {**os.environ, "ARTIFACTS_DIR": str(tmp_path)}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "app.cli", "serve", "--port", str(port),
+        [sys.executable, "-m", "toolforge.cli", "serve", "--port", str(port),
          "--upstream", f"http://127.0.0.1:{dead}/v1", "--model", "flag-model"],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
     )  # fmt: skip
@@ -55,7 +55,7 @@ def test_serve_starts_the_gateway_with_flags(tmp_path: Path) -> None:
 
 def test_help_lists_the_serve_flags() -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "app.cli", "serve", "--help"], capture_output=True, text=True
+        [sys.executable, "-m", "toolforge.cli", "serve", "--help"], capture_output=True, text=True
     )
     assert out.returncode == 0
     for flag in ("--host", "--port", "--upstream", "--model"):
@@ -66,7 +66,7 @@ def test_obtain_with_a_remote_upstream_obtains_nothing(tmp_path: Path) -> None:
     env = {**os.environ, "UPSTREAM_BASE_URL": "http://127.0.0.1:9/v1",
            "TOOLFORGE_CACHE_DIR": str(tmp_path)}  # fmt: skip
     out = subprocess.run(
-        [sys.executable, "-m", "app.cli", "obtain"], env=env, capture_output=True, text=True
+        [sys.executable, "-m", "toolforge.cli", "obtain"], env=env, capture_output=True, text=True
     )
     assert out.returncode == 0 and "nothing to obtain" in out.stdout
     assert list(tmp_path.iterdir()) == []  # nothing built, nothing downloaded
@@ -81,7 +81,7 @@ def test_obtain_finds_a_cached_backend_without_building(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("UPSTREAM_BASE_URL", "GROQ_BASE_URL")}
     env["TOOLFORGE_CACHE_DIR"] = str(tmp_path)
     out = subprocess.run(
-        [sys.executable, "-m", "app.cli", "obtain"], env=env, capture_output=True, text=True
+        [sys.executable, "-m", "toolforge.cli", "obtain"], env=env, capture_output=True, text=True
     )
     assert out.returncode == 0, out.stderr
     assert str(binary) in out.stdout and str(model) in out.stdout

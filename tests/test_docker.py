@@ -23,8 +23,8 @@ import pytest
 import yaml
 from pydantic import AliasChoices
 
-from app.core.budget import CPU_FULL_TOKENS, BudgetMode
-from app.settings import Settings
+from toolforge.core.budget import CPU_FULL_TOKENS, BudgetMode
+from toolforge.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCKERFILE = ROOT / "docker" / "Dockerfile"
@@ -202,7 +202,7 @@ def test_copy_sources_exist_and_reach_the_build_context(stages: dict[str, Stage]
                 assert not dockerignored(src, ignored), f"line {inst.line}: {src} is ignored"
                 copied.add(src)
         seen.append(stage.name)
-    # What the gateway reads at runtime: code, tool fixtures, prompts (app/api/app.py).
+    # What the gateway reads at runtime: code, tool fixtures, prompts (package data).
     assert {"app", "tools", "prompts", "pyproject.toml", "README.md"} <= copied
 
 
@@ -278,7 +278,7 @@ def test_gateway_image(stages: dict[str, Stage]) -> None:
     # Editable install in /app: PROMPTS_DIR is <repo root>/prompts (app/api/app.py).
     assert [i.args for i in gateway.all("WORKDIR")] == ["/app"]
     assert any("pip install --no-deps -e ." in i.args for i in gateway.all("RUN"))
-    from app.api.app import PROMPTS_DIR
+    from toolforge.api.app import PROMPTS_DIR
 
     assert PROMPTS_DIR == ROOT / "prompts"
 

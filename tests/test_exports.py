@@ -8,11 +8,11 @@ import pkgutil
 
 import pytest
 
-import app
+import toolforge
 
 
 def all_modules() -> list[str]:
-    return sorted(m.name for m in pkgutil.walk_packages(app.__path__, prefix="app."))
+    return sorted(m.name for m in pkgutil.walk_packages(toolforge.__path__, prefix="toolforge."))
 
 
 @pytest.mark.parametrize("name", all_modules())

@@ -11,9 +11,9 @@ import pytest
 import structlog
 import structlog.testing
 
-import app.log as log_module
-from app.core.redact import REDACTED
-from app.log import (
+import toolforge.log as log_module
+from toolforge.core.redact import REDACTED
+from toolforge.log import (
     ARTIFACTS_WRITTEN,
     CLIENT_DISCONNECTED,
     EVENT_NAMES,

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import orjson
 
-from app.core.protocol.frames import EVENTS
-from app.core.protocol.schema import frame_schema, stream_event_definitions
-from tools import default_registry
-from tools.export_schemas import REGENERATE, SCHEMAS_DIR, check, main, render, write
+from toolforge.core.protocol.frames import EVENTS
+from toolforge.core.protocol.schema import frame_schema, stream_event_definitions
+from toolforge.tools import default_registry
+from toolforge.tools.export_schemas import REGENERATE, SCHEMAS_DIR, check, main, render, write
 
 
 def test_committed_schemas_match_the_code() -> None:

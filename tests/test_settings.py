@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from app.settings import Settings
+from toolforge.settings import Settings
 
 
 def test_defaults_are_the_documented_ones(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -5,14 +5,14 @@ pack (``places.search``, ``bookings.create``). Each call builds fresh tool state
 bookings made so far), so every app and every test starts clean.
 
 Fixtures live in ``tools/fixtures/``; the tools' input schemas are exported to
-``schemas/tools/`` by ``python -m tools.export_schemas`` (a test fails when they drift).
+``schemas/tools/`` by ``python -m toolforge.tools.export_schemas`` (a test fails when they drift).
 """
 
 from __future__ import annotations
 
-from app.core.tools import ToolRegistry
-from tools.bookings import BookingBook, bookings_create_spec, load_full_slots
-from tools.places import load_places, places_search_spec
+from toolforge.core.tools import ToolRegistry
+from toolforge.tools.bookings import BookingBook, bookings_create_spec, load_full_slots
+from toolforge.tools.places import load_places, places_search_spec
 
 __all__ = ["default_registry"]
 

@@ -25,9 +25,9 @@ from typing import Annotated, Final
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
-from app.core.tools import PermanentToolError, ToolSpec
-from app.errors import ErrorCode
-from tools.places import FIXTURES, Place, is_open, load_places, minutes
+from toolforge.core.tools import PermanentToolError, ToolSpec
+from toolforge.errors import ErrorCode
+from toolforge.tools.places import FIXTURES, Place, is_open, load_places, minutes
 
 __all__ = [
     "SLOT_PATTERN",

@@ -3,11 +3,11 @@
 * ``tools/<name>.json`` — each tool's input schema, from its pydantic argument model (the
   same ``ToolSpec.input_schema`` the model is shown);
 * ``frames/<event>.json`` — each SSE event's ``data`` object, from the typed frames of
-  :mod:`app.core.protocol.frames`; ``frames/frames.json`` — every event at once
+  :mod:`toolforge.core.protocol.frames`; ``frames/frames.json`` — every event at once
   (``{"id", "event", "data"}``, a union discriminated by ``event``).
 
-    python -m tools.export_schemas           # (re)write the files
-    python -m tools.export_schemas --check   # exit 1, listing the differences, if stale
+    python -m toolforge.tools.export_schemas           # (re)write the files
+    python -m toolforge.tools.export_schemas --check   # exit 1, listing the differences, if stale
 
 The files are generated, never edited by hand: they exist so that a schema change shows
 up in review, and so that clients (the SDKs' typed frames, SPEC §10) can read them without
@@ -27,22 +27,22 @@ from typing import Any, Final
 
 import orjson
 
-from app.core.protocol.frames import EVENTS
-from app.core.protocol.schema import (
+from toolforge.core.protocol.frames import EVENTS
+from toolforge.core.protocol.schema import (
     JSON_SCHEMA_DIALECT,
     STREAM_EVENT,
     frame_schema,
     stream_event_definitions,
 )
-from app.core.tools import ToolRegistry
-from tools import default_registry
+from toolforge.core.tools import ToolRegistry
+from toolforge.tools import default_registry
 
 __all__ = ["EXPORTED_DIRS", "SCHEMAS_DIR", "check", "main", "render", "write"]
 
 SCHEMAS_DIR: Final = Path(__file__).resolve().parents[1] / "schemas"
 EXPORTED_DIRS: Final = ("tools", "frames")
 """The subdirectories of ``schemas/`` whose every ``*.json`` file this module owns."""
-REGENERATE: Final = "python -m tools.export_schemas"
+REGENERATE: Final = "python -m toolforge.tools.export_schemas"
 
 
 def _file(schema: Any) -> bytes:
@@ -111,7 +111,9 @@ def _stale(root: Path, wanted: dict[str, bytes]) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tools.export_schemas", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m toolforge.tools.export_schemas", description=__doc__
+    )
     parser.add_argument("--check", action="store_true", help="report drift, write nothing")
     parser.add_argument("--dir", type=Path, default=SCHEMAS_DIR, help="the schemas/ directory")
     ns = parser.parse_args(argv)

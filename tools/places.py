@@ -22,7 +22,7 @@ from typing import Annotated, Final
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
-from app.core.tools import ToolSpec
+from toolforge.core.tools import ToolSpec
 
 __all__ = [
     "FIXTURES",

@@ -10,42 +10,44 @@ from __future__ import annotations
 import gc
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from pathlib import Path
+from importlib.resources import files
 
 import httpx
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 
-from app import __version__
-from app.api.deps import Gateway
-from app.api.fastpath import GatewayApp
-from app.api.openapi import install_openapi
-from app.api.proxy import router as proxy_router
-from app.api.routes import ClientGone, router
-from app.api.servers import router as servers_router
-from app.core.engine.completion import Nudges
-from app.core.schemas import builtin_registry
-from app.core.tools import ToolRegistry
-from app.errors import ErrorCode, RequestError, ServerError, ToolForgeError
-from app.log import BACKEND_SETUP, configure_logging, get_logger
-from app.runtime.artifacts import ArtifactStore
-from app.runtime.backends import Backend, BackendConfig, start_embedded, start_ollama
-from app.runtime.executor import ToolExecutor
-from app.runtime.metrics import GatewayMetrics
-from app.runtime.planner import PlannerConfig, SessionLimits, StreamPlanner
-from app.runtime.servers import ServerManager
-from app.runtime.streams import StreamRegistry
-from app.settings import Settings
-from app.upstream.base import Upstream
-from app.upstream.llama_server import LlamaServerUpstream
-from app.upstream.openai_compat import OpenAICompatUpstream
-from app.upstream.transport import DEFAULT_LIMITS, LeanTransport, UpstreamClient
-from tools import default_registry
+from toolforge import __version__
+from toolforge.api.deps import Gateway
+from toolforge.api.fastpath import GatewayApp
+from toolforge.api.openapi import install_openapi
+from toolforge.api.proxy import router as proxy_router
+from toolforge.api.routes import ClientGone, router
+from toolforge.api.servers import router as servers_router
+from toolforge.core.engine.completion import Nudges
+from toolforge.core.schemas import builtin_registry
+from toolforge.core.tools import ToolRegistry
+from toolforge.errors import ErrorCode, RequestError, ServerError, ToolForgeError
+from toolforge.log import BACKEND_SETUP, configure_logging, get_logger
+from toolforge.runtime.artifacts import ArtifactStore
+from toolforge.runtime.backends import Backend, BackendConfig, start_embedded, start_ollama
+from toolforge.runtime.executor import ToolExecutor
+from toolforge.runtime.metrics import GatewayMetrics
+from toolforge.runtime.planner import PlannerConfig, SessionLimits, StreamPlanner
+from toolforge.runtime.servers import ServerManager
+from toolforge.runtime.streams import StreamRegistry
+from toolforge.settings import Settings
+from toolforge.tools import default_registry
+from toolforge.upstream.base import Upstream
+from toolforge.upstream.llama_server import LlamaServerUpstream
+from toolforge.upstream.openai_compat import OpenAICompatUpstream
+from toolforge.upstream.transport import DEFAULT_LIMITS, LeanTransport, UpstreamClient
 
 __all__ = ["PROMPTS_DIR", "create_app"]
 
-PROMPTS_DIR = Path(__file__).resolve().parents[2] / "prompts"
+# prompts/ is package data (toolforge.prompts): the same files from the repo, an editable
+# install or a wheel.
+PROMPTS_DIR = files("toolforge.prompts")
 
 log = get_logger(__name__)
 

@@ -8,18 +8,18 @@ from typing import Annotated
 import httpx
 from fastapi import Depends, Request
 
-from app.core.engine.completion import Nudges
-from app.core.schemas import SchemaRegistry
-from app.runtime.artifacts import ArtifactStore
-from app.runtime.backends import Backend
-from app.runtime.executor import ToolExecutor
-from app.runtime.metrics import GatewayMetrics
-from app.runtime.planner import SessionLimits, StreamPlan, StreamPlanner
-from app.runtime.servers import ServerManager
-from app.runtime.session import StreamSession
-from app.runtime.streams import StreamRegistry
-from app.settings import Settings
-from app.upstream.base import Upstream
+from toolforge.core.engine.completion import Nudges
+from toolforge.core.schemas import SchemaRegistry
+from toolforge.runtime.artifacts import ArtifactStore
+from toolforge.runtime.backends import Backend
+from toolforge.runtime.executor import ToolExecutor
+from toolforge.runtime.metrics import GatewayMetrics
+from toolforge.runtime.planner import SessionLimits, StreamPlan, StreamPlanner
+from toolforge.runtime.servers import ServerManager
+from toolforge.runtime.session import StreamSession
+from toolforge.runtime.streams import StreamRegistry
+from toolforge.settings import Settings
+from toolforge.upstream.base import Upstream
 
 __all__ = ["Gateway", "GatewayDep", "get_gateway"]
 

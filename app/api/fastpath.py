@@ -6,8 +6,8 @@ the router matching the path against every route) and solves the route's depende
 the error middleware also wraps every ``send``, so each SSE write paid for it too. That
 cost about 0.3 ms of the time to first event, cold (bench/RESULTS.md, B1).
 :class:`GatewayApp` is the FastAPI app with one check in front: ``POST /v1/stream``
-goes to the route's own code (:func:`app.api.routes.read_body`, then
-:func:`~app.api.routes.start_stream`) with the same error responses; everything else,
+goes to the route's own code (:func:`toolforge.api.routes.read_body`, then
+:func:`~toolforge.api.routes.start_stream`) with the same error responses; everything else,
 and the lifespan, goes to FastAPI as usual. The FastAPI route stays registered, so
 ``/docs`` and ``/openapi.json`` still describe it.
 """
@@ -18,9 +18,9 @@ from fastapi import FastAPI
 from starlette.responses import JSONResponse, Response
 from starlette.types import Receive, Scope, Send
 
-from app.api.routes import ClientGone, read_body, start_stream
-from app.errors import ErrorCode, ToolForgeError
-from app.log import STREAM_INTERNAL_ERROR, get_logger
+from toolforge.api.routes import ClientGone, read_body, start_stream
+from toolforge.errors import ErrorCode, ToolForgeError
+from toolforge.log import STREAM_INTERNAL_ERROR, get_logger
 
 __all__ = ["GatewayApp"]
 
@@ -48,7 +48,7 @@ class GatewayApp(FastAPI):
             gateway = self.state.gateway
             body = await read_body(receive, declared, gateway.settings.max_body_bytes)
             response = await start_stream(gateway, body, key)
-        except ToolForgeError as exc:  # as app.api.app's exception handler answers
+        except ToolForgeError as exc:  # as toolforge.api.app's exception handler answers
             response = JSONResponse({"error": exc.to_dict()}, status_code=exc.http_status)
         except ClientGone:
             response = Response(status_code=499)

@@ -2,10 +2,10 @@
 document describes this body and every frame").
 
 ``POST /v1/stream`` reads its body itself (it is served ahead of FastAPI, see
-:mod:`app.api.fastpath`) and answers with server-sent events, so FastAPI documents neither
+:mod:`toolforge.api.fastpath`) and answers with server-sent events, so FastAPI documents neither
 its request body nor its response. :func:`complete_openapi` adds both: the body is
-:class:`~app.api.models.StreamRequest`'s JSON Schema, the response a ``text/event-stream``
-of ``StreamEvent`` (the typed frames' union, :mod:`app.core.protocol.schema`), and the
+:class:`~toolforge.api.models.StreamRequest`'s JSON Schema, the response a ``text/event-stream``
+of ``StreamEvent`` (the typed frames' union, :mod:`toolforge.core.protocol.schema`), and the
 errors the gateway's own ``{"error": {...}}`` body. ``GET /v1/streams/{stream_id}``
 answers the same events. :func:`install_openapi` hooks it into the app the way FastAPI documents
 ("Extending OpenAPI"): by replacing ``app.openapi``.
@@ -18,9 +18,9 @@ from typing import Any, Final
 
 from fastapi import FastAPI
 
-from app.api.models import ChatCompletionRequest, StreamRequest
-from app.core.protocol.frames import EVENTS, Error, Frame
-from app.core.protocol.schema import STREAM_EVENT, stream_event_definitions
+from toolforge.api.models import ChatCompletionRequest, StreamRequest
+from toolforge.core.protocol.frames import EVENTS, Error, Frame
+from toolforge.core.protocol.schema import STREAM_EVENT, stream_event_definitions
 
 __all__ = ["complete_openapi", "install_openapi"]
 

@@ -1,11 +1,11 @@
 """The OpenAI-compatible proxy (SPEC §7): ``POST /v1/chat/completions`` and ``GET /v1/models``.
 
 Thin, like every route: parse the body (OpenAI's error shape for every refusal), plan it
-(:func:`app.runtime.completion_plan.plan_completion`), start a
-:class:`~app.runtime.session.StreamSession` — the same engine, driver, backpressure,
+(:func:`toolforge.runtime.completion_plan.plan_completion`), start a
+:class:`~toolforge.runtime.session.StreamSession` — the same engine, driver, backpressure,
 cancellation and artifacts as ``POST /v1/stream`` — and write its frames as OpenAI chunks
-(:class:`app.core.protocol.openai.ChunkWriter`) or one completion
-(:class:`~app.core.protocol.openai.CompletionBuilder`). docs/proxy.md is the user's side.
+(:class:`toolforge.core.protocol.openai.ChunkWriter`) or one completion
+(:class:`~toolforge.core.protocol.openai.CompletionBuilder`). docs/proxy.md is the user's side.
 """
 
 from __future__ import annotations
@@ -22,15 +22,15 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 from starlette.types import Receive
 
-from app.api.deps import GatewayDep
-from app.api.models import ChatCompletionRequest
-from app.api.routes import read_body
-from app.api.sse import FrameStreamResponse
-from app.core.protocol.openai import ChunkWriter, CompletionBuilder, error_body
-from app.errors import ErrorCode, RequestError, ToolForgeError
-from app.runtime.completion_plan import plan_completion
-from app.runtime.frame_log import decode_events
-from app.runtime.session import StreamSession
+from toolforge.api.deps import GatewayDep
+from toolforge.api.models import ChatCompletionRequest
+from toolforge.api.routes import read_body
+from toolforge.api.sse import FrameStreamResponse
+from toolforge.core.protocol.openai import ChunkWriter, CompletionBuilder, error_body
+from toolforge.errors import ErrorCode, RequestError, ToolForgeError
+from toolforge.runtime.completion_plan import plan_completion
+from toolforge.runtime.frame_log import decode_events
+from toolforge.runtime.session import StreamSession
 
 __all__ = ["router"]
 

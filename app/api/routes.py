@@ -16,12 +16,12 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 from starlette.types import Receive
 
-from app.api.deps import Gateway, GatewayDep
-from app.api.models import ApprovalDecision, ClientToolResult, Sampling, StreamRequest
-from app.api.sse import FrameStreamResponse
-from app.core.tools import ToolError
-from app.errors import ErrorCode, RequestError
-from app.runtime.session import ClientAnswer
+from toolforge.api.deps import Gateway, GatewayDep
+from toolforge.api.models import ApprovalDecision, ClientToolResult, Sampling, StreamRequest
+from toolforge.api.sse import FrameStreamResponse
+from toolforge.core.tools import ToolError
+from toolforge.errors import ErrorCode, RequestError
+from toolforge.runtime.session import ClientAnswer
 
 __all__ = ["ClientGone", "read_body", "router", "start_stream"]
 
@@ -121,7 +121,7 @@ async def stream(
     idempotency_key: Annotated[str | None, Header()] = None,
 ) -> Response:
     """The route as FastAPI documents it. Requests are served by
-    :class:`app.api.fastpath.GatewayApp`, which reads the same two headers and calls
+    :class:`toolforge.api.fastpath.GatewayApp`, which reads the same two headers and calls
     :func:`read_body` and :func:`start_stream` itself, past FastAPI."""
     max_bytes = gw.settings.max_body_bytes
     body = await read_body(request.receive, request.headers.get("content-length"), max_bytes)

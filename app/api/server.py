@@ -22,7 +22,7 @@ __all__ = ["GatewayServer", "run"]
 
 
 class GatewayServer(uvicorn.Server):
-    """``uvicorn.Server`` for an app from :func:`app.api.app.create_app`."""
+    """``uvicorn.Server`` for an app from :func:`toolforge.api.app.create_app`."""
 
     def __init__(self, config: uvicorn.Config, app: FastAPI) -> None:
         self._app = app

@@ -6,7 +6,7 @@ from typing import Any
 
 from fastapi import APIRouter
 
-from app.api.deps import GatewayDep
+from toolforge.api.deps import GatewayDep
 
 __all__ = ["router"]
 

@@ -8,9 +8,9 @@ about 0.5 ms per request on this stack (``../shared/research/perf-reliability-an
 §1b; bench/RESULTS.md). Here one response costs one extra task (the disconnect watcher)
 and one timer (the ping); a batch costs one ``send``:
 
-* frames come from :class:`~app.runtime.frame_log.FrameLog` already encoded
-  (``app.core.protocol.frames``) and already coalesced: whatever was appended since the last write
-  goes out in one ``send``, and a lone frame goes out at once, without waiting for
+* frames come from :class:`~toolforge.runtime.frame_log.FrameLog` already encoded
+  (``toolforge.core.protocol.frames``) and already coalesced: whatever was appended since the
+  last write goes out in one ``send``, and a lone frame goes out at once, without waiting for
   company;
 * the writer sleeps on the log, which wakes it for a new frame, for a ping that is due,
   and for a client that left, so no send is ever cancelled halfway;
@@ -19,7 +19,7 @@ and one timer (the ping); a batch costs one ``send``:
   the upstream (SPEC §4 backpressure).
 
 Server shutdown is the session registry's business (``toolforge serve`` cancels every
-stream, so each ends with ``done``; see :mod:`app.api.server`), not the writer's.
+stream, so each ends with ``done``; see :mod:`toolforge.api.server`), not the writer's.
 """
 
 from __future__ import annotations
@@ -32,9 +32,9 @@ from typing import Final
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from app.core.protocol.frames import PING_BYTES
-from app.runtime.frame_log import FrameLog
-from app.runtime.session import StreamSession
+from toolforge.core.protocol.frames import PING_BYTES
+from toolforge.runtime.frame_log import FrameLog
+from toolforge.runtime.session import StreamSession
 
 __all__ = ["FrameStreamResponse"]
 

@@ -3,7 +3,7 @@
 Theory of operation
 -------------------
 :func:`decide` is a pure function from facts to one :class:`BudgetDecision`. The facts are
-gathered elsewhere (NVML by ``app.runtime.gpu``, llama-server's ``/props`` by the server
+gathered elsewhere (NVML by ``toolforge.runtime.gpu``, llama-server's ``/props`` by the server
 manager); the decision is reported whole in ``/v1/servers``, ``stream.begin`` and
 ``metrics.json``, and logged once, so nobody has to guess why a stream got 4,096 tokens.
 
@@ -53,7 +53,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Final, Literal, assert_never
 
-from app.errors import ErrorCode, RequestError
+from toolforge.errors import ErrorCode, RequestError
 
 __all__ = [
     "CPU_FULL_TOKENS",
@@ -267,7 +267,7 @@ def decide(
     ``gpu`` is ``None`` when NVML found no GPU, and ``no_gpu_reason`` then says why
     (NVML's own words). ``server_n_ctx`` is llama-server's per-slot ``/props`` n_ctx,
     ``model_ctx_train`` the model's trained context (``/v1/models`` ``meta.n_ctx_train``).
-    Raises :class:`~app.errors.RequestError` (``BAD_REQUEST``) on a bad configuration:
+    Raises :class:`~toolforge.errors.RequestError` (``BAD_REQUEST``) on a bad configuration:
     an unknown mode, ``manual`` without a usable ``manual_tokens``, ``parallel < 1`` or a
     ``cpu_tokens`` below :data:`MIN_BUDGET_TOKENS`. Never raises for missing hardware.
     """

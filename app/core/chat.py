@@ -2,8 +2,8 @@
 
 They are dialect-neutral: every upstream adapter turns a :class:`ChatRequest` into its own
 wire format and yields :class:`UpstreamDelta` values. They live in core because the turn
-engine (:mod:`app.core.engine`) builds the requests and reads the deltas without any I/O;
-:mod:`app.upstream.base` re-exports them as part of the model seam.
+engine (:mod:`toolforge.core.engine`) builds the requests and reads the deltas without any I/O;
+:mod:`toolforge.upstream.base` re-exports them as part of the model seam.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.core.native_tools import ToolCallDelta
+from toolforge.core.native_tools import ToolCallDelta
 
 __all__ = ["ChatRequest", "UpstreamDelta"]
 
@@ -27,11 +27,11 @@ class ChatRequest:
 
     Native mode (SPEC §4) sends its tools through ``extra`` as well: ``{"tools": [...],
     "tool_choice": "auto"}``, the tools in OpenAI format (built by
-    :func:`app.core.native_tools.to_openai_tools`). Its continuation ``messages`` then
+    :func:`toolforge.core.native_tools.to_openai_tools`). Its continuation ``messages`` then
     hold OpenAI-shaped assistant messages with ``tool_calls`` and ``{"role": "tool",
     "tool_call_id": ..., "content": ...}`` messages (see
-    :func:`app.core.native_tools.assistant_tool_call_message` and
-    :func:`app.core.native_tools.tool_result_message`); adapters pass them through as is.
+    :func:`toolforge.core.native_tools.assistant_tool_call_message` and
+    :func:`toolforge.core.native_tools.tool_result_message`); adapters pass them through as is.
     """
 
     model: str

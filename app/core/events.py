@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from app.errors import SentinelError
+from toolforge.errors import SentinelError
 
 __all__ = [
     "Event",

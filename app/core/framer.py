@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Final, assert_never
 
-from app.core.events import (
+from toolforge.core.events import (
     Event,
     FrameBegin,
     FrameDelta,
@@ -38,8 +38,8 @@ from app.core.events import (
     Text,
     Violation,
 )
-from app.core.json_validator import StreamingJSONValidator
-from app.core.protocol.frames import (
+from toolforge.core.json_validator import StreamingJSONValidator
+from toolforge.core.protocol.frames import (
     Error,
     Frame,
     JsonBegin,
@@ -48,8 +48,8 @@ from app.core.protocol.frames import (
     ResultDelta,
     TextDelta,
 )
-from app.core.tokenizer import DEFAULT_MAX_FRAME_BYTES, SentinelTokenizer
-from app.errors import JSONError, ModelBehaviorError
+from toolforge.core.tokenizer import DEFAULT_MAX_FRAME_BYTES, SentinelTokenizer
+from toolforge.errors import JSONError, ModelBehaviorError
 
 __all__ = ["BodyClosed", "Framer"]
 

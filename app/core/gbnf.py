@@ -54,7 +54,7 @@ usual inline schemas) use:
 Anything else (``{}``, ``true``, an unknown type, an unresolvable ``$ref``) is a generic
 JSON value whose nesting is bounded by ``max_depth`` (SPEC §3: 16), counted from the top
 of the body. The grammar steers; it is not the guarantee. Every body is still parsed
-strictly and validated against its schema (``app.core.guarantee``), so a grammar that
+strictly and validated against its schema (``toolforge.core.guarantee``), so a grammar that
 allows more than the schema (an ignored keyword, a generic fallback) costs at most a
 repair, and one that allows less (a fixed key order) only narrows how a valid value may
 be spelled.
@@ -98,8 +98,8 @@ from typing import Any, Final
 
 import orjson
 
-from app.core.events import FrameKind
-from app.core.protocol import sentinels
+from toolforge.core.events import FrameKind
+from toolforge.core.protocol import sentinels
 
 __all__ = [
     "DEFAULT_MAX_DEPTH",
@@ -214,7 +214,7 @@ class FrameGrammar:
 
     ``tools``: tool name -> input JSON Schema; ``result``: (schema name, schema) of the
     RESULT frame; ``objects``: schema name -> schema for OBJECT frames (none: no OBJECT
-    frames). Schemas are trusted to be checked already (``app.core.schemas``).
+    frames). Schemas are trusted to be checked already (``toolforge.core.schemas``).
     """
 
     def __init__(
@@ -740,7 +740,7 @@ def _types(schema: Mapping[str, Any]) -> tuple[str, ...]:
 def _merge(a: object, b: object) -> Mapping[str, Any]:
     """Both schemas' keywords in one (allOf, a union branch with its parent, $ref siblings).
 
-    Approximate, as the synthesiser's merge in ``app.core.schemas`` is: properties and
+    Approximate, as the synthesiser's merge in ``toolforge.core.schemas`` is: properties and
     required are unioned, other keywords taken from ``b``; validation is exact.
     """
     if not isinstance(a, Mapping):

@@ -44,9 +44,9 @@ import orjson
 import referencing.exceptions
 from json_repair import repair_json
 
-from app.core.protocol.sentinels import CLOSE, OPEN
-from app.core.schemas import CompiledSchema, compile_schema
-from app.errors import ToolForgeError
+from toolforge.core.protocol.sentinels import CLOSE, OPEN
+from toolforge.core.schemas import CompiledSchema, compile_schema
+from toolforge.errors import ToolForgeError
 
 __all__ = [
     "MAX_ERRORS",

@@ -6,7 +6,7 @@ strictly"). :class:`StreamingJSONValidator` checks each chunk as it comes, in on
 the input, so a bad token is reported the moment it appears and ``close()`` costs a single
 ``orjson.loads`` instead of a re-parse per chunk.
 
-Choices where RFC 8259 leaves room (each raises :class:`app.errors.JSONError`):
+Choices where RFC 8259 leaves room (each raises :class:`toolforge.errors.JSONError`):
 
 * Limits (SPEC §3): nesting deeper than ``max_depth`` (default 16) is ``JSON_TOO_DEEP``,
   raised at the bracket that opens the ``max_depth + 1``-th container; more than
@@ -80,7 +80,7 @@ from typing import Final, NoReturn, cast
 
 import orjson
 
-from app.errors import ErrorCode, JSONError, ToolForgeError
+from toolforge.errors import ErrorCode, JSONError, ToolForgeError
 
 __all__ = ["StreamingJSONValidator"]
 

@@ -4,15 +4,15 @@ Two halves, both sans-IO:
 
 * :class:`ToolCallAssembler` turns the streamed pieces (:class:`ToolCallDelta`, parsed
   from ``delta.tool_calls`` by the adapters, which re-export it from
-  :mod:`app.upstream.base`) into whole calls.
+  :mod:`toolforge.upstream.base`) into whole calls.
 * :func:`to_openai_tools`, :func:`assistant_tool_call_message` and
   :func:`tool_result_message` build the OpenAI wire shapes: the ``tools`` offered, and the
   two messages that continue the conversation after the calls ran (seed 003: wire formats
-  are adapters over :class:`app.core.tools.ToolSpec`).
+  are adapters over :class:`toolforge.core.tools.ToolSpec`).
 
 Theory of operation of the assembler. OpenAI streams each call as pieces that share an
 ``index``: the first carries ``id`` and ``function.name``, the rest argument fragments to
-concatenate. Servers differ (see ``app.upstream.openai_compat._parse_tool_calls``), so a
+concatenate. Servers differ (see ``toolforge.upstream.openai_compat._parse_tool_calls``), so a
 piece is placed by these rules, in order:
 
 1. A piece with an ``index`` continues the call last seen at that index, unless it plainly
@@ -49,8 +49,8 @@ from typing import Any, Final
 
 import orjson
 
-from app.core.tools import MAX_ARGS_BYTES
-from app.errors import ErrorCode, ModelBehaviorError
+from toolforge.core.tools import MAX_ARGS_BYTES
+from toolforge.errors import ErrorCode, ModelBehaviorError
 
 __all__ = [
     "MAX_NATIVE_CALLS",
@@ -80,7 +80,7 @@ class ToolCallDelta:
     Fields are what the chunk carried, unchecked against earlier pieces: ``index`` and
     ``id`` are ``None`` where the upstream left them out, ``name`` usually comes once, in
     the first piece, and ``arguments`` is the raw JSON-text fragment ("" when absent).
-    Defined here rather than in :mod:`app.upstream.base` (which re-exports it) because
+    Defined here rather than in :mod:`toolforge.upstream.base` (which re-exports it) because
     core imports no other layer.
     """
 
@@ -97,7 +97,7 @@ class AssembledCall:
     ``name`` is the wire name as the model wrote it (``places__search``); :attr:`tool_name`
     is ours (``places.search``). ``arguments_text`` is the raw JSON text, unchecked
     (``"{}"`` when the model sent none or only whitespace, as models do for tools without
-    parameters): validate it with :func:`app.core.tools.parse_args`.
+    parameters): validate it with :func:`toolforge.core.tools.parse_args`.
     """
 
     index: int
@@ -127,12 +127,12 @@ class _Call:
 class ToolCallAssembler:
     """Assembles one model turn's streamed tool-call pieces (see the module docstring).
 
-    ``feed`` every :attr:`UpstreamDelta.tool_calls <app.upstream.base.UpstreamDelta>` as it
+    ``feed`` every :attr:`UpstreamDelta.tool_calls <toolforge.upstream.base.UpstreamDelta>` as it
     arrives, then ``finish`` once the turn ended. Use one assembler per turn; give each
     turn of a stream its own ``id_prefix`` (``"call_1_"``, ...) when ids must be unique
     across the stream. Limits: at most ``max_calls`` calls (``TOOL_CALL_LIMIT``) and
     ``max_argument_bytes`` of UTF-8 arguments per call (``ARGUMENTS_TOO_LARGE``), both
-    :class:`~app.errors.ModelBehaviorError` raised by ``feed`` as soon as they are
+    :class:`~toolforge.errors.ModelBehaviorError` raised by ``feed`` as soon as they are
     passed, so the caller can stop the upstream.
     """
 
@@ -333,7 +333,7 @@ def from_openai_name(wire: str) -> str:
 
 def to_openai_tools(specs: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Our tool descriptions (``{name, description, input_schema}``, as
-    :meth:`ToolSpec.to_dict <app.core.tools.ToolSpec.to_dict>` writes them; other keys
+    :meth:`ToolSpec.to_dict <toolforge.core.tools.ToolSpec.to_dict>` writes them; other keys
     are ignored) as the OpenAI ``tools`` list:
     ``{"type": "function", "function": {name, description, parameters}}``.
 
@@ -385,7 +385,7 @@ def assistant_tool_call_message(
 
 def tool_result_message(call_id: str, content: object) -> dict[str, Any]:
     """The ``tool`` message answering call ``call_id``. ``content`` is sent as is when it
-    is a string, else as compact JSON (e.g. a :class:`~app.core.tools.ToolEnvelope`'s
+    is a string, else as compact JSON (e.g. a :class:`~toolforge.core.tools.ToolEnvelope`'s
     ``to_dict()``)."""
     text = content if isinstance(content, str) else orjson.dumps(content, default=_plain).decode()
     return {"role": "tool", "tool_call_id": call_id, "content": text}

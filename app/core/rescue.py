@@ -57,7 +57,7 @@ nested in it is data), unparsed when it lacks the words every JSON call has (``n
 
 JSON is matched brace to brace (strings respected: only ``"`` opens one), then parsed
 strictly by the gateway's own validator, then, if that fails, repaired by ``json_repair``
-through the JSON guarantee's :func:`~app.core.guarantee.local_repair`, which screens out
+through the JSON guarantee's :func:`~toolforge.core.guarantee.local_repair`, which screens out
 the inputs on which json_repair is superlinear. Only text between balanced braces is ever
 parsed or repaired.
 
@@ -75,10 +75,10 @@ from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from typing import Final, Literal, cast
 
-from app.core.guarantee import RepairLimits, local_repair
-from app.core.json_validator import StreamingJSONValidator
-from app.core.protocol.sentinels import MAX_NAME_CHARS
-from app.errors import ToolForgeError
+from toolforge.core.guarantee import RepairLimits, local_repair
+from toolforge.core.json_validator import StreamingJSONValidator
+from toolforge.core.protocol.sentinels import MAX_NAME_CHARS
+from toolforge.errors import ToolForgeError
 
 __all__ = [
     "MAX_DEPTH",

@@ -49,7 +49,7 @@ from jsonschema.exceptions import SchemaError
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.json_schema import GenerateJsonSchema, JsonSchemaValue
 
-from app.errors import ErrorCode, RequestError
+from toolforge.errors import ErrorCode, RequestError
 
 __all__ = [
     "ANY",

@@ -60,7 +60,7 @@ from dataclasses import dataclass
 from enum import Enum, auto
 from typing import Final
 
-from app.core.events import (
+from toolforge.core.events import (
     Event,
     FrameBegin,
     FrameDelta,
@@ -69,9 +69,9 @@ from app.core.events import (
     Text,
     Violation,
 )
-from app.core.protocol import sentinels
-from app.core.protocol.sentinels import CLOSE, ID_RE, MAX_SENTINEL_CHARS, NAME_RE, OPEN
-from app.errors import ErrorCode, SentinelError
+from toolforge.core.protocol import sentinels
+from toolforge.core.protocol.sentinels import CLOSE, ID_RE, MAX_SENTINEL_CHARS, NAME_RE, OPEN
+from toolforge.errors import ErrorCode, SentinelError
 
 __all__ = [
     "DEFAULT_MAX_FRAME_BYTES",

@@ -14,10 +14,10 @@ What lives here, and why it is sans-IO:
   disagree: a tool may run exactly when it would be shown to the model.
 * :func:`validate_args`, :func:`measure_json`, :func:`escape_sentinels` and
   :func:`derive_call_key` are the checks the executor runs around a call. They raise only
-  :class:`ToolError` (a :class:`~app.errors.ToolForgeError`), whatever they are given.
+  :class:`ToolError` (a :class:`~toolforge.errors.ToolForgeError`), whatever they are given.
 
 The async side (timeouts, retries, the FIFO concurrency gate, approval, the result cache)
-is :mod:`app.runtime.executor`. No clock, loop or logging here (STYLE convention 1).
+is :mod:`toolforge.runtime.executor`. No clock, loop or logging here (STYLE convention 1).
 
 JSON here means what orjson writes: compact UTF-8, keys as given (they must be strings),
 non-ASCII characters raw (not ``\\u`` escaped), NaN and ±Infinity as ``null``, at most 254
@@ -34,9 +34,9 @@ from typing import Any, Final, Generic, TypeVar
 import orjson
 from pydantic import BaseModel, ValidationError
 
-from app.core.protocol import sentinels
-from app.core.redact import normalize_key
-from app.errors import ErrorCode, ToolForgeError
+from toolforge.core.protocol import sentinels
+from toolforge.core.redact import normalize_key
+from toolforge.errors import ErrorCode, ToolForgeError
 
 __all__ = [
     "MAX_ARGS_BYTES",
@@ -145,7 +145,7 @@ class ToolSpec(Generic[ArgsT]):
     ``input_schema`` is computed from ``args_model`` at construction and is not an
     argument. ``timeout_s=None`` means the executor's default (``TOOL_TIMEOUT_MS``).
     ``redact_keys`` are argument/result keys whose values never reach logs or artifacts
-    (on top of :data:`app.core.redact.SENSITIVE_KEYS`); the model and the client still
+    (on top of :data:`toolforge.core.redact.SENSITIVE_KEYS`); the model and the client still
     see them, since the model supplied them or needs them.
     """
 

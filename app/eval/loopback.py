@@ -25,12 +25,12 @@ import uvicorn
 from fastapi import FastAPI
 from httpx_sse import aconnect_sse
 
-from app.api.app import create_app
-from app.api.deps import Gateway
-from app.api.server import GatewayServer
-from app.core.tools import ToolRegistry
-from app.eval.scripted_upstream import ScriptedUpstream, ScriptLike
-from app.settings import Settings
+from toolforge.api.app import create_app
+from toolforge.api.deps import Gateway
+from toolforge.api.server import GatewayServer
+from toolforge.core.tools import ToolRegistry
+from toolforge.eval.scripted_upstream import ScriptedUpstream, ScriptLike
+from toolforge.settings import Settings
 
 __all__ = ["Event", "Harness", "Served", "frames", "open_raw_stream", "serve", "start_gateway"]
 

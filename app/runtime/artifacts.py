@@ -10,8 +10,8 @@ Layout, under ``<root>/runs/<stream_id>/``::
 
 Why it is built this way:
 
-* **Everything goes through** :func:`app.core.redact.redact_serialisable`, with the tools' redaction
-  lists added, before it is serialised: artifacts are the place secrets leak from.
+* **Everything goes through** :func:`toolforge.core.redact.redact_serialisable`, with the
+  tools' redaction lists added, before it is serialised: artifacts are the place secrets leak from.
 * **Each file is written atomically** (a temp file in the same directory, then
   ``os.replace``), so a reader (the demo UI, an eval harness, ``tail``) never sees a torn
   file, and a rerun for the same stream replaces files whole. There is no fsync:
@@ -45,8 +45,8 @@ from typing import Final
 
 import orjson
 
-from app.core.redact import redact_serialisable
-from app.errors import ErrorCode, RequestError
+from toolforge.core.redact import redact_serialisable
+from toolforge.errors import ErrorCode, RequestError
 
 __all__ = ["ARTIFACT_FILES", "ArtifactStore", "RunArtifacts"]
 

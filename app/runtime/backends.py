@@ -3,9 +3,9 @@
 **The embedded default**: a managed llama-server with a small model, no API key.
 When no ``UPSTREAM_BASE_URL`` is set, the gateway's lifespan calls :func:`start_embedded`:
 obtain llama-server and the model (cached after the first time, see
-:mod:`app.runtime.local_backend`), read the GPUs through NVML, decide the context budget
-(:func:`app.core.budget.decide`, logged as ``server.decision``), start the server through
-the :class:`~app.runtime.servers.ServerManager` and hand back an adapter on it. In
+:mod:`toolforge.runtime.local_backend`), read the GPUs through NVML, decide the context budget
+(:func:`toolforge.core.budget.decide`, logged as ``server.decision``), start the server through
+the :class:`~toolforge.runtime.servers.ServerManager` and hand back an adapter on it. In
 ``backend`` budget mode the server chooses its context and the decision is taken again
 from what ``/props`` reports.
 """
@@ -20,15 +20,15 @@ from typing import Any
 import anyio
 import httpx
 
-from app.core.budget import BudgetDecision, BudgetMode, decide
-from app.log import SERVER_DECISION, get_logger
-from app.runtime.gpu import GpuProbe, read_gpus
-from app.runtime.local_backend import SMOLLM2_135M, LocalBackend, cache_root
-from app.runtime.servers import LlamaServerSpec, ManagedServer, ServerManager
-from app.upstream.base import Upstream
-from app.upstream.llama_server import LlamaServerUpstream
-from app.upstream.ollama import OllamaUpstream
-from app.upstream.ollama_control import OllamaControl
+from toolforge.core.budget import BudgetDecision, BudgetMode, decide
+from toolforge.log import SERVER_DECISION, get_logger
+from toolforge.runtime.gpu import GpuProbe, read_gpus
+from toolforge.runtime.local_backend import SMOLLM2_135M, LocalBackend, cache_root
+from toolforge.runtime.servers import LlamaServerSpec, ManagedServer, ServerManager
+from toolforge.upstream.base import Upstream
+from toolforge.upstream.llama_server import LlamaServerUpstream
+from toolforge.upstream.ollama import OllamaUpstream
+from toolforge.upstream.ollama_control import OllamaControl
 
 __all__ = ["Backend", "BackendConfig", "start_embedded", "start_ollama"]
 
@@ -74,7 +74,7 @@ async def start_embedded(
     *,
     progress: Callable[[str], None] | None = None,
 ) -> Backend:
-    """Obtain, decide, start; raises :class:`app.errors.ServerError` when that fails."""
+    """Obtain, decide, start; raises :class:`toolforge.errors.ServerError` when that fails."""
     backend = LocalBackend(cache_root(), progress=progress)
     binary = config.server_bin
     if binary is None:
@@ -123,7 +123,7 @@ async def start_ollama(
 ) -> Backend:
     """Size and load ``model`` on the Ollama server at ``base_url``; the adapter on it.
 
-    Raises :class:`app.errors.UpstreamError` when Ollama is unreachable or lacks the model.
+    Raises :class:`toolforge.errors.UpstreamError` when Ollama is unreachable or lacks the model.
     """
     control = OllamaControl(client, base_url, connect_s=config.connect_s)
     info = await control.show(model)

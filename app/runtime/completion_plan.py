@@ -1,6 +1,6 @@
 """Planning an OpenAI-compatible request: from a validated ``POST /v1/chat/completions`` body
-to a :class:`~app.runtime.planner.StreamPlan` whose mode is the proxy's
-(:class:`app.core.engine.completion.CompletionMode`), SPEC §7.
+to a :class:`~toolforge.runtime.planner.StreamPlan` whose mode is the proxy's
+(:class:`toolforge.core.engine.completion.CompletionMode`), SPEC §7.
 
 The plan decides, once per request:
 
@@ -16,7 +16,7 @@ The plan decides, once per request:
 * in native mode, the upstream's ``tools``, ``tool_choice`` and ``response_format``;
 * sampling and the rest, forwarded as given.
 
-The body is read through :class:`CompletionAsk` (``app.api.models.ChatCompletionRequest``
+The body is read through :class:`CompletionAsk` (``toolforge.api.models.ChatCompletionRequest``
 satisfies it): runtime does not import the HTTP layer.
 """
 
@@ -28,13 +28,13 @@ from typing import Any, Final, Protocol
 
 import orjson
 
-from app.core.chat import ChatRequest
-from app.core.engine.completion import RESPOND, CompletionMode, Guards, Nudges
-from app.core.gbnf import json_value_grammar
-from app.core.native_tools import to_openai_tools
-from app.core.schemas import CompiledSchema, compile_schema
-from app.errors import ErrorCode, RequestError
-from app.runtime.planner import StreamPlan, StreamPlanner
+from toolforge.core.chat import ChatRequest
+from toolforge.core.engine.completion import RESPOND, CompletionMode, Guards, Nudges
+from toolforge.core.gbnf import json_value_grammar
+from toolforge.core.native_tools import to_openai_tools
+from toolforge.core.schemas import CompiledSchema, compile_schema
+from toolforge.errors import ErrorCode, RequestError
+from toolforge.runtime.planner import StreamPlan, StreamPlanner
 
 __all__ = ["CompletionAsk", "call_schema", "plan_completion"]
 
@@ -101,7 +101,7 @@ class CompletionAsk(Protocol):
 def call_schema(functions: Mapping[str, Mapping[str, Any]], *, parallel: bool) -> dict[str, Any]:
     """The JSON Schema of a reply that calls one of ``functions`` (name -> parameters):
     ``{"name": <one of them>, "arguments": <its parameters>}``, or a list of such calls
-    when ``parallel``. The constrained grammar is this schema's (app.core.gbnf)."""
+    when ``parallel``. The constrained grammar is this schema's (toolforge.core.gbnf)."""
     one = {
         "anyOf": [
             {

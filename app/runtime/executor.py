@@ -6,9 +6,9 @@ only cancellation propagates):
 1. **May it run?** ``registry.check_allowed`` with the request's allow/deny lists, the
    same rule as what the model was shown.
 2. **Arguments**: size (32 KB), strict JSON, then the tool's pydantic model
-   (:func:`app.core.tools.validate_args`). A rejected call never reaches the tool.
+   (:func:`toolforge.core.tools.validate_args`). A rejected call never reaches the tool.
 3. **Idempotency**: with an ``Idempotency-Key``, the call's derived key
-   (:func:`app.core.tools.derive_call_key`) looks up a bounded LRU of successful results; a
+   (:func:`toolforge.core.tools.derive_call_key`) looks up a bounded LRU of successful results; a
    hit is returned with ``cached=True`` and the tool does not run. A second call with the
    same key while the first is running waits for it instead of running the tool twice.
 4. **Approval** (``needs_approval``): wait for the approval callable, up to
@@ -17,7 +17,7 @@ only cancellation propagates):
 5. **Concurrency**: a global FIFO gate of ``concurrency`` slots (default 10, seed 002
    FR-012). Queue depth, high-water and wait are attributes and logged.
 6. **Attempts**: each under ``asyncio.timeout(timeout_s)`` (``TOOL_TIMEOUT_MS``).
-   :class:`~app.core.tools.TransientToolError` and timeouts are retried ``spec.retries``
+   :class:`~toolforge.core.tools.TransientToolError` and timeouts are retried ``spec.retries``
    times after a fixed ``spec.retry_delay_s`` (2 and 2 s, seed 002 FR-011); any other
    exception is permanent and not retried. Every attempt is logged with redacted
    arguments. The slot is held through the retry delay: retries are rare, and giving the
@@ -50,10 +50,10 @@ from typing import Any, Final, cast
 
 import orjson
 
-from app.core.protocol import frames
-from app.core.protocol.sentinels import CLOSE, ESCAPES, OPEN
-from app.core.redact import redact
-from app.core.tools import (
+from toolforge.core.protocol import frames
+from toolforge.core.protocol.sentinels import CLOSE, ESCAPES, OPEN
+from toolforge.core.redact import redact
+from toolforge.core.tools import (
     MAX_ARGS_BYTES,
     MAX_RESULT_BYTES,
     ToolEnvelope,
@@ -68,8 +68,8 @@ from app.core.tools import (
     has_sentinels,
     validate_args,
 )
-from app.errors import ErrorCode
-from app.log import TOOL_ATTEMPT, TOOL_FINISHED, TOOL_QUEUED, get_logger
+from toolforge.errors import ErrorCode
+from toolforge.log import TOOL_ATTEMPT, TOOL_FINISHED, TOOL_QUEUED, get_logger
 
 __all__ = [
     "PERFORMANCE_WARNING",

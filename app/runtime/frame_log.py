@@ -1,7 +1,7 @@
 """The frame log: the backpressure queue, the replay buffer and the artifact source at once.
 
-Every frame of a stream is encoded once (``app.core.protocol.frames``) and appended here. Readers
-follow the log with a cursor:
+Every frame of a stream is encoded once (``toolforge.core.protocol.frames``) and appended here.
+Readers follow the log with a cursor:
 
 - the *primary* reader is the client that started the stream. The log is the bounded
   queue of SPEC §4 between the upstream reader and that client's SSE writer: once
@@ -35,7 +35,7 @@ from typing import Any
 
 import orjson
 
-from app.core.protocol.frames import Frame, decode, encode_frame
+from toolforge.core.protocol.frames import Frame, decode, encode_frame
 
 __all__ = ["FrameLog", "decode_events", "decode_frames"]
 

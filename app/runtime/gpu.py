@@ -2,7 +2,7 @@
 
 :func:`read_gpus` never raises: no NVIDIA driver, no ``libnvidia-ml.so``, a GPU that
 fell off the bus, even a broken binding all mean "no GPU", with NVML's own words as the
-reason, and the budget becomes a clear CPU decision (``app.core.budget``). A GPU probe
+reason, and the budget becomes a clear CPU decision (``toolforge.core.budget``). A GPU probe
 must never be what keeps the gateway from starting.
 
 ``nvmlShutdown`` runs after every successful ``nvmlInit``, whatever happens in between:
@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from app.core.budget import GpuDevice, GpuInfo
+from toolforge.core.budget import GpuDevice, GpuInfo
 
 __all__ = ["GpuProbe", "read_gpus"]
 

@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from app.errors import ErrorCode, ServerError
+from toolforge.errors import ErrorCode, ServerError
 
 __all__ = [
     "CMAKE_FLAGS",

@@ -7,7 +7,7 @@ cached per combination, so a repeated request costs a dict lookup), then the mes
 sampling, mode strategy and, in constrained mode, the grammar. Routes only parse the body
 and hand it here.
 
-The body is read through :class:`StreamAsk`, a protocol that ``app.api.models.
+The body is read through :class:`StreamAsk`, a protocol that ``toolforge.api.models.
 StreamRequest`` satisfies: runtime does not import the HTTP layer.
 """
 
@@ -21,16 +21,16 @@ from typing import Any, Final, Literal, Protocol
 
 import httpx
 
-from app.core.engine import ConstrainedMode, Mode, mode_named
-from app.core.gbnf import FrameGrammar
-from app.core.native_tools import to_openai_tools
-from app.core.prompt import build_messages, render_system_prompt
-from app.core.schemas import ANY, CompiledSchema, SchemaRegistry, compile_schema
-from app.core.tools import ToolRegistry, ToolSpec
-from app.errors import ErrorCode, RequestError
-from app.log import MODE_SELECTED, get_logger
-from app.upstream.base import PROFILES, ChatRequest
-from app.upstream.probe import ModeDecision, probe_tool_mode
+from toolforge.core.engine import ConstrainedMode, Mode, mode_named
+from toolforge.core.gbnf import FrameGrammar
+from toolforge.core.native_tools import to_openai_tools
+from toolforge.core.prompt import build_messages, render_system_prompt
+from toolforge.core.schemas import ANY, CompiledSchema, SchemaRegistry, compile_schema
+from toolforge.core.tools import ToolRegistry, ToolSpec
+from toolforge.errors import ErrorCode, RequestError
+from toolforge.log import MODE_SELECTED, get_logger
+from toolforge.upstream.base import PROFILES, ChatRequest
+from toolforge.upstream.probe import ModeDecision, probe_tool_mode
 
 __all__ = [
     "PlanShape",
@@ -148,7 +148,7 @@ class StreamAsk(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class PlannerConfig:
-    """The settings planning reads (``app.settings.Settings``, as the app resolved them)."""
+    """The settings planning reads (``toolforge.settings.Settings``, as the app resolved them)."""
 
     model_id: str
     upstream_kind: str

@@ -1,7 +1,7 @@
 """What a stream's driver records besides its frames: timings, the decided values, the
 tool calls, and at the end the summary, the ``done`` frame and the run's artifacts.
 
-Kept apart from :mod:`app.runtime.session` so that the driver reads as what it is (the
+Kept apart from :mod:`toolforge.runtime.session` so that the driver reads as what it is (the
 engine's actions, done); everything here is bookkeeping about a run, none of it decides.
 """
 
@@ -11,12 +11,12 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.core.engine import ConversationStats
-from app.core.protocol.frames import Done, DoneMetrics
-from app.errors import ToolForgeError
-from app.log import ARTIFACTS_WRITE_FAILED, get_logger
-from app.runtime.artifacts import RunArtifacts
-from app.runtime.frame_log import FrameLog, decode_events
+from toolforge.core.engine import ConversationStats
+from toolforge.core.protocol.frames import Done, DoneMetrics
+from toolforge.errors import ToolForgeError
+from toolforge.log import ARTIFACTS_WRITE_FAILED, get_logger
+from toolforge.runtime.artifacts import RunArtifacts
+from toolforge.runtime.frame_log import FrameLog, decode_events
 
 __all__ = ["RunRecord"]
 

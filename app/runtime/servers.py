@@ -38,9 +38,9 @@ from typing import Any, Final
 
 import httpx
 
-from app.errors import ErrorCode, ServerError, UpstreamError
-from app.log import SERVER_CRASHED, SERVER_READY, SERVER_RESTARTED, SERVER_STOPPED, get_logger
-from app.upstream.ollama_control import LoadedModel, OllamaControl, same_model
+from toolforge.errors import ErrorCode, ServerError, UpstreamError
+from toolforge.log import SERVER_CRASHED, SERVER_READY, SERVER_RESTARTED, SERVER_STOPPED, get_logger
+from toolforge.upstream.ollama_control import LoadedModel, OllamaControl, same_model
 
 __all__ = ["LlamaServerSpec", "ManagedServer", "OllamaModel", "ServerManager", "ServerState"]
 
@@ -65,7 +65,7 @@ class LlamaServerSpec:
     """How to run one llama-server; equal specs are the same server (reuse).
 
     ``args`` are the flags of the budget decision (context size, ``--parallel`` slots,
-    KV-cache types: :meth:`app.core.budget.BudgetDecision.server_args`) and any others.
+    KV-cache types: :meth:`toolforge.core.budget.BudgetDecision.server_args`) and any others.
     """
 
     binary: Path

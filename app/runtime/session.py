@@ -1,9 +1,9 @@
 """One stream, end to end: the driver of the turn engine (SPEC §3-§5).
 
-The rules of the conversation are :class:`app.core.engine.Conversation`'s: it says which
+The rules of the conversation are :class:`toolforge.core.engine.Conversation`'s: it says which
 request to send, which frames to emit, when a tool runs and when a body is repaired. A
 ``StreamSession`` owns exactly one producer task that does what the engine asks
-(the table in :mod:`app.core.engine.actions`) and owns everything the engine must not
+(the table in :mod:`toolforge.core.engine.actions`) and owns everything the engine must not
 know about: the upstream's async generators, the tool executor, the clock, the frame log
 with its backpressure (it waits whenever the client is ``QUEUE_MAX_FRAMES`` behind),
 cancellation, metrics, logs and the artifacts.
@@ -32,7 +32,7 @@ from typing import Any, Final, Literal
 
 import anyio
 
-from app.core.engine import (
+from toolforge.core.engine import (
     MODEL_END,
     AskModel,
     CallModel,
@@ -49,11 +49,11 @@ from app.core.engine import (
     StopModel,
     ToolOutcome,
 )
-from app.core.guarantee import Degraded, Outcome, Repaired, finish_frame
-from app.core.protocol.frames import Error, Frame, JsonEnd, ResultEnd
-from app.core.tools import MAX_RESULT_BYTES, ToolError
-from app.errors import ErrorCode, ToolForgeError, UpstreamError
-from app.log import (
+from toolforge.core.guarantee import Degraded, Outcome, Repaired, finish_frame
+from toolforge.core.protocol.frames import Error, Frame, JsonEnd, ResultEnd
+from toolforge.core.tools import MAX_RESULT_BYTES, ToolError
+from toolforge.errors import ErrorCode, ToolForgeError, UpstreamError
+from toolforge.log import (
     CLIENT_DISCONNECTED,
     FRAME_DEGRADED,
     FRAME_REPAIRED,
@@ -63,13 +63,13 @@ from app.log import (
     UPSTREAM_ERROR,
     get_logger,
 )
-from app.runtime.artifacts import RunArtifacts
-from app.runtime.executor import Approval, ToolExecutor, client_result
-from app.runtime.frame_log import FrameLog
-from app.runtime.metrics import GatewayMetrics
-from app.runtime.planner import SessionLimits, StreamPlan
-from app.runtime.run_record import RunRecord
-from app.upstream.base import Upstream, UpstreamDelta
+from toolforge.runtime.artifacts import RunArtifacts
+from toolforge.runtime.executor import Approval, ToolExecutor, client_result
+from toolforge.runtime.frame_log import FrameLog
+from toolforge.runtime.metrics import GatewayMetrics
+from toolforge.runtime.planner import SessionLimits, StreamPlan
+from toolforge.runtime.run_record import RunRecord
+from toolforge.upstream.base import Upstream, UpstreamDelta
 
 __all__ = ["ClientAnswer", "StreamSession"]
 
@@ -388,7 +388,7 @@ class StreamSession:
         answer; the first model call does if the generation answered without a wait, and
         ``_drive`` on its way out if the flow never called the model. Either way they go
         in before any other frame, and no client waits for them: the response's head waits
-        for the first frame after ``stream.begin`` (``app.api.sse``).
+        for the first frame after ``stream.begin`` (``toolforge.api.sse``).
         """
         opening, self._opening = self._opening, ()
         for frame in opening:

@@ -18,8 +18,8 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from app.errors import ErrorCode, RequestError
-from app.runtime.session import StreamSession
+from toolforge.errors import ErrorCode, RequestError
+from toolforge.runtime.session import StreamSession
 
 __all__ = ["StreamRegistry"]
 

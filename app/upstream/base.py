@@ -16,8 +16,8 @@ from typing import Final, Protocol
 
 # Defined in core (which imports no other layer) so the assembler and the turn engine can
 # use them; part of this seam's surface all the same.
-from app.core.chat import ChatRequest, UpstreamDelta
-from app.core.native_tools import ToolCallDelta
+from toolforge.core.chat import ChatRequest, UpstreamDelta
+from toolforge.core.native_tools import ToolCallDelta
 
 __all__ = [
     "PROFILES",
@@ -62,7 +62,7 @@ class Upstream(Protocol):
 
     ``stream`` is an async generator: iterate it, and close it (``aclose()`` or cancel the
     task) to stop the generation; implementations release the connection promptly. Errors
-    are :class:`app.errors.UpstreamError`.
+    are :class:`toolforge.errors.UpstreamError`.
     """
 
     def stream(self, request: ChatRequest) -> AsyncGenerator[UpstreamDelta, None]:

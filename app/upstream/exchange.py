@@ -1,7 +1,7 @@
 """The request machinery the HTTP adapters share: deadlines, error mapping, draining.
 
-:mod:`app.upstream.openai_compat`, :mod:`app.upstream.ollama` and
-:mod:`app.upstream.ollama_control` speak different dialects over the same kind of
+:mod:`toolforge.upstream.openai_compat`, :mod:`toolforge.upstream.ollama` and
+:mod:`toolforge.upstream.ollama_control` speak different dialects over the same kind of
 exchange; what does not depend on the dialect is here.
 
 * Three timeouts, each named in its error (research doc §2, fault 4). httpx has a single
@@ -32,8 +32,8 @@ import anyio
 import httpx
 import orjson
 
-from app.errors import ErrorCode, UpstreamError
-from app.upstream.transport import PostTemplate, ResponseHead
+from toolforge.errors import ErrorCode, UpstreamError
+from toolforge.upstream.transport import PostTemplate, ResponseHead
 
 __all__ = [
     "CONNECT",
@@ -291,7 +291,7 @@ async def open_stream(
         if name.endswith("send_request_headers.started"):
             sent()
 
-    lean = getattr(client, "lean", None)  # app.upstream.transport.UpstreamClient
+    lean = getattr(client, "lean", None)  # toolforge.upstream.transport.UpstreamClient
     response: ResponseHead | httpx.Response
     try:
         with exchange.until(None):  # connect: bounded by httpx's connect/pool timeouts

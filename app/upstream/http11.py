@@ -1,5 +1,5 @@
 """One HTTP/1.1 client connection, on an asyncio protocol and llhttp (``httptools``), and
-the response body read from it: what :class:`app.upstream.transport.LeanTransport` pools.
+the response body read from it: what :class:`toolforge.upstream.transport.LeanTransport` pools.
 
 A :class:`Connection` is the protocol object of one socket. llhttp's callbacks fill in the
 current response (status, headers, body chunks); its reader, the transport while it waits

@@ -32,9 +32,9 @@ from typing import Any
 
 import httpx
 
-from app.errors import ErrorCode, UpstreamError
-from app.upstream.base import ChatRequest, UpstreamDelta
-from app.upstream.openai_compat import OpenAICompatUpstream
+from toolforge.errors import ErrorCode, UpstreamError
+from toolforge.upstream.base import ChatRequest, UpstreamDelta
+from toolforge.upstream.openai_compat import OpenAICompatUpstream
 
 __all__ = ["LlamaServerUpstream"]
 

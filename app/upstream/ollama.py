@@ -1,6 +1,6 @@
 """Adapter for Ollama's native ``POST /api/chat``: NDJSON streaming, native tools, ``num_ctx``.
 
-Why the native API and not Ollama's ``/v1`` (which :mod:`app.upstream.openai_compat`
+Why the native API and not Ollama's ``/v1`` (which :mod:`toolforge.upstream.openai_compat`
 already speaks): only the native API takes ``options.num_ctx`` and ``keep_alive``. Without
 an explicit ``num_ctx`` Ollama runs every model at its own default context (2048 or 4096
 tokens, depending on the version) and silently drops the start of a longer prompt; and a
@@ -9,10 +9,10 @@ So the context budget the ServerManager chose (SPEC §6) is given to the constru
 sent on every request; nothing in a :class:`ChatRequest` can change it.
 
 The adapter is thin (STYLE.md): it builds the body and parses the stream with the sans-IO
-:mod:`app.upstream.ollama_wire`, over an injected ``httpx.AsyncClient``. Connect,
+:mod:`toolforge.upstream.ollama_wire`, over an injected ``httpx.AsyncClient``. Connect,
 first-byte and idle timeouts, the one mapping of httpx exceptions
-(:class:`~app.upstream.exchange.Exchange`) and the drain after the last line are
-:mod:`app.upstream.exchange`'s, shared with :mod:`app.upstream.openai_compat`, and the
+(:class:`~toolforge.upstream.exchange.Exchange`) and the drain after the last line are
+:mod:`toolforge.upstream.exchange`'s, shared with :mod:`toolforge.upstream.openai_compat`, and the
 close is as prompt and cancel-safe as there: closing the generator (``aclose()`` or
 cancelling the task) closes the response, and with it the TCP connection when the body was
 not finished (SPEC §4: cancel within 50 ms).
@@ -27,9 +27,9 @@ from typing import Any
 import anyio
 import httpx
 
-from app.errors import ErrorCode, UpstreamError
-from app.upstream.base import ChatRequest, UpstreamDelta
-from app.upstream.exchange import (
+from toolforge.errors import ErrorCode, UpstreamError
+from toolforge.upstream.base import ChatRequest, UpstreamDelta
+from toolforge.upstream.exchange import (
     STREAM,
     Exchange,
     drain,
@@ -37,14 +37,14 @@ from app.upstream.exchange import (
     open_stream,
     request_body,
 )
-from app.upstream.ollama_wire import (
+from toolforge.upstream.ollama_wire import (
     ChatLineParser,
     NDJSONDecoder,
     OllamaModelNotFound,
     chat_body,
     http_error,
 )
-from app.upstream.transport import PostTemplate
+from toolforge.upstream.transport import PostTemplate
 
 __all__ = ["OllamaModelNotFound", "OllamaUpstream", "ollama_root"]
 
@@ -65,7 +65,7 @@ class OllamaUpstream:
     ``base_url`` is the server root (``http://127.0.0.1:11434``; a trailing ``/v1`` is
     ignored). ``num_ctx`` is sent on every request (see the module docstring);
     ``keep_alive`` (``"5m"``, ``"24h"``, seconds, ``-1`` for ever; ``None``: the server's
-    default) too. Timeouts as in :class:`~app.upstream.openai_compat.OpenAICompatUpstream`:
+    default) too. Timeouts as in :class:`~toolforge.upstream.openai_compat.OpenAICompatUpstream`:
     ``first_byte_s`` also covers loading the model, which Ollama does before it answers.
     """
 

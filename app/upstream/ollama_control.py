@@ -9,11 +9,11 @@ capabilities such as ``tools``) and the server version (``GET /api/version``).
 Why ``load`` takes ``num_ctx``: Ollama allocates the KV cache when it loads a runner, for
 the ``num_ctx`` of the request that loads it, and reloads the model when a later request
 asks for another one. Loading with the budget the chat requests will send
-(:class:`~app.upstream.ollama.OllamaUpstream` sends it on every request) means the first
+(:class:`~toolforge.upstream.ollama.OllamaUpstream` sends it on every request) means the first
 chat does not pay for a second load.
 
-Results are frozen dataclasses; every failure is an :class:`~app.errors.UpstreamError`
-(:class:`~app.upstream.ollama.OllamaModelNotFound` for a model Ollama does not have),
+Results are frozen dataclasses; every failure is an :class:`~toolforge.errors.UpstreamError`
+(:class:`~toolforge.upstream.ollama.OllamaModelNotFound` for a model Ollama does not have),
 mapped in the same places as the chat adapter's.
 """
 
@@ -26,10 +26,10 @@ from typing import Any, Final, TypeGuard
 import httpx
 import orjson
 
-from app.errors import ErrorCode, UpstreamError
-from app.upstream.exchange import Exchange, snippet
-from app.upstream.ollama import ollama_root
-from app.upstream.ollama_wire import http_error
+from toolforge.errors import ErrorCode, UpstreamError
+from toolforge.upstream.exchange import Exchange, snippet
+from toolforge.upstream.ollama import ollama_root
+from toolforge.upstream.ollama_wire import http_error
 
 __all__ = ["DEFAULT_KEEP_ALIVE", "LoadedModel", "ModelInfo", "OllamaControl", "same_model"]
 
@@ -163,7 +163,7 @@ class OllamaControl:
     async def unload(self, model: str) -> None:
         """Unload ``model`` now (``keep_alive: 0``). A model that is not loaded is no
         error; one Ollama does not have is
-        :class:`~app.upstream.ollama.OllamaModelNotFound`."""
+        :class:`~toolforge.upstream.ollama.OllamaModelNotFound`."""
         body = {"model": model, "prompt": "", "stream": False, "keep_alive": 0}
         await self._call("POST", "/api/generate", body, model=model)
 

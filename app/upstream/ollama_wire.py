@@ -1,6 +1,6 @@
 """The Ollama ``/api/chat`` dialect, sans-IO: the request body, the NDJSON stream, errors.
 
-:class:`~app.upstream.ollama.OllamaUpstream` does the I/O; everything it says and hears on
+:class:`~toolforge.upstream.ollama.OllamaUpstream` does the I/O; everything it says and hears on
 the wire is decided here, so it can be tested without a socket.
 
 Theory of operation. The response is ``application/x-ndjson``: one JSON object per line
@@ -15,7 +15,7 @@ and each line parsed once, and a cut inside a UTF-8 character is harmless becaus
 Dialect differences, as data:
 
 * sampling goes under ``options`` (``max_tokens`` is ``num_predict``: ``_OPTION_NAMES``),
-  and ``num_ctx`` always goes with it (see :mod:`app.upstream.ollama` for why);
+  and ``num_ctx`` always goes with it (see :mod:`toolforge.upstream.ollama` for why);
 * OpenAI-only request keys are dropped (``_OPENAI_ONLY``); ``tools`` are sent as they are
   (Ollama takes the OpenAI ``{"type": "function", "function": {...}}`` shape);
 * continuation messages are converted: assistant ``tool_calls`` carry ``arguments`` as an
@@ -24,7 +24,7 @@ Dialect differences, as data:
 * streamed ``tool_calls`` arrive whole (Ollama parses a call completely before sending
   it), with ``function.index`` only on newer servers and usually without ``id``: each
   becomes one :class:`ToolCallDelta` with a fresh index and its arguments as compact
-  JSON text, so :class:`app.core.native_tools.ToolCallAssembler` builds the same calls
+  JSON text, so :class:`toolforge.core.native_tools.ToolCallAssembler` builds the same calls
   as from an OpenAI stream;
 * ``done_reason`` maps through ``_FINISH_REASONS``; ``"stop"`` after tool calls is
   reported as ``"tool_calls"``, as Ollama's own ``/v1`` does;
@@ -42,9 +42,9 @@ from typing import Any, Final
 
 import orjson
 
-from app.errors import ErrorCode, UpstreamError
-from app.upstream.base import ChatRequest, ToolCallDelta, UpstreamDelta
-from app.upstream.exchange import RETRYABLE_STATUS, snippet
+from toolforge.errors import ErrorCode, UpstreamError
+from toolforge.upstream.base import ChatRequest, ToolCallDelta, UpstreamDelta
+from toolforge.upstream.exchange import RETRYABLE_STATUS, snippet
 
 __all__ = [
     "MAX_LINE_BYTES",
@@ -326,7 +326,7 @@ def _assistant_message(
 
 def _arguments_object(arguments: Any) -> Any:
     """OpenAI's arguments (JSON text) as the object Ollama wants; ``{}`` when not one
-    (as :func:`app.core.native_tools.assistant_tool_call_message` does)."""
+    (as :func:`toolforge.core.native_tools.assistant_tool_call_message` does)."""
     if isinstance(arguments, Mapping):
         return arguments
     if isinstance(arguments, str):

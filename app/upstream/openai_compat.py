@@ -12,8 +12,8 @@ Why the pieces look the way they do:
   against 17 for ``aiter_lines`` and 21 for httpx-sse's iterator); we ask for
   ``Accept-Encoding: identity`` so raw bytes are the body.
 * Three timeouts, each named in its error, and the one mapping of httpx exceptions to
-  :class:`UpstreamError` are :class:`~app.upstream.exchange.Exchange`'s, shared with the
-  Ollama adapter (:mod:`app.upstream.exchange` says why they look the way they do). The
+  :class:`UpstreamError` are :class:`~toolforge.upstream.exchange.Exchange`'s, shared with the
+  Ollama adapter (:mod:`toolforge.upstream.exchange` says why they look the way they do). The
   first-byte clock starts when the request headers are sent (httpx's ``trace`` extension
   tells us), so a slow connect is reported as a connect timeout, not a first-byte one.
 * Closing the generator (``aclose()`` or cancelling the task) closes the response, which
@@ -32,9 +32,9 @@ import anyio
 import httpx
 import orjson
 
-from app.errors import ErrorCode, UpstreamError
-from app.upstream.base import ChatRequest, ToolCallDelta, UpstreamDelta
-from app.upstream.exchange import (
+from toolforge.errors import ErrorCode, UpstreamError
+from toolforge.upstream.base import ChatRequest, ToolCallDelta, UpstreamDelta
+from toolforge.upstream.exchange import (
     RETRYABLE_STATUS,
     STREAM,
     Exchange,
@@ -45,8 +45,8 @@ from app.upstream.exchange import (
     request_body,
     snippet,
 )
-from app.upstream.sse_decoder import UpstreamSSEDecoder
-from app.upstream.transport import PostTemplate
+from toolforge.upstream.sse_decoder import UpstreamSSEDecoder
+from toolforge.upstream.transport import PostTemplate
 
 __all__ = ["OpenAICompatUpstream"]
 
@@ -214,7 +214,7 @@ class OpenAICompatUpstream:
 
     ``retry_unanswered``: send a request once more when the server closed its connection
     without answering (llama-server does this to kept-alive connections, see
-    :mod:`app.upstream.llama_server`).
+    :mod:`toolforge.upstream.llama_server`).
     """
 
     def __init__(

@@ -39,7 +39,7 @@ from typing import Final
 # them, this import is the only line to change.
 from httpx_sse._decoders import SSEDecoder, SSELineDecoder
 
-from app.errors import ErrorCode, UpstreamError
+from toolforge.errors import ErrorCode, UpstreamError
 
 __all__ = ["MAX_EVENT_CHARS", "MAX_LINE_BYTES", "SSEMessage", "UpstreamSSEDecoder"]
 

@@ -21,7 +21,7 @@ before the response or inside a framed body, or a malformed response →
 httptools does not expose ``llhttp_finish``, so EOF itself completes such a message.
 
 This module is the pool; one connection and its response body are
-:mod:`app.upstream.http11`.
+:mod:`toolforge.upstream.http11`.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from typing import Any, Final, TypeAlias
 
 import httpx
 
-from app.upstream.http11 import (
+from toolforge.upstream.http11 import (
     HIGH_WATER,
     Body,
     Connection,

@@ -1,5 +1,5 @@
 """The gateway harness for API tests: a real gateway on loopback in front of a real
-scripted upstream (``app.eval.loopback``, shared with the conformance runner).
+scripted upstream (``toolforge.eval.loopback``, shared with the conformance runner).
 """
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ from typing import Any
 import orjson
 import pytest
 
-from app.core.events import FrameKind
-from app.core.protocol import sentinels
-from app.core.tools import ToolRegistry
-from app.eval.loopback import Event, Harness, frames, open_raw_stream, serve, start_gateway
-from app.eval.scripted_upstream import ScriptLike
+from toolforge.core.events import FrameKind
+from toolforge.core.protocol import sentinels
+from toolforge.core.tools import ToolRegistry
+from toolforge.eval.loopback import Event, Harness, frames, open_raw_stream, serve, start_gateway
+from toolforge.eval.scripted_upstream import ScriptLike
 
 __all__ = [
     "Event",

@@ -12,11 +12,11 @@ from typing import Any
 import orjson
 from httpx_sse import aconnect_sse
 
-from app.core.events import FrameKind
-from app.core.protocol import sentinels
-from app.eval.loopback import Event
-from app.eval.scripted_upstream import Script
 from tests.api.conftest import Harness, HarnessFactory, assert_well_formed, sentinel_reply
+from toolforge.core.events import FrameKind
+from toolforge.core.protocol import sentinels
+from toolforge.eval.loopback import Event
+from toolforge.eval.scripted_upstream import Script
 
 WEATHER = {
     "name": "get_weather",

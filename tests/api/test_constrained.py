@@ -7,11 +7,11 @@ from typing import Any
 
 import orjson
 
-from app.core.events import FrameKind
-from app.core.protocol import sentinels
-from app.eval.scripted_upstream import Script
 from tests.api.conftest import HarnessFactory, assert_well_formed, frames, sentinel_reply
 from tests.core.gbnf_matcher import parse
+from toolforge.core.events import FrameKind
+from toolforge.core.protocol import sentinels
+from toolforge.eval.scripted_upstream import Script
 
 
 def props(*, tool_calls: bool) -> Script:

@@ -8,9 +8,6 @@ import socket
 
 import pytest
 
-from app.api import sse
-from app.eval.scripted_upstream import Script, Step
-from app.upstream.transport import UpstreamClient
 from tests.api.conftest import (
     Harness,
     HarnessFactory,
@@ -19,6 +16,9 @@ from tests.api.conftest import (
     open_raw_stream,
     upstream_closed_within,
 )
+from toolforge.api import sse
+from toolforge.eval.scripted_upstream import Script, Step
+from toolforge.upstream.transport import UpstreamClient
 
 
 async def _error_of(gw: Harness) -> tuple[dict[str, object], str]:

@@ -9,13 +9,13 @@ import functools
 import orjson
 from jsonschema import Draft202012Validator
 
-from app.core.events import FrameKind
-from app.core.protocol import sentinels
-from app.core.protocol.frames import PING_BYTES, decode
-from app.eval.loopback import Event
-from app.eval.scripted_upstream import Script, Step
 from tests.api.conftest import HarnessFactory, assert_well_formed, sentinel_reply
-from tools.export_schemas import SCHEMAS_DIR
+from toolforge.core.events import FrameKind
+from toolforge.core.protocol import sentinels
+from toolforge.core.protocol.frames import PING_BYTES, decode
+from toolforge.eval.loopback import Event
+from toolforge.eval.scripted_upstream import Script, Step
+from toolforge.tools.export_schemas import SCHEMAS_DIR
 
 ACTION = {"mode": "search", "target": {"kind": "place", "id": "p1"}}
 SEARCH = {"query": "pizza", "radius_km": 5, "open_at": "19:00"}

@@ -7,10 +7,10 @@ from typing import Any
 
 import orjson
 
-from app.core.events import FrameKind
-from app.core.protocol import sentinels
-from app.eval.scripted_upstream import Script
 from tests.api.conftest import HarnessFactory, assert_well_formed, frames
+from toolforge.core.events import FrameKind
+from toolforge.core.protocol import sentinels
+from toolforge.eval.scripted_upstream import Script
 
 
 def result_frame(body: str, fid: str = "r1", schema: str = "AssistantReply") -> str:

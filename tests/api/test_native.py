@@ -8,8 +8,8 @@ from typing import Any
 
 import orjson
 
-from app.eval.scripted_upstream import Script, Step
 from tests.api.conftest import HarnessFactory, assert_well_formed, frames, sentinel_reply
+from toolforge.eval.scripted_upstream import Script, Step
 
 
 def chunk(delta: dict[str, Any], finish: str | None = None) -> Step:

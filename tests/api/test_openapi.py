@@ -7,9 +7,9 @@ from typing import Any
 
 from jsonschema import Draft202012Validator
 
-from app.core.protocol.frames import EVENTS, TextDelta
-from app.eval.scripted_upstream import Script
 from tests.api.conftest import HarnessFactory
+from toolforge.core.protocol.frames import EVENTS, TextDelta
+from toolforge.eval.scripted_upstream import Script
 
 COMPONENTS = "#/components/schemas/"
 

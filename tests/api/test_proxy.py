@@ -12,8 +12,8 @@ import orjson
 import pytest
 from openai import AsyncOpenAI
 
-from app.eval.scripted_upstream import Script, Step
 from tests.api.conftest import Harness, HarnessFactory
+from toolforge.eval.scripted_upstream import Script, Step
 
 WEATHER = {
     "type": "function",

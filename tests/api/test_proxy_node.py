@@ -15,9 +15,9 @@ from pathlib import Path
 import orjson
 import pytest
 
-from app.eval.scripted_upstream import Script
 from tests.api.conftest import HarnessFactory
 from tests.api.test_proxy import USAGE, native_call
+from toolforge.eval.scripted_upstream import Script
 
 NODE_DIR = Path(__file__).resolve().parents[1] / "node"
 TIMEOUT_S = 60.0  # node starts in well under a second; three loopback calls take milliseconds

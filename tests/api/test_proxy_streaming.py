@@ -9,10 +9,10 @@ import asyncio
 
 import orjson
 
-from app.eval.loopback import open_raw_stream
-from app.eval.scripted_upstream import Script
-from app.runtime.artifacts import ARTIFACT_FILES
 from tests.api.conftest import HarnessFactory, upstream_closed_within
+from toolforge.eval.loopback import open_raw_stream
+from toolforge.eval.scripted_upstream import Script
+from toolforge.runtime.artifacts import ARTIFACT_FILES
 
 USER = [{"role": "user", "content": "hi"}]
 PROXY = "/v1/chat/completions"

@@ -9,7 +9,6 @@ import orjson
 import pytest
 from httpx_sse import aconnect_sse
 
-from app.eval.scripted_upstream import Script, Step
 from tests.api.conftest import (
     Event,
     Harness,
@@ -17,6 +16,7 @@ from tests.api.conftest import (
     assert_well_formed,
     frames,
 )
+from toolforge.eval.scripted_upstream import Script, Step
 
 
 async def _read_some(gw: Harness, body: dict[str, object], n: int) -> tuple[str, list[Event]]:
@@ -220,7 +220,7 @@ async def test_a_bug_before_the_stream_is_a_typed_500(
     async def broken(*args: object) -> None:
         raise KeyError("oops")
 
-    monkeypatch.setattr("app.api.fastpath.start_stream", broken)
+    monkeypatch.setattr("toolforge.api.fastpath.start_stream", broken)
     response = await gw.client.post(f"{gw.url}/v1/stream", json={"input": "hi"})
     assert response.status_code == 500
     assert response.json()["error"]["code"] == "INTERNAL"

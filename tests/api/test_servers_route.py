@@ -10,11 +10,11 @@ from pathlib import Path
 import orjson
 import pytest
 
-from app.api.app import create_app
-from app.errors import ErrorCode, ServerError
-from app.eval.scripted_upstream import Script, Step
-from app.settings import Settings
 from tests.api.conftest import HarnessFactory
+from toolforge.api.app import create_app
+from toolforge.errors import ErrorCode, ServerError
+from toolforge.eval.scripted_upstream import Script, Step
+from toolforge.settings import Settings
 
 FIXTURES = Path(__file__).parents[1] / "upstream" / "fixtures" / "ollama"
 

@@ -16,10 +16,10 @@ import orjson
 import pytest
 from httpx_sse import aconnect_sse
 
-from app.api.app import create_app
-from app.eval.loopback import serve
-from app.eval.scripted_upstream import Script, ScriptedUpstream, Step
-from app.settings import Settings
+from toolforge.api.app import create_app
+from toolforge.eval.loopback import serve
+from toolforge.eval.scripted_upstream import Script, ScriptedUpstream, Step
+from toolforge.settings import Settings
 
 Seen = list[tuple[str, dict[str, object]]]
 STALLED = Script(steps=(Step(text="a"),), end="hang")  # one token, then silence
@@ -78,7 +78,7 @@ async def test_a_signal_ends_streams_then_the_process(tmp_path: Path, sig: int) 
         port = _free_port()
         env = {**os.environ, "ARTIFACTS_DIR": str(tmp_path), "UPSTREAM_IDLE_TIMEOUT_S": "60"}
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "app.cli", "serve", "--port", str(port),
+            sys.executable, "-m", "toolforge.cli", "serve", "--port", str(port),
             "--upstream", upstream.base_url,
             env=env, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
         )  # fmt: skip

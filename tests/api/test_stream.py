@@ -8,11 +8,6 @@ import json
 import orjson
 import pytest
 
-from app.api import sse
-from app.core.events import FrameKind
-from app.core.protocol import sentinels
-from app.core.protocol.frames import PING_BYTES
-from app.eval.scripted_upstream import Script, Step
 from tests.api.conftest import (
     HarnessFactory,
     assert_well_formed,
@@ -20,6 +15,11 @@ from tests.api.conftest import (
     open_raw_stream,
     sentinel_reply,
 )
+from toolforge.api import sse
+from toolforge.core.events import FrameKind
+from toolforge.core.protocol import sentinels
+from toolforge.core.protocol.frames import PING_BYTES
+from toolforge.eval.scripted_upstream import Script, Step
 
 
 def tokens(text: str, size: int = 3) -> list[str]:
@@ -286,7 +286,7 @@ async def test_each_stream_logs_its_start_and_end(
 async def test_a_receive_that_raises_counts_as_the_client_leaving() -> None:
     # Some ASGI servers raise from receive() once the client is gone instead of sending
     # http.disconnect; the writer's watcher must end quietly either way.
-    from app.api.sse import _until_disconnect
+    from toolforge.api.sse import _until_disconnect
 
     messages = iter([{"type": "http.request", "body": b"", "more_body": False}])
 
@@ -304,6 +304,6 @@ def test_the_gateway_dependency_runs_on_the_event_loop() -> None:
     # every request's first byte. get_gateway must stay a coroutine function.
     import inspect
 
-    from app.api.deps import get_gateway
+    from toolforge.api.deps import get_gateway
 
     assert inspect.iscoroutinefunction(get_gateway)

@@ -9,10 +9,6 @@ from typing import Any
 import orjson
 from pydantic import BaseModel, Field
 
-from app.core.events import FrameKind
-from app.core.protocol import sentinels
-from app.core.tools import ToolRegistry, ToolSpec
-from app.eval.scripted_upstream import Script, Step
 from tests.api.conftest import (
     Harness,
     HarnessFactory,
@@ -20,6 +16,10 @@ from tests.api.conftest import (
     frames,
     sentinel_reply,
 )
+from toolforge.core.events import FrameKind
+from toolforge.core.protocol import sentinels
+from toolforge.core.tools import ToolRegistry, ToolSpec
+from toolforge.eval.scripted_upstream import Script, Step
 
 
 def call(fid: str, name: str, args: object | str) -> str:

@@ -1,4 +1,4 @@
-"""Fixtures for the conformance suite (``app.eval.conformance``, the product runner).
+"""Fixtures for the conformance suite (``toolforge.eval.conformance``, the product runner).
 
 The cases that need a real model server are marked ``real``. They run when the
 ``real_upstream`` fixture gives one: by default it reads ``TOOLFORGE_REAL_UPSTREAM`` (an
@@ -13,8 +13,8 @@ import os
 
 import pytest
 
-from app.eval.conformance import RealUpstream
-from app.runtime.local_backend import SMOLLM2_135M
+from toolforge.eval.conformance import RealUpstream
+from toolforge.runtime.local_backend import SMOLLM2_135M
 
 
 def pytest_configure(config: pytest.Config) -> None:

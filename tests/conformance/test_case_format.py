@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from app.core.protocol.sentinels import CLOSE, OPEN
-from app.eval.conformance.case import CaseFormatError, expand_script, expand_value, parse_case
-from app.eval.scripted_upstream import Script
+from toolforge.core.protocol.sentinels import CLOSE, OPEN
+from toolforge.eval.conformance.case import CaseFormatError, expand_script, expand_value, parse_case
+from toolforge.eval.scripted_upstream import Script
 
 LB, RB = OPEN, CLOSE  # the goldens below spell the sentinels out, as a model writes them
 

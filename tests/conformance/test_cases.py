@@ -1,4 +1,5 @@
-"""Every conformance case, one test each, run by the product runner (``app.eval.conformance``).
+"""Every conformance case, one test each, run by the product runner
+(``toolforge.eval.conformance``).
 
 A case is a JSON file in ``cases/`` (format: docs/conformance.md); adding one needs no
 code. A test fails with the runner's own messages: which invariant or expectation broke.
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from app.eval.conformance import (
+from toolforge.eval.conformance import (
     CATEGORIES,
     DEFAULT_CASES_DIR,
     Case,

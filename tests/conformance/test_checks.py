@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-from app.core.events import FrameKind
-from app.core.protocol import sentinels
-from app.eval.conformance.checks import Findings, check_stream, frame_schema_errors
-from app.eval.conformance.match import matches
+from toolforge.core.events import FrameKind
+from toolforge.core.protocol import sentinels
+from toolforge.eval.conformance.checks import Findings, check_stream, frame_schema_errors
+from toolforge.eval.conformance.match import matches
 
 BEGIN = {"stream_id": "s_1", "model": "m", "mode": "sentinel", "budget_tokens": None}
 ARGS = {"query": "pizza"}

@@ -11,10 +11,10 @@ from typing import Any
 import orjson
 import pytest
 
-from app.cli import main
-from app.core.events import FrameKind
-from app.core.protocol import sentinels
-from app.eval.conformance import (
+from toolforge.cli import main
+from toolforge.core.events import FrameKind
+from toolforge.core.protocol import sentinels
+from toolforge.eval.conformance import (
     RealUpstream,
     load_cases,
     notes,
@@ -23,8 +23,8 @@ from app.eval.conformance import (
     summary_line,
     write_matrix,
 )
-from app.eval.conformance.case import parse_case
-from app.eval.scripted_upstream import ScriptedUpstream
+from toolforge.eval.conformance.case import parse_case
+from toolforge.eval.scripted_upstream import ScriptedUpstream
 
 GOOD: dict[str, Any] = {
     "name": "good",

@@ -1,6 +1,6 @@
 """A small GBNF matcher for tests: does a grammar accept a whole text?
 
-It reads the GBNF subset ``app.core.gbnf`` writes, with llama.cpp's syntax rules
+It reads the GBNF subset ``toolforge.core.gbnf`` writes, with llama.cpp's syntax rules
 (src/llama-grammar.cpp): rules ``name ::= alternatives`` (names of ``a-z A-Z 0-9 -``),
 string literals and character classes with llama.cpp's escapes (``\\x`` ``\\u`` ``\\U``
 ``\\t`` ``\\r`` ``\\n`` ``\\\\`` ``\\"`` ``\\[`` ``\\]`` ``\\-``), negated classes and ranges,
@@ -11,7 +11,7 @@ and ``#`` comments. Matching is recursive descent over sets of end positions, me
 
 ``parse`` also checks what llama.cpp would refuse: an undefined rule, a missing
 ``root``, and a bounded repetition of a group (llama.cpp multiplies the group's rules by
-the bound and rejects a grammar past 2,000 rules; ``app.core.gbnf`` never does it).
+the bound and rejects a grammar past 2,000 rules; ``toolforge.core.gbnf`` never does it).
 """
 
 from __future__ import annotations

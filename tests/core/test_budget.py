@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from app.core.budget import (
+from toolforge.core.budget import (
     _TIER_LABELS,
     CPU_FULL_TOKENS,
     GB,
@@ -20,7 +20,7 @@ from app.core.budget import (
     decide,
     tier_tokens,
 )
-from app.errors import ErrorCode, RequestError
+from toolforge.errors import ErrorCode, RequestError
 
 MiB = 1024 * 1024
 

@@ -8,12 +8,12 @@ from typing import Any
 import orjson
 import pytest
 
-from app.core.chat import ChatRequest, UpstreamDelta
-from app.core.engine import CallModel, Conversation, ConversationConfig
-from app.core.engine.completion import CompletionMode, Guards
-from app.core.native_tools import ToolCallDelta
-from app.core.schemas import compile_schema
 from tests.core.test_engine import Script, deltas, drive
+from toolforge.core.chat import ChatRequest, UpstreamDelta
+from toolforge.core.engine import CallModel, Conversation, ConversationConfig
+from toolforge.core.engine.completion import CompletionMode, Guards
+from toolforge.core.native_tools import ToolCallDelta
+from toolforge.core.schemas import compile_schema
 
 WEATHER = compile_schema(
     {

@@ -15,8 +15,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.core.chat import ChatRequest, UpstreamDelta
-from app.core.engine import (
+from toolforge.core.chat import ChatRequest, UpstreamDelta
+from toolforge.core.engine import (
     MODEL_END,
     Action,
     AskModel,
@@ -37,14 +37,14 @@ from app.core.engine import (
     StopModel,
     ToolOutcome,
 )
-from app.core.events import FrameKind
-from app.core.gbnf import FrameGrammar
-from app.core.guarantee import finish_frame
-from app.core.native_tools import ToolCallDelta
-from app.core.protocol import sentinels
-from app.core.protocol.frames import Frame, ToolResult
-from app.core.schemas import AssistantReply, builtin_registry, model_schema
-from app.errors import ErrorCode, UpstreamError
+from toolforge.core.events import FrameKind
+from toolforge.core.gbnf import FrameGrammar
+from toolforge.core.guarantee import finish_frame
+from toolforge.core.native_tools import ToolCallDelta
+from toolforge.core.protocol import sentinels
+from toolforge.core.protocol.frames import Frame, ToolResult
+from toolforge.core.schemas import AssistantReply, builtin_registry, model_schema
+from toolforge.errors import ErrorCode, UpstreamError
 
 REGISTRY = builtin_registry()
 SCHEMAS = {"AssistantReply": REGISTRY.get("AssistantReply"), "Any": REGISTRY.get("Any")}

@@ -12,9 +12,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app.core.guarantee import REPAIR_FAILED
-from app.core.protocol import sentinels
-from app.core.protocol.frames import (
+from toolforge.core.guarantee import REPAIR_FAILED
+from toolforge.core.protocol import sentinels
+from toolforge.core.protocol.frames import (
     EVENTS,
     PING_BYTES,
     ContextCompacted,
@@ -39,8 +39,8 @@ from app.core.protocol.frames import (
     decode,
     encode_frame,
 )
-from app.core.protocol.schema import STREAM_EVENT, frame_schema, stream_event_definitions
-from app.errors import ErrorCode, JSONError, RequestError, SentinelError, ToolForgeError
+from toolforge.core.protocol.schema import STREAM_EVENT, frame_schema, stream_event_definitions
+from toolforge.errors import ErrorCode, JSONError, RequestError, SentinelError, ToolForgeError
 
 METRICS: DoneMetrics = {"ttft_ms": 1.25, "duration_ms": 9.5, "tokens_per_s": None, "frames": 7}
 DIAGNOSTICS: Diagnostics = {

@@ -15,8 +15,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from jsonschema import Draft202012Validator
 
-from app.core.events import FrameKind
-from app.core.gbnf import (
+from tests.core.gbnf_matcher import Grammar, GrammarSyntaxError, parse
+from tests.strategies import json_values
+from toolforge.core.events import FrameKind
+from toolforge.core.gbnf import (
     DEFAULT_MAX_TEXT_CHARS,
     FrameGrammar,
     TurnIds,
@@ -24,12 +26,10 @@ from app.core.gbnf import (
     json_value_grammar,
     next_turn_ids,
 )
-from app.core.protocol import sentinels
-from app.core.schemas import Action, AssistantReply, model_schema
-from tests.core.gbnf_matcher import Grammar, GrammarSyntaxError, parse
-from tests.strategies import json_values
-from tools.bookings import BookingsCreateArgs
-from tools.places import PlacesSearchArgs
+from toolforge.core.protocol import sentinels
+from toolforge.core.schemas import Action, AssistantReply, model_schema
+from toolforge.tools.bookings import BookingsCreateArgs
+from toolforge.tools.places import PlacesSearchArgs
 
 L, R = sentinels.OPEN, sentinels.CLOSE
 PLACES = PlacesSearchArgs.model_json_schema()

@@ -13,8 +13,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from app.core.events import FrameKind
-from app.core.guarantee import (
+from toolforge.core.events import FrameKind
+from toolforge.core.guarantee import (
     MAX_ERRORS,
     REPAIR_FAILED,
     Degraded,
@@ -32,9 +32,9 @@ from app.core.guarantee import (
     render_repair_prompt,
     validate,
 )
-from app.core.protocol import sentinels
-from app.core.schemas import CompiledSchema, builtin_registry, compile_schema
-from app.errors import ErrorCode, JSONError
+from toolforge.core.protocol import sentinels
+from toolforge.core.schemas import CompiledSchema, builtin_registry, compile_schema
+from toolforge.errors import ErrorCode, JSONError
 
 REGISTRY = builtin_registry()
 ACTION = REGISTRY.get("Action")

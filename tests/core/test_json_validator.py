@@ -15,9 +15,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from app.core.json_validator import StreamingJSONValidator
-from app.errors import ErrorCode, JSONError, ToolForgeError
 from tests.strategies import json_values
+from toolforge.core.json_validator import StreamingJSONValidator
+from toolforge.errors import ErrorCode, JSONError, ToolForgeError
 
 SYNTAX = ErrorCode.JSON_SYNTAX
 INCOMPLETE = ErrorCode.JSON_INCOMPLETE

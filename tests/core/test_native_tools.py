@@ -1,4 +1,4 @@
-"""app.core.native_tools: assembling streamed native tool calls, names, wire shapes.
+"""toolforge.core.native_tools: assembling streamed native tool calls, names, wire shapes.
 
 The assembler's invariant: the calls do not depend on how the upstream groups its pieces
 into chunks. Each dialect's stream is fed whole, piece by piece and at random groupings
@@ -20,7 +20,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.core.native_tools import (
+from toolforge.core.native_tools import (
     MAX_NATIVE_CALLS,
     AssembledCall,
     ToolCallAssembler,
@@ -31,10 +31,10 @@ from app.core.native_tools import (
     to_openai_tools,
     tool_result_message,
 )
-from app.core.tools import MAX_ARGS_BYTES
-from app.errors import ErrorCode, ModelBehaviorError
-from app.upstream import base
-from tools import default_registry
+from toolforge.core.tools import MAX_ARGS_BYTES
+from toolforge.errors import ErrorCode, ModelBehaviorError
+from toolforge.tools import default_registry
+from toolforge.upstream import base
 
 D = ToolCallDelta
 

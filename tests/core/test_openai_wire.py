@@ -1,4 +1,4 @@
-"""The OpenAI chat-completions wire written from frames (``app.core.protocol.openai``): the
+"""The OpenAI chat-completions wire written from frames (``toolforge.core.protocol.openai``): the
 per-token fast path writes exactly what the general path writes, batches split anywhere
 between frames give the same chunks, and the last chunks are in OpenAI's order."""
 
@@ -10,7 +10,7 @@ import orjson
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app.core.protocol.frames import (
+from toolforge.core.protocol.frames import (
     Done,
     DoneMetrics,
     Error,
@@ -22,8 +22,8 @@ from app.core.protocol.frames import (
     ToolCall,
     encode_frame,
 )
-from app.core.protocol.openai import DONE_LINE, ChunkWriter, CompletionBuilder
-from app.errors import ErrorCode, UpstreamError
+from toolforge.core.protocol.openai import DONE_LINE, ChunkWriter, CompletionBuilder
+from toolforge.errors import ErrorCode, UpstreamError
 
 METRICS = DoneMetrics(ttft_ms=1.0, duration_ms=2.0, tokens_per_s=None, frames=3)
 

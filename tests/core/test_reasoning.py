@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.core.reasoning import ReasoningSplitter, split_reasoning
+from toolforge.core.reasoning import ReasoningSplitter, split_reasoning
 
 
 def run(chunks: Iterable[str], *, starts_in_reasoning: bool = False) -> tuple[str, str]:

@@ -11,9 +11,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app.core.events import FrameKind
-from app.core.protocol import sentinels
-from app.core.redact import (
+from tests.strategies import json_values
+from toolforge.core.events import FrameKind
+from toolforge.core.protocol import sentinels
+from toolforge.core.redact import (
     _PATTERN,  # the prefilter is checked against the bare pattern
     REDACTED,
     SENSITIVE_KEYS,
@@ -23,7 +24,6 @@ from app.core.redact import (
     redact_serialisable,
     redact_text,
 )
-from tests.strategies import json_values
 
 # --------------------------------------------------------------------------- by key
 

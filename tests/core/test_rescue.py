@@ -12,14 +12,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from app.core.rescue import (
+from tests.strategies import json_values
+from toolforge.core.rescue import (
     MAX_SCAN_CHARS,
     RescuedCall,
     canonical_tool_name,
     find_unknown_call,
     rescue_tool_calls,
 )
-from tests.strategies import json_values
 
 TOOLS = ("places.search", "get_time", "weather.now", "send_email")
 PIZZA = {"query": "pizza"}

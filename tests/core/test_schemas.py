@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.core.schemas import (
+from tests.strategies import json_values
+from toolforge.core.schemas import (
     ANY,
     MAX_SCHEMA_BYTES,
     Action,
@@ -19,8 +20,7 @@ from app.core.schemas import (
     compile_schema,
     model_schema,
 )
-from app.errors import ErrorCode, RequestError
-from tests.strategies import json_values
+from toolforge.errors import ErrorCode, RequestError
 
 # Seed 000's degraded object, verbatim.
 SEED_DEGRADED = {

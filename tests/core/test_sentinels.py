@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app.core.events import FrameBegin, FrameDelta, FrameEnd, FrameKind
-from app.core.protocol import sentinels
-from app.core.tokenizer import SentinelTokenizer
+from toolforge.core.events import FrameBegin, FrameDelta, FrameEnd, FrameKind
+from toolforge.core.protocol import sentinels
+from toolforge.core.tokenizer import SentinelTokenizer
 
 IDS = st.from_regex(r"[A-Za-z0-9_.:\-]{1,64}", fullmatch=True)
 NAMES = st.from_regex(r"[A-Za-z0-9_.:\-]{1,128}", fullmatch=True)

@@ -11,11 +11,19 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.core.events import Event, FrameBegin, FrameDelta, FrameEnd, FrameKind, Text, Violation
-from app.core.protocol.sentinels import CLOSE, MAX_SENTINEL_CHARS, OPEN, begin, end
-from app.core.tokenizer import SentinelTokenizer
-from app.errors import ErrorCode, SentinelError
 from tests.strategies import json_values
+from toolforge.core.events import (
+    Event,
+    FrameBegin,
+    FrameDelta,
+    FrameEnd,
+    FrameKind,
+    Text,
+    Violation,
+)
+from toolforge.core.protocol.sentinels import CLOSE, MAX_SENTINEL_CHARS, OPEN, begin, end
+from toolforge.core.tokenizer import SentinelTokenizer
+from toolforge.errors import ErrorCode, SentinelError
 
 LB, RB = OPEN, CLOSE  # for the lookalikes and broken sentinels written by hand below
 OBJ, TOOL, RES = FrameKind.OBJECT, FrameKind.TOOL_CALL, FrameKind.RESULT

@@ -1,4 +1,4 @@
-"""app.core.tools: canonical types, allow/deny, argument validation, sizes, escaping, keys."""
+"""toolforge.core.tools: canonical types, allow/deny, argument validation, sizes, escaping, keys."""
 
 from __future__ import annotations
 
@@ -11,8 +11,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import BaseModel, ConfigDict, Field
 
-from app.core.protocol import sentinels
-from app.core.tools import (
+from tests.strategies import json_values
+from toolforge.core.protocol import sentinels
+from toolforge.core.tools import (
     MAX_ARGS_BYTES,
     PermanentToolError,
     ToolArgumentsError,
@@ -31,8 +32,7 @@ from app.core.tools import (
     parse_args,
     validate_args,
 )
-from app.errors import ErrorCode, ToolForgeError
-from tests.strategies import json_values
+from toolforge.errors import ErrorCode, ToolForgeError
 
 
 class Item(BaseModel):

@@ -15,10 +15,10 @@ from typing import Any
 import httpx
 import pytest
 
-from app.api.app import create_app
-from app.eval.loopback import Event, Served, serve
-from app.runtime.local_backend import LocalBackend, cache_root
-from app.settings import Settings
+from toolforge.api.app import create_app
+from toolforge.eval.loopback import Event, Served, serve
+from toolforge.runtime.local_backend import LocalBackend, cache_root
+from toolforge.settings import Settings
 
 # The demo request as `make run` prints it. Two tool calls (search, then booking) is what
 # the task needs; SmolLM2-135M, left with the default 8, may search again and again.

@@ -4,9 +4,9 @@ and resume after the tool from the prompt cache."""
 
 from __future__ import annotations
 
-from app.core.guarantee import validate
-from app.core.schemas import builtin_registry
 from tests.integration.conftest import DEMO, Live
+from toolforge.core.guarantee import validate
+from toolforge.core.schemas import builtin_registry
 
 
 async def test_the_demo_request_calls_the_tool_then_answers(live: Live) -> None:

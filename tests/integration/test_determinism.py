@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from app.eval.loopback import Event
 from tests.integration.conftest import DEMO, Live
+from toolforge.eval.loopback import Event
 
 VOLATILE = {"stream_id", "duration_ms", "metrics", "usage"}
 

@@ -9,8 +9,8 @@ import signal
 import orjson
 from httpx_sse import aconnect_sse
 
-from app.runtime.servers import ServerState
 from tests.integration.conftest import Live
+from toolforge.runtime.servers import ServerState
 
 
 async def test_servers_report_the_managed_server_and_the_cpu_decision(live: Live) -> None:

@@ -17,8 +17,8 @@ from jsonschema import Draft202012Validator
 from openai import AsyncOpenAI
 from openai.types.chat import ChatCompletionFunctionToolParam
 
-from app.eval.loopback import start_gateway
-from app.runtime.local_backend import SMOLLM2_135M
+from toolforge.eval.loopback import start_gateway
+from toolforge.runtime.local_backend import SMOLLM2_135M
 
 pytestmark = pytest.mark.real
 

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from app.core.redact import REDACTED
-from app.errors import RequestError
-from app.runtime.artifacts import ARTIFACT_FILES, ArtifactStore
+from toolforge.core.redact import REDACTED
+from toolforge.errors import RequestError
+from toolforge.runtime.artifacts import ARTIFACT_FILES, ArtifactStore
 
 FRAMES: list[dict[str, object]] = [
     {"id": 1, "event": "stream.begin", "data": {"stream_id": "s1", "model": "m"}},

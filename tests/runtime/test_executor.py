@@ -1,4 +1,4 @@
-"""app.runtime.executor: the SPEC §5 execution rules, with an injected clock and sleep.
+"""toolforge.runtime.executor: the SPEC §5 execution rules, with an injected clock and sleep.
 
 Nothing here waits for real seconds: retry delays go through a recording ``sleep``, the
 soft performance target through a fake ``clock`` that tools advance, and the only real
@@ -16,17 +16,17 @@ import structlog
 from pydantic import BaseModel, ConfigDict, Field
 from structlog.testing import capture_logs
 
-from app.core.events import FrameKind
-from app.core.protocol import sentinels
-from app.core.tools import (
+from toolforge.core.events import FrameKind
+from toolforge.core.protocol import sentinels
+from toolforge.core.tools import (
     PermanentToolError,
     ToolRegistry,
     ToolSpec,
     TransientToolError,
 )
-from app.errors import ErrorCode
-from app.log import TOOL_ATTEMPT, TOOL_FINISHED, TOOL_QUEUED
-from app.runtime.executor import FifoGate, ToolExecutor, ToolResult
+from toolforge.errors import ErrorCode
+from toolforge.log import TOOL_ATTEMPT, TOOL_FINISHED, TOOL_QUEUED
+from toolforge.runtime.executor import FifoGate, ToolExecutor, ToolResult
 
 
 @pytest.fixture(autouse=True)
@@ -648,7 +648,7 @@ async def test_attempt_logs_render_through_the_real_pipeline(
 ) -> None:
     import json
 
-    from app.log import configure_logging
+    from toolforge.log import configure_logging
 
     async def crash(args: Args) -> object:
         raise KeyError("token=abc123secret")

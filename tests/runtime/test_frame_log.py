@@ -7,8 +7,8 @@ import tracemalloc
 
 import pytest
 
-from app.core.protocol.frames import Done, TextDelta, encode_frame
-from app.runtime.frame_log import FrameLog, decode_events
+from toolforge.core.protocol.frames import Done, TextDelta, encode_frame
+from toolforge.runtime.frame_log import FrameLog, decode_events
 
 
 def text(i: int) -> TextDelta:

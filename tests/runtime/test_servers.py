@@ -13,8 +13,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from app.errors import ErrorCode, ServerError
-from app.runtime.servers import LlamaServerSpec, ServerManager, ServerState
+from toolforge.errors import ErrorCode, ServerError
+from toolforge.runtime.servers import LlamaServerSpec, ServerManager, ServerState
 
 FAKE = Path(__file__).with_name("fake_llama_server.py")
 

@@ -6,16 +6,16 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator, Iterable
 from pathlib import Path
 
-from app.core.engine import ConstrainedMode, SentinelMode
-from app.core.gbnf import FrameGrammar
-from app.core.schemas import AssistantReply, builtin_registry, model_schema
-from app.runtime.executor import ToolExecutor
-from app.runtime.planner import SessionLimits, StreamPlan
-from app.runtime.session import StreamSession
-from app.upstream.base import ChatRequest, UpstreamDelta
 from tests.core.gbnf_matcher import parse
-from tools import default_registry
-from tools.places import PlacesSearchArgs
+from toolforge.core.engine import ConstrainedMode, SentinelMode
+from toolforge.core.gbnf import FrameGrammar
+from toolforge.core.schemas import AssistantReply, builtin_registry, model_schema
+from toolforge.runtime.executor import ToolExecutor
+from toolforge.runtime.planner import SessionLimits, StreamPlan
+from toolforge.runtime.session import StreamSession
+from toolforge.tools import default_registry
+from toolforge.tools.places import PlacesSearchArgs
+from toolforge.upstream.base import ChatRequest, UpstreamDelta
 
 L, R = "\u27e6", "\u27e7"
 REPAIR = (Path(__file__).resolve().parents[2] / "prompts" / "repair.txt").read_text("utf-8")

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from app.errors import RequestError
-from app.runtime.streams import StreamRegistry
+from toolforge.errors import RequestError
+from toolforge.runtime.streams import StreamRegistry
 
 
 class FakeSession:

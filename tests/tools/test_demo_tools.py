@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 
-from app.core.tools import ToolRegistry
-from app.runtime.executor import ToolExecutor, ToolResult
-from tools import default_registry
-from tools.bookings import BookingBook, BookingsCreateArgs, load_full_slots
-from tools.places import PlacesSearchArgs, is_open, load_places, search
+from toolforge.core.tools import ToolRegistry
+from toolforge.runtime.executor import ToolExecutor, ToolResult
+from toolforge.tools import default_registry
+from toolforge.tools.bookings import BookingBook, BookingsCreateArgs, load_full_slots
+from toolforge.tools.places import PlacesSearchArgs, is_open, load_places, search
 
 
 async def _no_sleep(_delay: float) -> None:
@@ -189,7 +189,7 @@ async def test_a_booking_is_confirmed(executor: ToolExecutor) -> None:
 async def test_bookings_are_idempotent_by_their_inputs() -> None:
     places = load_places()
     book = BookingBook(places, load_full_slots())
-    from tools.bookings import bookings_create_spec
+    from toolforge.tools.bookings import bookings_create_spec
 
     executor = ToolExecutor(ToolRegistry([bookings_create_spec(book=book)]), sleep=_no_sleep)
     first = await call(executor, "bookings.create", BOOKING, call_id="a")

@@ -7,7 +7,7 @@ import tracemalloc
 import orjson
 import pytest
 
-from app.upstream.exchange import json_default, request_body
+from toolforge.upstream.exchange import json_default, request_body
 
 
 def test_request_body_is_the_json_in_an_exact_size_object() -> None:

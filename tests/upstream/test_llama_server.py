@@ -9,9 +9,9 @@ import httpx
 import orjson
 import pytest
 
-from app.errors import ErrorCode, UpstreamError
-from app.upstream.base import ChatRequest, UpstreamDelta
-from app.upstream.llama_server import LlamaServerUpstream
+from toolforge.errors import ErrorCode, UpstreamError
+from toolforge.upstream.base import ChatRequest, UpstreamDelta
+from toolforge.upstream.llama_server import LlamaServerUpstream
 
 FIXTURES = Path(__file__).parent / "fixtures" / "llama_server"
 REQUEST = ChatRequest(model="SmolLM2-135M-Instruct", messages=[{"role": "user", "content": "hi"}])

@@ -15,11 +15,11 @@ import httpx
 import orjson
 import pytest
 
-from app.core.native_tools import ToolCallAssembler, to_openai_tools
-from app.errors import ErrorCode, UpstreamError
-from app.eval.scripted_upstream import ScriptedUpstream
-from app.upstream.base import ChatRequest, ToolCallDelta, UpstreamDelta
-from app.upstream.openai_compat import OpenAICompatUpstream, _parse_chunk
+from toolforge.core.native_tools import ToolCallAssembler, to_openai_tools
+from toolforge.errors import ErrorCode, UpstreamError
+from toolforge.eval.scripted_upstream import ScriptedUpstream
+from toolforge.upstream.base import ChatRequest, ToolCallDelta, UpstreamDelta
+from toolforge.upstream.openai_compat import OpenAICompatUpstream, _parse_chunk
 
 D = ToolCallDelta
 ARGS = '{"query": "sushi", "open_at": "19:00"}'

@@ -25,20 +25,20 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.core.native_tools import (
+from tests.strategies import json_values
+from toolforge.core.native_tools import (
     AssembledCall,
     ToolCallAssembler,
     assistant_tool_call_message,
     to_openai_tools,
     tool_result_message,
 )
-from app.errors import ErrorCode, ModelBehaviorError, UpstreamError
-from app.eval.scripted_upstream import Script, ScriptedUpstream, Step
-from app.upstream.base import PROFILES, ChatRequest, ToolCallDelta, Upstream, UpstreamDelta
-from app.upstream.ollama import OllamaModelNotFound, OllamaUpstream
-from app.upstream.ollama_wire import ChatLineParser, NDJSONDecoder
-from app.upstream.openai_compat import _parse_chunk
-from tests.strategies import json_values
+from toolforge.errors import ErrorCode, ModelBehaviorError, UpstreamError
+from toolforge.eval.scripted_upstream import Script, ScriptedUpstream, Step
+from toolforge.upstream.base import PROFILES, ChatRequest, ToolCallDelta, Upstream, UpstreamDelta
+from toolforge.upstream.ollama import OllamaModelNotFound, OllamaUpstream
+from toolforge.upstream.ollama_wire import ChatLineParser, NDJSONDecoder
+from toolforge.upstream.openai_compat import _parse_chunk
 
 FIXTURES = Path(__file__).parent / "fixtures" / "ollama"
 STREAMS = ("chat_text.ndjson", "chat_tool_calls.ndjson", "chat_length.ndjson")

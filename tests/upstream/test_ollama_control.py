@@ -14,10 +14,15 @@ import httpx
 import orjson
 import pytest
 
-from app.errors import ErrorCode, UpstreamError
-from app.eval.scripted_upstream import Script, ScriptedUpstream
-from app.upstream.ollama import OllamaModelNotFound
-from app.upstream.ollama_control import DEFAULT_KEEP_ALIVE, LoadedModel, ModelInfo, OllamaControl
+from toolforge.errors import ErrorCode, UpstreamError
+from toolforge.eval.scripted_upstream import Script, ScriptedUpstream
+from toolforge.upstream.ollama import OllamaModelNotFound
+from toolforge.upstream.ollama_control import (
+    DEFAULT_KEEP_ALIVE,
+    LoadedModel,
+    ModelInfo,
+    OllamaControl,
+)
 
 FIXTURES = Path(__file__).parent / "fixtures" / "ollama"
 BASE = "http://ollama.test:11434"

@@ -22,11 +22,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.errors import ErrorCode, UpstreamError
-from app.eval.scripted_upstream import End, Script, ScriptedUpstream, ScriptLike, Step
-from app.upstream.base import PROFILES, ChatRequest, Upstream, UpstreamDelta
-from app.upstream.openai_compat import OpenAICompatUpstream, _parse_chunk
 from tests.strategies import json_values
+from toolforge.errors import ErrorCode, UpstreamError
+from toolforge.eval.scripted_upstream import End, Script, ScriptedUpstream, ScriptLike, Step
+from toolforge.upstream.base import PROFILES, ChatRequest, Upstream, UpstreamDelta
+from toolforge.upstream.openai_compat import OpenAICompatUpstream, _parse_chunk
 
 T = 0.2  # the first-byte and idle timeouts in these tests
 CONNECT_S = 5.0  # no test here times a connect out: a loaded machine may take a while

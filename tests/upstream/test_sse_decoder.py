@@ -16,9 +16,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.errors import ErrorCode, UpstreamError
-from app.upstream import sse_decoder
-from app.upstream.sse_decoder import MAX_LINE_BYTES, SSEMessage, UpstreamSSEDecoder
+from toolforge.errors import ErrorCode, UpstreamError
+from toolforge.upstream import sse_decoder
+from toolforge.upstream.sse_decoder import MAX_LINE_BYTES, SSEMessage, UpstreamSSEDecoder
 
 M = SSEMessage
 CHUNK = (

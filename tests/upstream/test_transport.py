@@ -24,13 +24,13 @@ import httpx
 import orjson
 import pytest
 
-from app.errors import ErrorCode, UpstreamError
-from app.eval.scripted_upstream import Script, ScriptedUpstream, Step
-from app.upstream import transport as transport_module
-from app.upstream.base import ChatRequest, UpstreamDelta
-from app.upstream.http11 import request_head
-from app.upstream.openai_compat import OpenAICompatUpstream
-from app.upstream.transport import (
+from toolforge.errors import ErrorCode, UpstreamError
+from toolforge.eval.scripted_upstream import Script, ScriptedUpstream, Step
+from toolforge.upstream import transport as transport_module
+from toolforge.upstream.base import ChatRequest, UpstreamDelta
+from toolforge.upstream.http11 import request_head
+from toolforge.upstream.openai_compat import OpenAICompatUpstream
+from toolforge.upstream.transport import (
     HIGH_WATER,
     LeanTransport,
     PostTemplate,

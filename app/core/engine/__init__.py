@@ -1,12 +1,12 @@
 """The turn engine (sans-IO): one model conversation as a step machine.
 
-:class:`Conversation` yields :mod:`actions <app.core.engine.actions>` and receives their
-results; each mode of SPEC §4 is a :class:`~app.core.engine.modes.Mode` strategy. The
+:class:`Conversation` yields :mod:`actions <toolforge.core.engine.actions>` and receives their
+results; each mode of SPEC §4 is a :class:`~toolforge.core.engine.modes.Mode` strategy. The
 runtime's ``StreamSession`` is the driver: it does the I/O the actions ask for.
 docs/architecture.md draws the whole flow.
 """
 
-from app.core.engine.actions import (
+from toolforge.core.engine.actions import (
     MODEL_END,
     Action,
     AskModel,
@@ -23,8 +23,13 @@ from app.core.engine.actions import (
     StopModel,
     ToolOutcome,
 )
-from app.core.engine.conversation import Conversation, ConversationConfig, ConversationStats, Flow
-from app.core.engine.modes import (
+from toolforge.core.engine.conversation import (
+    Conversation,
+    ConversationConfig,
+    ConversationStats,
+    Flow,
+)
+from toolforge.core.engine.modes import (
     ConstrainedMode,
     Mode,
     NativeMode,

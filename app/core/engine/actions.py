@@ -1,6 +1,6 @@
 """What the turn engine asks of its driver, and what the driver answers. Values only.
 
-The engine (:class:`~app.core.engine.conversation.Conversation`) is a generator: it yields
+The engine (:class:`~toolforge.core.engine.conversation.Conversation`) is a generator: it yields
 one *action* at a time and is sent that action's *result* (httpx's ``auth_flow`` shape,
 openai-agents' ``NextStep*`` values). The table is the whole protocol:
 
@@ -19,7 +19,7 @@ openai-agents' ``NextStep*`` values). The table is the whole protocol:
     RefuseTool    records the refusal (logs, metrics)           None
     Finish        ends the stream: ``done`` with the reason     (nothing: the flow is over)
 
-A *model event* is ``(delta, now)``: an :class:`~app.core.chat.UpstreamDelta` and the
+A *model event* is ``(delta, now)``: an :class:`~toolforge.core.chat.UpstreamDelta` and the
 driver's clock reading when it arrived (core has no clock), or :data:`MODEL_END` once
 the generation finished. A failure while doing an action (an upstream error, say) is
 thrown into the generator (``flow.throw(exc)``): the engine decides what it means.
@@ -31,11 +31,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from app.core.chat import ChatRequest, UpstreamDelta
-from app.core.guarantee import FinalOutcome
-from app.core.protocol.frames import Frame, ToolResult
-from app.core.schemas import CompiledSchema
-from app.errors import ToolForgeError
+from toolforge.core.chat import ChatRequest, UpstreamDelta
+from toolforge.core.guarantee import FinalOutcome
+from toolforge.core.protocol.frames import Frame, ToolResult
+from toolforge.core.schemas import CompiledSchema
+from toolforge.errors import ToolForgeError
 
 __all__ = [
     "MODEL_END",
@@ -105,7 +105,7 @@ class StopModel:
 @dataclass(frozen=True, slots=True)
 class RepairBody:
     """Decide a closed OBJECT or RESULT body against ``schema``: valid, repaired locally,
-    or in need of a model repair (:func:`app.core.guarantee.finish_frame`). ``parsed`` is
+    or in need of a model repair (:func:`toolforge.core.guarantee.finish_frame`). ``parsed`` is
     the strict parser's value or its error. Pure, but a large damaged body can take a
     quarter of a second, so the driver chooses where it runs."""
 

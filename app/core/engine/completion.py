@@ -1,7 +1,7 @@
 """The OpenAI-compatible proxy's mode: a strategy of the turn engine, with the small-model
 guardrails of SPEC §7. No I/O.
 
-The proxy's conversation is the engine's (:class:`~app.core.engine.Conversation`): the same
+The proxy's conversation is the engine's (:class:`~toolforge.core.engine.Conversation`): the same
 turns, tool runs, repairs and finish. What differs is how a turn is requested and read,
 and that is this strategy's:
 
@@ -40,8 +40,8 @@ from typing import Any, Final, Literal
 
 import orjson
 
-from app.core.chat import ChatRequest
-from app.core.engine.modes import (
+from toolforge.core.chat import ChatRequest
+from toolforge.core.engine.modes import (
     Messages,
     NativeMode,
     ReaderLimits,
@@ -49,19 +49,19 @@ from app.core.engine.modes import (
     TurnReader,
     _as_closed,
 )
-from app.core.events import FrameKind
-from app.core.framer import BodyClosed
-from app.core.json_validator import StreamingJSONValidator
-from app.core.native_tools import (
+from toolforge.core.events import FrameKind
+from toolforge.core.framer import BodyClosed
+from toolforge.core.json_validator import StreamingJSONValidator
+from toolforge.core.native_tools import (
     AssembledCall,
     ToolCallAssembler,
     to_openai_name,
 )
-from app.core.protocol.frames import Frame, ModeName, ReasoningDelta, TextDelta
-from app.core.reasoning import ReasoningSplitter
-from app.core.rescue import canonical_tool_name, find_unknown_call, rescue_tool_calls
-from app.core.schemas import CompiledSchema
-from app.errors import JSONError
+from toolforge.core.protocol.frames import Frame, ModeName, ReasoningDelta, TextDelta
+from toolforge.core.reasoning import ReasoningSplitter
+from toolforge.core.rescue import canonical_tool_name, find_unknown_call, rescue_tool_calls
+from toolforge.core.schemas import CompiledSchema
+from toolforge.errors import JSONError
 
 __all__ = [
     "RESPOND",
@@ -106,7 +106,7 @@ class Nudges:
 
 class PlainFramer:
     """The turn reader's framer for text with no sentinels: the same interface as
-    :class:`app.core.framer.Framer` (``feed``, ``close``, ``error``, ``open_frame_id``), so
+    :class:`toolforge.core.framer.Framer` (``feed``, ``close``, ``error``, ``open_frame_id``), so
     the engine's per-token loop is the same for every mode. Text is the answer, passed on
     at once or held for the end of the turn (``hold``); ``<think>`` goes to its own frames.
     """

@@ -2,8 +2,8 @@
 
 Theory of operation
 -------------------
-``Conversation.flow()`` is a generator of :mod:`~app.core.engine.actions`. The driver
-(:class:`app.runtime.session.StreamSession`) does each action and sends back its result;
+``Conversation.flow()`` is a generator of :mod:`~toolforge.core.engine.actions`. The driver
+(:class:`toolforge.runtime.session.StreamSession`) does each action and sends back its result;
 it never decides anything about the conversation, and the engine never awaits, reads a
 clock or touches a socket. A whole stream, as the engine sees it::
 
@@ -26,7 +26,7 @@ Errors: a ``ToolForgeError`` raised here (a framing violation, FRAME_TIMEOUT) or
 by the driver (an upstream error) becomes an ``error`` frame and ``Finish("error")``. A
 cancel is the driver's: it closes the generator and writes ``done`` itself.
 
-The rules that differ by mode are the :class:`~app.core.engine.modes.Mode` strategy's;
+The rules that differ by mode are the :class:`~toolforge.core.engine.modes.Mode` strategy's;
 everything here holds in every mode.
 """
 
@@ -36,8 +36,8 @@ from collections.abc import Generator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, cast
 
-from app.core.chat import ChatRequest, UpstreamDelta
-from app.core.engine.actions import (
+from toolforge.core.chat import ChatRequest, UpstreamDelta
+from toolforge.core.engine.actions import (
     MODEL_END,
     Action,
     AskModel,
@@ -52,10 +52,10 @@ from app.core.engine.actions import (
     StopModel,
     ToolOutcome,
 )
-from app.core.engine.modes import Mode, ReaderLimits, Turn
-from app.core.events import FrameKind
-from app.core.framer import BodyClosed
-from app.core.guarantee import (
+from toolforge.core.engine.modes import Mode, ReaderLimits, Turn
+from toolforge.core.events import FrameKind
+from toolforge.core.framer import BodyClosed
+from toolforge.core.guarantee import (
     Degraded,
     FinalOutcome,
     NeedsModelRepair,
@@ -65,7 +65,7 @@ from app.core.guarantee import (
     give_up,
     render_repair_prompt,
 )
-from app.core.protocol.frames import (
+from toolforge.core.protocol.frames import (
     Diagnostics,
     Error,
     Frame,
@@ -75,8 +75,8 @@ from app.core.protocol.frames import (
     ToolCall,
     ToolResult,
 )
-from app.core.schemas import CompiledSchema
-from app.errors import ErrorCode, ModelBehaviorError, ToolForgeError
+from toolforge.core.schemas import CompiledSchema
+from toolforge.errors import ErrorCode, ModelBehaviorError, ToolForgeError
 
 __all__ = ["Conversation", "ConversationConfig", "ConversationStats", "Flow"]
 

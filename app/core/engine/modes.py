@@ -26,22 +26,22 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Protocol
 
-from app.core.chat import ChatRequest, UpstreamDelta
-from app.core.events import FrameKind
-from app.core.framer import BodyClosed, Framer
-from app.core.gbnf import FrameGrammar
-from app.core.json_validator import StreamingJSONValidator
-from app.core.native_tools import (
+from toolforge.core.chat import ChatRequest, UpstreamDelta
+from toolforge.core.events import FrameKind
+from toolforge.core.framer import BodyClosed, Framer
+from toolforge.core.gbnf import FrameGrammar
+from toolforge.core.json_validator import StreamingJSONValidator
+from toolforge.core.native_tools import (
     AssembledCall,
     ToolCallAssembler,
     assistant_tool_call_message,
     tool_result_message,
 )
-from app.core.prompt import render_tool_result
-from app.core.protocol import sentinels
-from app.core.protocol.frames import Frame, ModeName
-from app.core.schemas import CompiledSchema
-from app.errors import JSONError
+from toolforge.core.prompt import render_tool_result
+from toolforge.core.protocol import sentinels
+from toolforge.core.protocol.frames import Frame, ModeName
+from toolforge.core.schemas import CompiledSchema
+from toolforge.errors import JSONError
 
 __all__ = [
     "ConstrainedMode",
@@ -72,7 +72,7 @@ class Turn:
     them, for the continuation.
 
     A reader that decides only at the end of the turn (the OpenAI-compatible proxy's, see
-    :mod:`app.core.engine.completion`) also says what to emit now (``frames``), which
+    :mod:`toolforge.core.engine.completion`) also says what to emit now (``frames``), which
     bodies the JSON guarantee decides (``bodies``), which calls it rescued from text
     (``rescued``: their ids), what its guardrails did (``notes``, counted in
     ``done.guardrails``), and whether to ask again: ``nudge`` is the correction for the

@@ -1,10 +1,10 @@
 """The wire protocol's home (SPEC §3), sans-IO. Import the module you need:
 
-* :mod:`~app.core.protocol.sentinels` — the syntax models write: the one place that
+* :mod:`~toolforge.core.protocol.sentinels` — the syntax models write: the one place that
   renders and recognises ``⟦BEGIN_…⟧`` / ``⟦END_…⟧``;
-* :mod:`~app.core.protocol.frames` — what clients receive: one typed value per SSE event,
+* :mod:`~toolforge.core.protocol.frames` — what clients receive: one typed value per SSE event,
   its encoding and decoding;
-* :mod:`~app.core.protocol.schema` — the frames' JSON Schemas, generated from the typed
+* :mod:`~toolforge.core.protocol.schema` — the frames' JSON Schemas, generated from the typed
   frames (``schemas/frames/``, the OpenAPI document; docs/protocol.md).
 
 Nothing is imported here, so that the tokenizer's ``sentinels`` does not bring pydantic in.

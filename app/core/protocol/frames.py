@@ -18,7 +18,7 @@ The session numbers frames (the SSE ``id``, strictly increasing from 1) and
 on resume and replayed for an idempotent retry, so those are byte-identical by
 construction. :func:`decode` is the way back, validating as it goes. The frames' JSON
 Schemas (``schemas/frames/``, the OpenAPI document) are generated from these classes by
-:mod:`app.core.protocol.schema`.
+:mod:`toolforge.core.protocol.schema`.
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ from pydantic import ConfigDict, Field, NonNegativeFloat, NonNegativeInt, TypeAd
 # pydantic reads TypedDicts from typing_extensions only, before Python 3.12.
 from typing_extensions import TypedDict
 
-from app.core.protocol.sentinels import ID_CHARS, MAX_ID_CHARS, MAX_NAME_CHARS
-from app.errors import ErrorCode, ToolForgeError
+from toolforge.core.protocol.sentinels import ID_CHARS, MAX_ID_CHARS, MAX_NAME_CHARS
+from toolforge.errors import ErrorCode, ToolForgeError
 
 __all__ = [
     "CONTEXT_COMPACTED",
@@ -131,7 +131,7 @@ class _TypedFrame:
 
 @with_config(ConfigDict(extra="forbid"))
 class SchemaViolation(TypedDict):
-    """One reason a value failed its schema (``app.core.guarantee.ValidatorError``)."""
+    """One reason a value failed its schema (``toolforge.core.guarantee.ValidatorError``)."""
 
     path: str
     message: str

@@ -30,7 +30,7 @@ from typing import Any, Final
 
 import orjson
 
-from app.core.protocol.frames import (
+from toolforge.core.protocol.frames import (
     DONE,
     ERROR,
     REASONING_DELTA,

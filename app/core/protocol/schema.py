@@ -3,7 +3,7 @@
 Two shapes, for two readers:
 
 * :func:`frame_schema` — one event's ``data`` object, self-contained: what
-  ``schemas/frames/<event>.json`` holds (``python -m tools.export_schemas`` writes them)
+  ``schemas/frames/<event>.json`` holds (``python -m toolforge.tools.export_schemas`` writes them)
   and what the conformance checks validate every frame against.
 * :func:`stream_event_definitions` — every ``data`` object plus the SSE events around
   them (``{"id", "event", "data"}``, as ``frames.ndjson`` and SSE clients see them) and
@@ -25,7 +25,7 @@ from pydantic import TypeAdapter
 from pydantic.json_schema import GenerateJsonSchema, JsonSchemaMode, JsonSchemaValue
 from pydantic_core import core_schema
 
-from app.core.protocol.frames import EVENTS, PING, Frame
+from toolforge.core.protocol.frames import EVENTS, PING, Frame
 
 __all__ = ["JSON_SCHEMA_DIALECT", "STREAM_EVENT", "frame_schema", "stream_event_definitions"]
 

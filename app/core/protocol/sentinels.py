@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from typing import Final
 
-from app.core.events import FrameKind
+from toolforge.core.events import FrameKind
 
 __all__ = [
     "CLOSE",

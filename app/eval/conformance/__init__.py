@@ -8,15 +8,21 @@ checks the protocol invariants and the case's expectations (:mod:`.checks`), and
 a :class:`CaseResult`. :mod:`.matrix` writes the category × case matrix as JSON,
 Markdown and HTML. ``toolforge conformance`` (``app/cli.py``) does all of it.
 
-    from app.eval.conformance import load_cases, run_cases, summary_line, write_matrix
+    from toolforge.eval.conformance import load_cases, run_cases, summary_line, write_matrix
     results = asyncio.run(run_cases(load_cases()))
     write_matrix(results, Path("artifacts/conformance"))
     print(summary_line(results))
 """
 
-from app.eval.conformance.case import CATEGORIES, DEFAULT_CASES_DIR, Case, load_cases, parse_case
-from app.eval.conformance.matrix import notes, summary_line, write_matrix
-from app.eval.conformance.runner import CaseResult, RealUpstream, run_case, run_cases
+from toolforge.eval.conformance.case import (
+    CATEGORIES,
+    DEFAULT_CASES_DIR,
+    Case,
+    load_cases,
+    parse_case,
+)
+from toolforge.eval.conformance.matrix import notes, summary_line, write_matrix
+from toolforge.eval.conformance.runner import CaseResult, RealUpstream, run_case, run_cases
 
 __all__ = [
     "CATEGORIES",

@@ -12,8 +12,8 @@ A case file (``<name>.json``, the file named after its ``name``)::
       "upstream": [<script>, ...],           # one script per upstream request, in order,
                                              # or "real": a real model server (see below)
       "routes": {"/props": <script>},        # optional fixed answers by path
-      "client": {"mode": "read_all"},        # what the client does (app.eval.conformance.client)
-      "expect": {...},                       # what must come back (app.eval.conformance.checks)
+      "client": {"mode": "read_all"},        # what the client does (eval.conformance.client)
+      "expect": {...},                       # what must come back (eval.conformance.checks)
       "timeout_s": 30,                       # optional bound on the whole case
       "known_bug": "text"                    # optional: a gateway bug this case documents
     }
@@ -62,8 +62,8 @@ from typing import Any, Final
 
 import orjson
 
-from app.core.events import FrameKind
-from app.core.protocol import sentinels
+from toolforge.core.events import FrameKind
+from toolforge.core.protocol import sentinels
 
 __all__ = [
     "CATEGORIES",

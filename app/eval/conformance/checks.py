@@ -7,7 +7,7 @@ The invariants, on every stream a case produces (SPEC §3-§5):
 
 1. **Wire**: each frame has a numeric ``id``; pings have none; ``data`` is a JSON object
    valid against its event's schema (``schemas/frames/<event>.json``, generated from the
-   typed frames of :mod:`app.core.protocol.frames`).
+   typed frames of :mod:`toolforge.core.protocol.frames`).
 2. **Ids** are 1, 2, ..., n: strictly increasing, no gaps, no repeats.
 3. **Ends**: ``stream.begin`` first; exactly one ``done``, last; an ``error`` frame is at
    most one, right before ``done``, and ``done.reason`` is ``error`` exactly then;
@@ -44,18 +44,18 @@ from typing import Any, Final
 import orjson
 from jsonschema import Draft202012Validator
 
-from app.core.events import FrameKind
-from app.core.guarantee import REPAIR_FAILED, validate
-from app.core.protocol import sentinels
-from app.core.protocol.frames import EVENTS
-from app.core.protocol.schema import frame_schema
-from app.core.redact import redact
-from app.core.schemas import SchemaRegistry, builtin_registry
-from app.core.tools import ToolRegistry
-from app.errors import ToolForgeError
-from app.eval.conformance.case import Case
-from app.eval.conformance.match import json_type, matches
-from app.runtime.artifacts import ARTIFACT_FILES
+from toolforge.core.events import FrameKind
+from toolforge.core.guarantee import REPAIR_FAILED, validate
+from toolforge.core.protocol import sentinels
+from toolforge.core.protocol.frames import EVENTS
+from toolforge.core.protocol.schema import frame_schema
+from toolforge.core.redact import redact
+from toolforge.core.schemas import SchemaRegistry, builtin_registry
+from toolforge.core.tools import ToolRegistry
+from toolforge.errors import ToolForgeError
+from toolforge.eval.conformance.case import Case
+from toolforge.eval.conformance.match import json_type, matches
+from toolforge.runtime.artifacts import ARTIFACT_FILES
 
 __all__ = [
     "DONE_REASONS",

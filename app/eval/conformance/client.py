@@ -52,10 +52,10 @@ from typing import Any, Final
 import httpx
 import orjson
 
-from app.core.protocol.frames import PING_BYTES
-from app.eval.conformance.case import Case
-from app.eval.conformance.match import comparable, first_difference, matches
-from app.eval.loopback import Event, Harness, frames, open_raw_stream
+from toolforge.core.protocol.frames import PING_BYTES
+from toolforge.eval.conformance.case import Case
+from toolforge.eval.conformance.match import comparable, first_difference, matches
+from toolforge.eval.loopback import Event, Harness, frames, open_raw_stream
 
 __all__ = ["Observation", "SSEReader", "Stream", "drive", "frame_dicts", "run_followups"]
 

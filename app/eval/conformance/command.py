@@ -17,9 +17,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from app.eval.conformance.case import DEFAULT_CASES_DIR, load_cases
-from app.eval.conformance.matrix import notes, summary_line, write_matrix
-from app.eval.conformance.runner import CaseResult, RealUpstream, run_cases
+from toolforge.eval.conformance.case import DEFAULT_CASES_DIR, load_cases
+from toolforge.eval.conformance.matrix import notes, summary_line, write_matrix
+from toolforge.eval.conformance.runner import CaseResult, RealUpstream, run_cases
 
 __all__ = ["add_conformance_command", "conformance"]
 

@@ -23,8 +23,8 @@ from typing import Any, Final
 
 import orjson
 
-from app.eval.conformance.case import category_rank
-from app.eval.conformance.runner import CaseResult
+from toolforge.eval.conformance.case import category_rank
+from toolforge.eval.conformance.runner import CaseResult
 
 __all__ = ["matrix_document", "notes", "summary_line", "write_matrix"]
 

@@ -30,17 +30,17 @@ from typing import Any, Final, Literal
 
 import httpx
 
-from app.eval.conformance.case import Case
-from app.eval.conformance.checks import (
+from toolforge.eval.conformance.case import Case
+from toolforge.eval.conformance.checks import (
     Findings,
     check_artifacts,
     check_expectations,
     check_stream,
 )
-from app.eval.conformance.client import Observation, Stream, drive, frame_dicts, run_followups
-from app.eval.conformance.tools import conformance_registry
-from app.eval.loopback import Harness, start_gateway
-from app.settings import Settings
+from toolforge.eval.conformance.client import Observation, Stream, drive, frame_dicts, run_followups
+from toolforge.eval.conformance.tools import conformance_registry
+from toolforge.eval.loopback import Harness, start_gateway
+from toolforge.settings import Settings
 
 __all__ = ["CaseResult", "RealUpstream", "Status", "run_case", "run_cases"]
 

@@ -20,8 +20,8 @@ from typing import Any, Final
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from app.core.tools import PermanentToolError, ToolRegistry, ToolSpec, TransientToolError
-from tools import default_registry
+from toolforge.core.tools import PermanentToolError, ToolRegistry, ToolSpec, TransientToolError
+from toolforge.tools import default_registry
 
 __all__ = ["CONFORMANCE_TOOLS", "conformance_registry", "conformance_tools"]
 

@@ -1,0 +1,1 @@
+"""The prompt templates, package data of ``toolforge`` (read with ``importlib.resources``)."""

@@ -1,0 +1,1 @@
+"""The published JSON Schemas (frames, demo tools), package data of ``toolforge``."""
