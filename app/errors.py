@@ -101,6 +101,11 @@ class ErrorCode(StrEnum):
     # arguments ARGUMENTS_TOO_LARGE, as in sentinel mode.
     NATIVE_TOOL_CALL_MALFORMED = "NATIVE_TOOL_CALL_MALFORMED"
     BOOKING_FULL = "BOOKING_FULL"
+    # A tool or tool source the gateway refuses at start-up (seed 003's rules, MCP config).
+    TOOL_CONFIG_INVALID = "TOOL_CONFIG_INVALID"
+    # fs.read / sqlite.query refusals (SPEC §11): outside the roots, too large, a write.
+    PATH_NOT_ALLOWED = "PATH_NOT_ALLOWED"
+    READ_ONLY = "READ_ONLY"
 
 
 class ToolForgeError(Exception):

@@ -97,6 +97,26 @@ class Settings(BaseSettings):
     # A first start loads the model; on a slow disk or a big model that takes a while.
     server_start_timeout_s: float = Field(120.0, gt=0, validation_alias="SERVER_START_TIMEOUT_S")
 
+    # -- tool sources (SPEC §5, docs/tools.md) ------------------------------------------
+    # Comma-separated packs, each a module toolforge.tools.<name>; the demo pack by default.
+    tool_packs: str = Field("demo", validation_alias="TOOL_PACKS")
+    # fs.read (agent pack): the roots it may read, separated by the OS path separator (":"),
+    # each "name=path" or a path (named by its last component). Unset: no fs.read.
+    fs_read_roots: str | None = Field(None, validation_alias="FS_READ_ROOTS")
+    # One read returns at most this many bytes (a result is at most 64 KB of JSON).
+    fs_read_max_bytes: int = Field(
+        32 * 1024, ge=1, le=48 * 1024, validation_alias="FS_READ_MAX_BYTES"
+    )
+    # sqlite.query (agent pack): the database, opened read-only. Unset: no sqlite.query.
+    sqlite_path: Path | None = Field(None, validation_alias="SQLITE_PATH")
+    # Rows per answer: enough to read, bounded for the model's context.
+    sqlite_max_rows: int = Field(200, ge=1, le=10_000, validation_alias="SQLITE_MAX_ROWS")
+    # MCP servers, {"mcpServers": {...}}: a file, and/or the same JSON inline.
+    mcp_config: Path | None = Field(None, validation_alias="MCP_CONFIG")
+    mcp_servers: str | None = Field(None, validation_alias="MCP_SERVERS")
+    # A server's connect + tools/list at start-up; slower is a start-up error.
+    mcp_start_timeout_s: float = Field(30.0, gt=0, validation_alias="MCP_START_TIMEOUT_S")
+
     # -- storage and ops --------------------------------------------------------------
     artifacts_dir: Path = Field(Path("artifacts"), validation_alias="ARTIFACTS_DIR")
     redis_url: str | None = Field(None, validation_alias="REDIS_URL")

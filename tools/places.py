@@ -179,4 +179,5 @@ def places_search_spec(places: Sequence[Place] | None = None) -> ToolSpec[Places
         args_model=PlacesSearchArgs,
         fn=places_search,
         idempotent=True,
+        output_allowlist=frozenset({"*"}),  # fixture data, nothing private
     )

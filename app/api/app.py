@@ -32,12 +32,13 @@ from toolforge.log import BACKEND_SETUP, configure_logging, get_logger
 from toolforge.runtime.artifacts import ArtifactStore
 from toolforge.runtime.backends import Backend, BackendConfig, start_embedded, start_ollama
 from toolforge.runtime.executor import ToolExecutor
+from toolforge.runtime.mcp import McpSources, load_mcp_config, start_mcp_sources
 from toolforge.runtime.metrics import GatewayMetrics
 from toolforge.runtime.planner import PlannerConfig, SessionLimits, StreamPlanner
 from toolforge.runtime.servers import ServerManager
 from toolforge.runtime.streams import StreamRegistry
 from toolforge.settings import Settings
-from toolforge.tools import default_registry
+from toolforge.tools import load_packs
 from toolforge.upstream.base import Upstream
 from toolforge.upstream.llama_server import LlamaServerUpstream
 from toolforge.upstream.openai_compat import OpenAICompatUpstream
@@ -144,6 +145,24 @@ def remote_upstream(settings: Settings, client: httpx.AsyncClient) -> Upstream:
     )
 
 
+async def _tool_sources(
+    settings: Settings, tools: ToolRegistry | None
+) -> tuple[ToolRegistry, McpSources | None]:
+    """The registry: ``tools`` or the packs of ``TOOL_PACKS``, plus the MCP servers'
+    tools (which are started here)."""
+    registry = tools if tools is not None else load_packs(settings)
+    servers = load_mcp_config(settings.mcp_config, settings.mcp_servers)
+    if not servers:
+        return registry, None
+    sources = await start_mcp_sources(
+        servers,
+        registry,
+        start_timeout_s=settings.mcp_start_timeout_s,
+        default_timeout_s=None,
+    )
+    return registry, sources
+
+
 def create_app(
     settings: Settings | None = None,
     *,
@@ -203,8 +222,17 @@ def create_app(
             elif adapter is None:
                 adapter = remote_upstream(settings, client)
             registry = StreamRegistry(resume_ttl_s=settings.resume_ttl_s)
+            # Tool sources (docs/tools.md): the packs of TOOL_PACKS, then the MCP servers'
+            # tools, all checked against seed 003's rules; a broken one stops the start-up.
+            try:
+                tool_registry, mcp_sources = await _tool_sources(settings, tools)
+            except BaseException:
+                if manager is not None:
+                    await manager.aclose()
+                raise
+            app.state.mcp_sources = mcp_sources
             executor = ToolExecutor(
-                tools if tools is not None else default_registry(),
+                tool_registry,
                 concurrency=settings.tool_concurrency,
                 default_timeout_s=settings.tool_timeout_ms / 1000,
             )
@@ -253,6 +281,8 @@ def create_app(
                 yield
             finally:
                 await registry.aclose()  # streams end (done, artifacts) before servers stop
+                if mcp_sources is not None:
+                    await mcp_sources.aclose()
                 if manager is not None:
                     await manager.aclose()
 

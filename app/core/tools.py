@@ -26,13 +26,15 @@ levels of nesting. Sizes are byte counts of that text.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Awaitable, Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Generic, TypeVar
 
 import orjson
-from pydantic import BaseModel, ValidationError
+from jsonschema import Draft202012Validator
+from pydantic import BaseModel, RootModel, ValidationError
 
 from toolforge.core.protocol import sentinels
 from toolforge.core.redact import normalize_key
@@ -41,12 +43,14 @@ from toolforge.errors import ErrorCode, ToolForgeError
 __all__ = [
     "MAX_ARGS_BYTES",
     "MAX_RESULT_BYTES",
+    "JsonArgs",
     "PermanentToolError",
     "ToolArgumentsError",
     "ToolEnvelope",
     "ToolError",
     "ToolFn",
     "ToolInvocationRecord",
+    "ToolOutput",
     "ToolRegistry",
     "ToolSpec",
     "TransientToolError",
@@ -138,6 +142,12 @@ class PermanentToolError(ToolError):
 # -- canonical types ----------------------------------------------------------------------
 
 
+class JsonArgs(RootModel[dict[str, Any]]):
+    """The arguments of a tool defined by a JSON Schema rather than a pydantic model (an MCP
+    server's tools): a JSON object, checked against :attr:`ToolSpec.json_schema` by
+    :func:`validate_args`. The tool's function gets this model; ``.root`` is the object."""
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ToolSpec(Generic[ArgsT]):
     """One tool: what the model is told, how it is checked and how it runs (SPEC §5).
@@ -147,6 +157,15 @@ class ToolSpec(Generic[ArgsT]):
     ``redact_keys`` are argument/result keys whose values never reach logs or artifacts
     (on top of :data:`toolforge.core.redact.SENSITIVE_KEYS`); the model and the client still
     see them, since the model supplied them or needs them.
+
+    Seed 003's fields (:mod:`toolforge.core.tool_rules` checks them at start-up):
+    ``output_allowlist`` is the result's redaction allowlist, the only result keys that
+    logs and artifacts keep (``"*"``: all of them); ``None`` means undeclared, which a
+    configured registry refuses. ``source`` says where the tool comes from (``pack:demo``,
+    ``mcp:<server>``; ``GET /v1/tools`` shows it). ``json_schema`` is for tools whose
+    contract *is* a JSON Schema (MCP): ``args_model`` is then :class:`JsonArgs` and the
+    schema is used as given. ``availability`` returns ``None`` when the tool can run now,
+    else why not (an MCP server being restarted).
     """
 
     name: str
@@ -160,6 +179,10 @@ class ToolSpec(Generic[ArgsT]):
     idempotent: bool = False
     needs_approval: bool = False
     model_facing: bool = True
+    output_allowlist: frozenset[str] | None = None
+    source: str = "python"
+    json_schema: Mapping[str, Any] | None = field(default=None, repr=False, compare=False)
+    availability: Callable[[], str | None] | None = field(default=None, repr=False, compare=False)
     input_schema: dict[str, Any] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -171,7 +194,19 @@ class ToolSpec(Generic[ArgsT]):
             raise ValueError(f"{self.name}: timeout_s must be > 0")
         keys = frozenset(normalize_key(k) for k in self.redact_keys)
         object.__setattr__(self, "redact_keys", keys)
-        object.__setattr__(self, "input_schema", self.args_model.model_json_schema())
+        if self.output_allowlist is not None:
+            object.__setattr__(self, "output_allowlist", frozenset(self.output_allowlist))
+        if self.json_schema is None:
+            object.__setattr__(self, "input_schema", self.args_model.model_json_schema())
+        else:
+            if self.args_model is not JsonArgs:
+                raise ValueError(f"{self.name}: a json_schema tool takes JsonArgs arguments")
+            # A detached copy: the caller's dict cannot change the contract afterwards.
+            object.__setattr__(self, "input_schema", orjson.loads(dump_json(self.json_schema)))
+
+    def unavailable_reason(self) -> str | None:
+        """Why the tool cannot run now, or ``None`` when it can."""
+        return None if self.availability is None else self.availability()
 
     def to_dict(self) -> dict[str, Any]:
         """The public description (``GET /v1/tools``): everything but the implementation."""
@@ -186,7 +221,22 @@ class ToolSpec(Generic[ArgsT]):
             "idempotent": self.idempotent,
             "needs_approval": self.needs_approval,
             "model_facing": self.model_facing,
+            "source": self.source,
+            "output_allowlist": (
+                None if self.output_allowlist is None else sorted(self.output_allowlist)
+            ),
+            "available": (reason := self.unavailable_reason()) is None,
+            "unavailable_reason": reason,
         }
+
+
+@dataclass(frozen=True, slots=True)
+class ToolOutput:
+    """What a tool may return instead of bare data: the data, and the source's own
+    payload (``raw``), which the executor keeps on the record only (seed 003)."""
+
+    data: object
+    raw: object = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,7 +274,11 @@ class ToolEnvelope:
 class ToolInvocationRecord:
     """One call, for logs and ``tool_logs.json`` (SPEC §5). ``args`` and ``result`` are
     redacted with the tool's keys; ``started_at``/``ended_at`` are Unix seconds;
-    ``attempts`` is 0 when the tool never ran (rejected, denied or served from cache)."""
+    ``attempts`` is 0 when the tool never ran (rejected, denied or served from cache).
+
+    ``raw`` is the source's own payload (an MCP ``CallToolResult`` as the server sent it),
+    for observability in-process only: :meth:`to_dict`, which logs, artifacts and the UI
+    use, leaves it out, and it never decides anything (seed 003)."""
 
     call_id: str
     name: str
@@ -234,6 +288,7 @@ class ToolInvocationRecord:
     started_at: float
     ended_at: float
     attempts: int
+    raw: object = field(default=None, repr=False, compare=False)
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -420,7 +475,7 @@ def validate_args(spec: ToolSpec[ArgsT], raw: object, *, limit: int = MAX_ARGS_B
     """
     blob = parse_args(raw, limit=limit)
     try:
-        return spec.args_model.model_validate_json(blob, strict=True)
+        args = spec.args_model.model_validate_json(blob, strict=True)
     except ValidationError as exc:
         raise _arguments_error(spec.name, exc) from None
     except Exception as exc:  # a validator with a bug (TypeError, ...) is ours, not the model's
@@ -428,6 +483,56 @@ def validate_args(spec: ToolSpec[ArgsT], raw: object, *, limit: int = MAX_ARGS_B
             ErrorCode.TOOL_FAILED,
             f"{spec.name} could not check its arguments ({type(exc).__name__})",
         ) from exc
+    if spec.json_schema is not None:
+        _check_json_schema(spec, args)
+    return args
+
+
+@functools.lru_cache(maxsize=512)
+def _schema_validator(blob: bytes) -> Any:
+    return Draft202012Validator(orjson.loads(blob))  # "format" is not asserted
+
+
+def _check_json_schema(spec: ToolSpec[Any], args: BaseModel) -> None:
+    """Validate a :class:`JsonArgs` value against the tool's JSON Schema; each violation
+    is reported like a pydantic one, ``{path, constraint, message}``."""
+    validator = _schema_validator(dump_json(spec.input_schema))
+    value = args.model_dump(mode="json")
+    found = sorted(validator.iter_errors(value), key=lambda e: list(map(str, e.absolute_path)))
+    if not found:
+        return
+    details = [
+        {
+            "path": json_path(e.absolute_path),
+            "constraint": str(e.validator),
+            # jsonschema quotes the instance; the model wrote it, but it may be a secret.
+            "message": _schema_message(e),
+        }
+        for e in found[:_MAX_LISTED_VIOLATIONS]
+    ]
+    listed = "; ".join(f"{d['path']}: {d['message']} [{d['constraint']}]" for d in details)
+    if len(found) > _MAX_LISTED_VIOLATIONS:
+        listed += f"; and {len(found) - _MAX_LISTED_VIOLATIONS} more"
+    noun = "argument" if len(found) == 1 else "arguments"
+    raise ToolArgumentsError(
+        ErrorCode.TOOL_ARGS_INVALID,
+        f"{len(found)} invalid {noun} for {spec.name}: {listed}",
+        details=details,
+    )
+
+
+def _schema_message(error: Any) -> str:
+    keyword, expected = str(error.validator), error.validator_value
+    if keyword == "required":
+        missing = [
+            k for k in expected if isinstance(error.instance, dict) and k not in error.instance
+        ]
+        return f"missing required properties: {', '.join(map(str, missing))}"
+    if keyword == "additionalProperties" and isinstance(error.instance, dict):
+        return "unexpected properties are not allowed"
+    if isinstance(expected, str | int | float | bool | list) and len(repr(expected)) <= 200:
+        return f"must satisfy {keyword}={orjson.dumps(expected).decode()}"
+    return f"must satisfy {keyword}"
 
 
 def _arguments_error(name: str, exc: ValidationError) -> ToolArgumentsError:

@@ -53,12 +53,14 @@ import orjson
 from toolforge.core.protocol import frames
 from toolforge.core.protocol.sentinels import CLOSE, ESCAPES, OPEN
 from toolforge.core.redact import redact
+from toolforge.core.tool_rules import apply_allowlist
 from toolforge.core.tools import (
     MAX_ARGS_BYTES,
     MAX_RESULT_BYTES,
     ToolEnvelope,
     ToolError,
     ToolInvocationRecord,
+    ToolOutput,
     ToolRegistry,
     ToolSpec,
     TransientToolError,
@@ -463,10 +465,15 @@ class ToolExecutor:
                 }
             )
         data: object = None
+        raw: object = None
+        produced = outcome.data
+        if isinstance(produced, ToolOutput):
+            raw = produced.raw
+            produced = produced.data
         error = outcome.error
         if error is None:
             try:
-                data = self._checked_output(outcome.data, warnings)
+                data = self._checked_output(produced, warnings)
             except ToolError as exc:
                 error = exc
         envelope = (
@@ -479,11 +486,14 @@ class ToolExecutor:
             call_id=call_id,
             name=spec.name,
             args=logged_args,
-            result=None if error is not None else redact(data, extra_keys=spec.redact_keys),
+            result=None
+            if error is not None
+            else redact(apply_allowlist(data, spec.output_allowlist), extra_keys=spec.redact_keys),
             error=error_dict,
             started_at=started_at,
             ended_at=self._wall(),
             attempts=outcome.attempts,
+            raw=raw,
         )
         duration_ms = _ms(outcome.duration_s)
         (log.warning if slow or error is not None else log.info)(
