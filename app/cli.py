@@ -1,4 +1,5 @@
-"""The ``toolforge`` console script: ``serve``, ``obtain``, ``conformance`` (SPEC §8)."""
+"""The ``toolforge`` console script: ``serve``, ``obtain``, ``conformance``, ``mcp-serve``
+(SPEC §8)."""
 
 from __future__ import annotations
 
@@ -60,6 +61,43 @@ def _obtain(args: argparse.Namespace) -> None:
     print(f"llama-server: {binary}\nmodel:        {model}")
 
 
+def _mcp_serve(args: argparse.Namespace) -> None:
+    # Imported here: the MCP server stack is only needed by this command.
+    import anyio
+    import uvicorn
+
+    from toolforge.core.tool_rules import ToolConfigError
+    from toolforge.log import configure_logging
+    from toolforge.runtime.executor import ToolExecutor
+    from toolforge.runtime.mcp_server import build_mcp_server, serve_stdio
+    from toolforge.tools import load_packs
+
+    settings = Settings()
+    configure_logging(level=settings.log_level, json=settings.log_json)  # to stderr
+    try:
+        registry = load_packs(settings)
+    except ToolConfigError as exc:
+        print(f"toolforge: {exc.code}: {exc.message}", file=sys.stderr)
+        raise SystemExit(1) from exc
+    executor = ToolExecutor(
+        registry,
+        concurrency=settings.tool_concurrency,
+        default_timeout_s=settings.tool_timeout_ms / 1000,
+    )
+    server = build_mcp_server(executor)
+    if args.port is None:
+        anyio.run(serve_stdio, server)
+        return
+    print(
+        f"ToolForge's tools ({', '.join(registry.names())}) as an MCP server on "
+        f"http://{args.host}:{args.port}/mcp",
+        file=sys.stderr,
+        flush=True,
+    )
+    app = server.streamable_http_app(host=args.host)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="toolforge", description="ToolForge gateway")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -75,6 +113,14 @@ def main(argv: Sequence[str] | None = None) -> None:
         help="build llama-server and fetch the default model into the cache (first run: minutes)",
     )
     obtain.set_defaults(func=_obtain)
+    mcp = sub.add_parser(
+        "mcp-serve",
+        help="expose the configured tool packs (TOOL_PACKS) as an MCP server: stdio, "
+        "or streamable HTTP with --port",
+    )
+    mcp.add_argument("--host", default="127.0.0.1")
+    mcp.add_argument("--port", type=int, default=None, help="serve streamable HTTP on /mcp")
+    mcp.set_defaults(func=_mcp_serve)
     args = parser.parse_args(argv)
     args.func(args)
 

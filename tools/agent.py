@@ -151,10 +151,11 @@ def read_file(
         fd = os.open(resolved, flags)
     except OSError as exc:
         raise _refuse(f"{raw} cannot be opened ({exc.strerror})") from None
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        os.close(fd)
+        raise _refuse(f"{raw} is not a regular file")
     with os.fdopen(fd, "rb") as fh:
-        info = os.fstat(fh.fileno())
-        if not stat.S_ISREG(info.st_mode):
-            raise _refuse(f"{raw} is not a regular file")
         fh.seek(offset)
         data = fh.read(max_bytes)
     end = offset + len(data)
