@@ -56,6 +56,10 @@ def executor(tree: Path, db: Path, **extra: Any) -> ToolExecutor:
     return ToolExecutor(load_packs(settings))
 
 
+def snapshot(db: Path, attack: Path) -> tuple[bytes, bool]:
+    return db.read_bytes(), attack.exists()
+
+
 async def run(ex: ToolExecutor, name: str, args: dict[str, Any]) -> ToolResult:
     return await ex.run(name, args, call_id="c1")
 
@@ -141,19 +145,20 @@ async def test_sqlite_query_reads_with_a_row_cap(tree: Path, db: Path) -> None:
         "DROP TABLE items",
         "CREATE TABLE t (x)",
         "PRAGMA query_only = OFF",
-        "ATTACH DATABASE 'file:/tmp/toolforge-attack.db?mode=rwc' AS x",
+        "ATTACH DATABASE 'file:{attack}?mode=rwc' AS x",
         "WITH t AS (SELECT 1) DELETE FROM items",
         "VACUUM",
         "BEGIN IMMEDIATE",
     ],
 )
 async def test_sqlite_query_refuses_writes(tree: Path, db: Path, sql: str) -> None:
-    before = db.read_bytes()
+    attack = db.parent / "attack.db"
+    before = snapshot(db, attack)
+    sql = sql.format(attack=attack)
     result = await run(executor(tree, db), "sqlite.query", {"sql": sql})
     error = error_of(result)
     assert error["code"] in {"READ_ONLY", "TOOL_FAILED"}, error
-    assert db.read_bytes() == before
-    assert not Path("/tmp/toolforge-attack.db").exists()
+    assert snapshot(db, attack) == before  # the file unchanged, no attached file created
 
 
 async def test_sqlite_query_refuses_two_statements(tree: Path, db: Path) -> None:
