@@ -10,6 +10,9 @@
   ``#/$defs/<name>``. ``anyOf`` only in the one shape that pydantic writes for an
   optional field and small models handle well: one schema and ``{"type": "null"}``.
   A violation names the keyword and where it is.
+* **Names every adapter can send**: a model-facing tool's name must survive the native
+  (OpenAI function) encoding, so an MCP tool called ``a__b`` or 70 characters long is
+  refused at start-up rather than failing the first native request.
 
 Sans-IO: pure functions over schemas, values and specs.
 """
@@ -19,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, Final
 
+from toolforge.core.native_tools import to_openai_name
 from toolforge.core.tools import ToolRegistry, ToolSpec
 from toolforge.errors import ErrorCode, ToolForgeError
 
@@ -136,6 +140,11 @@ def check_spec(spec: ToolSpec[Any]) -> list[str]:
         f"{spec.name} ({spec.source}) input schema: {p}"
         for p in schema_violations(spec.input_schema)
     )
+    if spec.model_facing:
+        try:  # every upstream adapter must be able to offer it (native mode: OpenAI names)
+            to_openai_name(spec.name)
+        except ValueError as exc:
+            problems.append(f"{spec.name} ({spec.source}): {exc}")
     return problems
 
 

@@ -18,17 +18,19 @@ import orjson
 import pytest
 
 from tests.api.conftest import HarnessFactory, assert_well_formed, frames, sentinel_reply
+from tests.api.test_tools import _wait_for_event
 from toolforge.api.app import create_app
 from toolforge.core.events import FrameKind
+from toolforge.core.mcp import parse_mcp_servers
 from toolforge.core.protocol import sentinels
 from toolforge.core.tool_rules import ToolConfigError
 from toolforge.eval.scripted_upstream import Script
-from toolforge.runtime.mcp import McpSources
+from toolforge.runtime.mcp import McpServerSource, McpSources
 from toolforge.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURE = ["-m", "tests.tools.mcp_fixture_server"]
-ALL_TOOLS = {"echo", "add", "fail", "sleep", "pid", "crash"}
+ALL_TOOLS = {"echo", "add", "fail", "sleep", "pid", "crash", "env"}
 
 
 def call(fid: str, name: str, args: object) -> str:
@@ -109,7 +111,7 @@ async def test_tools_are_listed_with_their_source_and_schemas(
     gw = await make_gateway([], mcp_servers=mcp_servers)
     listed = (await gw.client.get(f"{gw.url}/v1/tools")).json()["tools"]
     by_name = {t["name"]: t for t in listed}
-    # Six tools over three pages of two: the listing's nextCursor was followed.
+    # Seven tools over four pages of two: the listing's nextCursor was followed.
     assert {n.removeprefix("fixture.") for n in by_name if n.startswith("fixture.")} == ALL_TOOLS
     echo = by_name["fixture.echo"]
     assert echo["source"] == "mcp:fixture" and echo["available"] is True
@@ -299,3 +301,41 @@ async def test_an_unreachable_http_server_is_a_start_up_error(tmp_path: Path) ->
     with pytest.raises(ToolConfigError, match=r"'gone'.*could not start"):
         async with lifespan_of(settings):
             pass
+
+
+async def test_a_stdio_server_gets_an_explicit_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("UPSTREAM_API_KEY", "sk-gateway-secret-0123456789")
+    config = parse_mcp_servers(stdio_servers(env={"FIXTURE_MODE": "on"}), where="test")
+    source = McpServerSource("fixture", config["fixture"])
+    await source.start(30)
+    try:
+        given = await source.call("env", {"name": "FIXTURE_MODE"})
+        leaked = await source.call("env", {"name": "UPSTREAM_API_KEY"})
+        assert given.data == {"value": "on"} and leaked.data == {"value": None}
+        assert given.raw is not None and given.raw["structuredContent"] == {"value": "on"}
+    finally:
+        await source.aclose()
+
+
+async def test_approvals_apply_to_mcp_tools(make_gateway: HarnessFactory) -> None:
+    gw = await make_gateway(
+        [tokens(call("t1", "fixture.add", {"a": 1, "b": 1})), tokens(sentinel_reply())],
+        mcp_servers=stdio_servers(needs_approval=["add"]),
+    )
+    reading = asyncio.create_task(gw.stream({"input": "1+1"}))
+    await gw.upstream.wait_for_requests(1)
+    stream_id = next(s for s, sess in gw.gateway.registry._sessions.items() if sess.running)
+    await _wait_for_event(gw, stream_id, "tool.call")
+    answer = await gw.client.post(
+        f"{gw.url}/v1/streams/{stream_id}/approvals/t1", json={"approve": True}
+    )
+    assert answer.json()["approved"] is True
+    events = await reading
+    (tool_call,) = named(events, "tool.call")
+    assert tool_call["needs_approval"] is True
+    (result,) = named(events, "tool.result")
+    assert result["ok"] is True and result["result"] == {"sum": 2}
+    # The server's idempotentHint makes the tool idempotent (the Idempotency-Key cache).
+    assert gw.gateway.executor.registry.get("fixture.add").idempotent  # type: ignore[union-attr]

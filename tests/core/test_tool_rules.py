@@ -79,6 +79,19 @@ def test_a_missing_allowlist_is_a_start_up_error() -> None:
     check_registry(ToolRegistry([json_tool(OBJ)]))  # an empty allowlist is a declared one
 
 
+def test_a_name_no_adapter_can_send_is_refused() -> None:
+    spec = ToolSpec(
+        name="srv.a__b",
+        description="d",
+        args_model=JsonArgs,
+        json_schema=OBJ,
+        fn=_fn,
+        output_allowlist=frozenset(),
+    )
+    with pytest.raises(ToolConfigError, match="cannot be sent natively"):
+        check_registry([spec])
+
+
 def test_the_allowlist_strips_every_other_field() -> None:
     value = {"id": 1, "secret": "x", "items": [{"id": 2, "name": "n", "token": "t"}]}
     assert apply_allowlist(value, frozenset({"id", "items"})) == {"id": 1, "items": [{"id": 2}]}

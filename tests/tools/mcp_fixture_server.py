@@ -8,6 +8,7 @@ page, so a client must follow ``nextCursor``; the listing carries a cache hint):
 * ``fail {}`` → an ``isError`` result; ``sleep {seconds}`` → sleeps, then ``"slept"``;
 * ``pid {}`` → the server's process id (a restart changes it);
 * ``crash {}`` → the process exits at once (a crash mid-call);
+* ``env {name}`` → one of the process's environment variables (or null);
 * with ``--bad-schema``, ``union {}`` whose input schema uses ``oneOf``.
 """
 
@@ -60,6 +61,11 @@ def _tools(bad_schema: bool) -> list[types.Tool]:
         ),
         types.Tool(name="pid", description="The server's process id.", input_schema={**obj}),
         types.Tool(name="crash", description="Exit the process.", input_schema={**obj}),
+        types.Tool(
+            name="env",
+            description="One environment variable of the server's process.",
+            input_schema={**obj, "properties": {"name": {"type": "string"}}},
+        ),
     ]
     if bad_schema:
         tools.append(
@@ -108,6 +114,11 @@ def build_server(*, bad_schema: bool = False) -> Server[Any]:
             return types.CallToolResult(
                 content=[types.TextContent(text=str(os.getpid()))],
                 structured_content={"pid": os.getpid()},
+            )
+        if params.name == "env":
+            value = os.environ.get(str(args.get("name")))
+            return types.CallToolResult(
+                content=[types.TextContent(text=str(value))], structured_content={"value": value}
             )
         if params.name == "crash":
             os._exit(3)
