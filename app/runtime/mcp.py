@@ -198,7 +198,9 @@ class McpServerSource:
     def _where(self) -> str:
         return self.config.command or self.config.url or "?"
 
-    async def _relist(self) -> None:
+    async def _relist(self, *, refresh: bool = False) -> None:
+        """List every page of tools. ``refresh``: past our copy's ``ttlMs``, so past the
+        SDK cache's too; ask the server rather than the cache."""
         client = self._client
         if client is None:
             raise ConnectionError("no session")
@@ -206,7 +208,9 @@ class McpServerSource:
         cursor: str | None = None
         ttl_ms: int | None = None
         for _ in range(_MAX_PAGES):
-            page = await client.list_tools(cursor=cursor)
+            page = await client.list_tools(
+                cursor=cursor, cache_mode="refresh" if refresh else "use"
+            )
             if ttl_ms is None:
                 ttl_ms = page.ttl_ms
             for tool in page.tools:
@@ -284,11 +288,14 @@ class McpServerSource:
             async with self._relist_lock:
                 if self._fresh_until is not None and self._clock() >= self._fresh_until:
                     try:
-                        await self._relist()
+                        await self._relist(refresh=True)
                     except Exception as exc:
                         raise self._crashed(exc) from exc
         reason = self.unavailable(tool)
         client = self._client
+        if reason is not None and self._down is None and not self._closed:
+            # No longer offered: calling again will not help until the server changes.
+            raise PermanentToolError(reason, code=ErrorCode.TOOL_UNAVAILABLE)
         if reason is not None or client is None:
             raise TransientToolError(reason or f"MCP server {self.name!r} is not connected")
         try:

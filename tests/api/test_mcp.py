@@ -24,6 +24,7 @@ from toolforge.core.events import FrameKind
 from toolforge.core.mcp import parse_mcp_servers
 from toolforge.core.protocol import sentinels
 from toolforge.core.tool_rules import ToolConfigError
+from toolforge.core.tools import PermanentToolError
 from toolforge.eval.scripted_upstream import Script
 from toolforge.runtime.mcp import McpServerSource, McpSources
 from toolforge.settings import Settings
@@ -339,3 +340,20 @@ async def test_approvals_apply_to_mcp_tools(make_gateway: HarnessFactory) -> Non
     assert result["ok"] is True and result["result"] == {"sum": 2}
     # The server's idempotentHint makes the tool idempotent (the Idempotency-Key cache).
     assert gw.gateway.executor.registry.get("fixture.add").idempotent  # type: ignore[union-attr]
+
+
+async def test_the_listing_is_fetched_again_when_its_ttl_runs_out() -> None:
+    now = [1000.0]
+    entry = {"command": sys.executable, "args": [*FIXTURE, "--shrink"], "cwd": str(ROOT)}
+    config = parse_mcp_servers({"mcpServers": {"fixture": entry}}, where="test")
+    source = McpServerSource("fixture", config["fixture"], clock=lambda: now[0])
+    await source.start(30)
+    try:
+        # The fixture's listing says ttlMs 60000: within it, the start-up listing holds.
+        assert (await source.call("echo", {"text": "a"})).data == {"text": "a"}
+        now[0] += 61
+        with pytest.raises(PermanentToolError, match="no longer offers 'echo'"):
+            await source.call("echo", {"text": "b"})
+        assert (await source.call("add", {"a": 1, "b": 2})).data == {"sum": 3}
+    finally:
+        await source.aclose()

@@ -9,7 +9,8 @@ page, so a client must follow ``nextCursor``; the listing carries a cache hint):
 * ``pid {}`` → the server's process id (a restart changes it);
 * ``crash {}`` → the process exits at once (a crash mid-call);
 * ``env {name}`` → one of the process's environment variables (or null);
-* with ``--bad-schema``, ``union {}`` whose input schema uses ``oneOf``.
+* with ``--bad-schema``, ``union {}`` whose input schema uses ``oneOf``;
+* with ``--shrink``, every listing after the first leaves ``echo`` out.
 """
 
 from __future__ import annotations
@@ -85,15 +86,19 @@ def _text(text: str, *, error: bool = False) -> types.CallToolResult:
     return types.CallToolResult(content=[types.TextContent(text=text)], is_error=error)
 
 
-def build_server(*, bad_schema: bool = False) -> Server[Any]:
+def build_server(*, bad_schema: bool = False, shrink: bool = False) -> Server[Any]:
     tools = _tools(bad_schema)
+    listings = 0
 
     async def list_tools(
         ctx: Any, params: types.PaginatedRequestParams | None
     ) -> types.ListToolsResult:
+        nonlocal listings
         start = int(params.cursor) if params is not None and params.cursor else 0
-        page = tools[start : start + PAGE]
-        nxt = str(start + PAGE) if start + PAGE < len(tools) else None
+        listings += start == 0
+        offered = [t for t in tools if not (shrink and listings > 1 and t.name == "echo")]
+        page = offered[start : start + PAGE]
+        nxt = str(start + PAGE) if start + PAGE < len(offered) else None
         return types.ListToolsResult(tools=page, next_cursor=nxt)
 
     async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
@@ -142,8 +147,9 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--http", type=int, default=None)
     parser.add_argument("--bad-schema", action="store_true")
+    parser.add_argument("--shrink", action="store_true")
     args = parser.parse_args()
-    server = build_server(bad_schema=args.bad_schema)
+    server = build_server(bad_schema=args.bad_schema, shrink=args.shrink)
     if args.http is None:
         anyio.run(_stdio, server)
     else:
