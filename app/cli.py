@@ -94,6 +94,13 @@ def _mcp_serve(args: argparse.Namespace) -> None:
         file=sys.stderr,
         flush=True,
     )
+    if args.host not in ("127.0.0.1", "localhost", "::1"):
+        print(
+            f"toolforge: warning: {args.host} is not a loopback address, and mcp-serve has "
+            "no authentication: anyone who reaches the port can call these tools",
+            file=sys.stderr,
+            flush=True,
+        )
     app = server.streamable_http_app(host=args.host)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
 

@@ -59,8 +59,8 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def http_fixture_server() -> Iterator[str]:
-    port = _free_port()
+def http_fixture_server(port: int | None = None) -> Iterator[str]:
+    port = port or _free_port()
     proc = subprocess.Popen(
         [sys.executable, *FIXTURE, "--http", str(port)],
         cwd=ROOT,
@@ -240,6 +240,16 @@ async def test_tools_are_marked_unavailable_while_the_server_is_down(
     tools = (await gw.client.get(f"{gw.url}/v1/tools")).json()["tools"]
     echo = next(t for t in tools if t["name"] == "web.echo")
     assert echo["available"] is False and "web" in echo["unavailable_reason"]
+    # The server comes back on its port: the session is opened again, the tools return.
+    port = int(url.rsplit(":", 1)[1].split("/")[0])
+    source = sources(gw).get("web")
+    assert source is not None
+    with http_fixture_server(port):
+        await source.wait_available(30)
+        gw.upstream.add(tokens(call("t2", "web.echo", {"text": "back"})))
+        gw.upstream.add(tokens(sentinel_reply()))
+        (result,) = named(await gw.stream({"input": "echo"}), "tool.result")
+        assert result["ok"] is True and result["result"] == {"text": "back"}
 
 
 @contextlib.asynccontextmanager
