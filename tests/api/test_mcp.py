@@ -135,6 +135,9 @@ async def test_a_call_mid_stream_then_the_model_resumes(
     assert_well_formed(events)
     (result,) = named(events, "tool.result")
     assert result["ok"] is True and result["result"] == {"sum": 5}, result
+    # The server's own payload (raw) never reaches the client's frames.
+    sent = orjson.dumps([e.data for e in events]).decode()
+    assert "structuredContent" not in sent and "serverInfo" not in sent
     resumed = gw.upstream.requests[1].json["messages"][-1]["content"]
     assert "fixture.add" in resumed and '"sum":5' in resumed
     await gw.settle()
