@@ -23,7 +23,9 @@ from toolforge.api.fastpath import GatewayApp
 from toolforge.api.openapi import install_openapi
 from toolforge.api.proxy import router as proxy_router
 from toolforge.api.routes import ClientGone, router
+from toolforge.api.runs import router as runs_router
 from toolforge.api.servers import router as servers_router
+from toolforge.api.web import install_web
 from toolforge.core.engine.completion import Nudges
 from toolforge.core.schemas import builtin_registry
 from toolforge.core.tools import ToolRegistry
@@ -295,6 +297,8 @@ def create_app(
     app.include_router(router)
     app.include_router(servers_router)
     app.include_router(proxy_router)
+    app.include_router(runs_router)
+    install_web(app)
     install_openapi(app)
 
     @app.exception_handler(ToolForgeError)

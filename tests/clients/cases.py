@@ -9,23 +9,32 @@ sends (``clients/ts/test/*.test.mjs`` recompute the long texts with the same for
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import re
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, Final
 
 import orjson
 
 from toolforge.core.events import FrameKind
 from toolforge.core.protocol import sentinels
-from toolforge.eval.scripted_upstream import Script, ScriptLike, Step
+from toolforge.core.tools import ToolRegistry
+from toolforge.eval.loopback import Harness, start_gateway
+from toolforge.eval.scripted_upstream import Script, ScriptedUpstream, ScriptLike, Step
+from toolforge.tools import default_registry
 
 __all__ = [
     "DEMO_INPUT",
     "PAUSE_CHUNKS",
     "PAUSE_CHUNK_CHARS",
     "WEATHER",
+    "XSS",
+    "approval_registry",
     "pause_chunk",
     "script_for",
+    "serve_cases",
 ]
 
 _CASE: Final = re.compile(r"\[case:([a-z_]+)\]")
@@ -122,6 +131,14 @@ def _slow(turn: int) -> ScriptLike:
     return Script(steps=tuple(Step(text=f"t{i} ", delay_ms=50) for i in range(200)))
 
 
+XSS: Final = '<img src=x onerror="window.pwned=1"><script>window.pwned=2</script>'
+
+
+def _xss(turn: int) -> ScriptLike:
+    """Model text that is HTML: a client must show it as text, never run it."""
+    return _script(f"Here: {XSS} ", _reply(f"Answer {XSS}"))
+
+
 _CASES: Final[dict[str, Callable[[int], ScriptLike]]] = {
     "demo": _demo,
     "client": _client,
@@ -129,7 +146,22 @@ _CASES: Final[dict[str, Callable[[int], ScriptLike]]] = {
     "pause": _pause,
     "drop": _drop,
     "slow": _slow,
+    "xss": _xss,
 }
+
+
+def approval_registry() -> ToolRegistry:
+    """The demo tools, with ``bookings.create`` waiting for a person's approval: the web
+    UI's demo (a booking is the kind of call a person confirms)."""
+    return ToolRegistry(
+        [
+            dataclasses.replace(spec, needs_approval=True)
+            if spec.name == "bookings.create"
+            else spec
+            for spec in default_registry()
+        ]
+    )
+
 
 _NO_ROUTE: Final = Script(end="status", status=404, body='{"error": {"message": "no route"}}')
 
@@ -149,3 +181,12 @@ def script_for(request: Any) -> ScriptLike:
     if case is None:
         return Script(end="status", status=400, body='{"error": {"message": "unknown case"}}')
     return case(sum(m.get("role") == "assistant" for m in messages))
+
+
+async def serve_cases(
+    stack: contextlib.AsyncExitStack, artifacts: Path, tools: ToolRegistry
+) -> Harness:
+    """A gateway on loopback, owned by ``stack``, in front of an upstream that answers
+    every case of this module."""
+    upstream = await stack.enter_async_context(ScriptedUpstream(script_for=script_for))
+    return await start_gateway(stack, artifacts, upstream_base_url=upstream.base_url, tools=tools)

@@ -16,10 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.clients.cases import script_for
+from tests.clients.cases import serve_cases
 from toolforge.eval.conformance.tools import conformance_registry
-from toolforge.eval.loopback import start_gateway
-from toolforge.eval.scripted_upstream import ScriptedUpstream
 
 TS_DIR = Path(__file__).resolve().parents[2] / "clients" / "ts"
 # node starts in well under a second; the slowest file (pause) takes about 3 s.
@@ -43,13 +41,7 @@ def _node() -> str:
 async def test_the_typescript_sdk_against_the_gateway(tmp_path: Path) -> None:
     node = _node()
     async with contextlib.AsyncExitStack() as stack:
-        upstream = await stack.enter_async_context(ScriptedUpstream(script_for=script_for))
-        gw = await start_gateway(
-            stack,
-            tmp_path / "artifacts",
-            upstream_base_url=upstream.base_url,
-            tools=conformance_registry(),
-        )
+        gw = await serve_cases(stack, tmp_path / "artifacts", conformance_registry())
         files = sorted(str(p) for p in (TS_DIR / "test").glob("*.test.mjs"))
         # A subprocess on the event loop (not subprocess.run): the gateway under test is
         # served by this same loop and must keep answering while node runs.

@@ -1,0 +1,34 @@
+"""``GET /v1/runs`` and ``GET /v1/runs/{stream_id}``: past runs from the artifacts, newest
+first, for the web UI's list and replay (SPEC §2). The reading, and its path-escape
+safety, is :class:`toolforge.runtime.past_runs.PastRuns`."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query
+
+from toolforge.api.deps import GatewayDep
+from toolforge.runtime.past_runs import MAX_LIST, PastRuns
+
+__all__ = ["router"]
+
+router = APIRouter()
+
+
+@router.get("/v1/runs", summary="Past runs from the artifacts, newest first")
+async def list_runs(
+    gw: GatewayDep,
+    limit: Annotated[int, Query(ge=1, le=MAX_LIST, description="the most runs to list")] = 50,
+) -> dict[str, Any]:
+    """Each run's ``stream_id``, ``ended_at``, ``reason``, ``model``, ``mode``, ``input``
+    (the first user message, shortened), ``frames`` and ``duration_ms``."""
+    return {"runs": await PastRuns(gw.artifacts).newest(limit)}
+
+
+@router.get("/v1/runs/{stream_id}", summary="One past run: its frames and artifact files")
+async def get_run(stream_id: str, gw: GatewayDep) -> dict[str, Any]:
+    """``frames`` (frames.ndjson: every numbered frame as sent), ``prompt``, ``result``,
+    ``tool_logs``, ``metrics`` (``null`` when missing), and ``truncated`` when the run was
+    longer than the replay reads (16 MiB). 404 for an unknown run, 400 for an invalid id."""
+    return await PastRuns(gw.artifacts).get(stream_id)
