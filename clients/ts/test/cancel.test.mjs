@@ -23,8 +23,8 @@ test("cancel() mid-stream: done resolves with reason cancelled, within a moment"
   });
   const outcome = await handle.done;
   assert.equal(outcome.reason, "cancelled");
-  assert.ok(Date.now() - cancelledAt < 2000);
-  assert.ok(outcome.text.length < 200, "the model was stopped long before its 10 s");
+  assert.ok(Date.now() - cancelledAt < 5000); // "a moment": never a hang, even on a busy machine
+  assert.ok(outcome.text.length < 600, "the model was stopped long before its 10 s (890 chars)");
   assert.equal((await lastFrame(outcome.streamId)).data.reason, "cancelled");
 });
 
@@ -69,7 +69,7 @@ test("requestTimeoutMs: done rejects REQUEST_TIMEOUT and the stream is cancelled
   const handle = startStream({ baseUrl: URL_, input: tagged("slow"), requestTimeoutMs: 400 });
   await assert.rejects(handle.done, { code: "REQUEST_TIMEOUT", retryable: true });
   const took = Date.now() - started;
-  assert.ok(took >= 400 && took < 2000, `took ${took} ms`);
+  assert.ok(took >= 400 && took < 5000, `took ${took} ms`);
   assert.equal((await lastFrame(handle.streamId)).data.reason, "cancelled");
 });
 
