@@ -99,6 +99,21 @@ async function replay(streamId) {
   }
 }
 
+// A client-side tool (SPEC §5): the model may call it, this page runs it (the SDK's
+// onToolCall) and posts the result; the timeline marks its call "client".
+const CLOCK = {
+  name: "browser.clock",
+  description: "The current date, time and time zone of the user's browser.",
+  parameters: { type: "object", properties: {}, additionalProperties: false },
+};
+
+function clock() {
+  return {
+    iso: new Date().toISOString(),
+    time_zone: Intl.DateTimeFormat().resolvedOptions().timeZone,
+  };
+}
+
 function request() {
   const data = new FormData(form);
   const tools = [...form.querySelectorAll("input[name=tool]")];
@@ -116,6 +131,7 @@ function request() {
     objectSchemas: objects.length ? objects : undefined,
     workflow: workflow || undefined,
     profile: $("profile").checked ? "demo" : undefined,
+    clientTools: $("clock").checked ? [CLOCK] : undefined,
   };
 }
 
@@ -131,6 +147,8 @@ async function run(event) {
   pauseButton.textContent = "Pause";
   handle = startStream({
     ...request(),
+    onToolCall: (call) => (call.name === CLOCK.name ? clock() : Promise.reject(new Error(`no client tool ${call.name}`))),
+    toolTimeoutMs: 10_000,
     onEvent: (e) => {
       if (e.event === "stream.begin") setStatus("running", "streaming");
       timeline.add(e, { at: performance.now() - started, live: true });

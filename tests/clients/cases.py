@@ -115,6 +115,13 @@ def _approve(turn: int) -> ScriptLike:
     return _script(_reply("Done: the order is placed."))
 
 
+def _clock(turn: int) -> ScriptLike:
+    """The web UI's client-side tool, browser.clock, run by the page."""
+    if turn == 0:
+        return _script("Let me check your clock. ", _call("t1", "browser.clock", {}))
+    return _script(_reply("Got your time."))
+
+
 def _pause(turn: int) -> ScriptLike:
     steps = [Step(text=pause_chunk(i)) for i in range(PAUSE_CHUNKS)]
     return Script(steps=(*steps, *_tokens(_reply("That was long.")), Step(finish="stop")))
@@ -142,6 +149,7 @@ def _xss(turn: int) -> ScriptLike:
 _CASES: Final[dict[str, Callable[[int], ScriptLike]]] = {
     "demo": _demo,
     "client": _client,
+    "clock": _clock,
     "approve": _approve,
     "pause": _pause,
     "drop": _drop,

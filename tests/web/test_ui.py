@@ -178,6 +178,23 @@ async def test_deny_and_cancel(ui: Browser) -> None:
     assert ui.errors == []
 
 
+async def test_a_client_side_tool_runs_in_the_page(ui: Browser) -> None:
+    page = ui.page
+    await page.fill("#input", "what time is it? [case:clock]")
+    await page.check("#clock")
+    await page.click("#run")
+    await page.wait_for_selector("li[data-kind='done']")
+    call = page.locator("li[data-kind='tool.call']")
+    assert await call.locator(".title").inner_text() == "browser.clock"
+    assert "client" in await call.locator(".badge").all_inner_texts()
+    result = page.locator("li[data-kind='tool.result']")
+    assert await result.locator(".badge.good").inner_text() == "ok"
+    shown = json.loads(await result.locator("pre").inner_text())
+    assert set(shown) == {"iso", "time_zone"} and shown["iso"].endswith("Z")
+    assert (await page.text_content("#status") or "") == "done · stop"
+    assert ui.errors == []
+
+
 async def test_model_text_is_never_html(ui: Browser) -> None:
     page = ui.page
     await page.fill("#input", "show me [case:xss]")
