@@ -322,6 +322,11 @@ class StreamRun {
       this.finished = true;
       this.settle.resolve(this.outcome());
     } catch (error) {
+      if (!this.stopped && this.streamId !== undefined) {
+        // Given up (a lost connection, a protocol error): with on_disconnect "continue"
+        // the stream would run on with nobody reading it. Best effort, as in `stop`.
+        cancelStream(this.streamId, this.conn).catch(() => undefined);
+      }
       this.finished = true;
       this.settle.reject(this.failure ?? error);
     } finally {

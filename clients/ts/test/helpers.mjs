@@ -46,9 +46,10 @@ export function assertContiguous(events) {
 /**
  * A TCP proxy to the gateway. `cut(n)`: the first connection whose response has passed
  * `n` bytes is destroyed on both sides (the client sees its body fail mid-stream, the
- * gateway sees its client go). `requests` keeps each connection's request head.
+ * gateway sees its client go). `forgetStream`: later resumes (GET) ask for an unknown
+ * stream id instead (a stream that expired). `requests` keeps each request head.
  */
-export async function startProxy({ cutAfterBytes } = {}) {
+export async function startProxy({ cutAfterBytes, forgetStream = false } = {}) {
   const target = new URL(URL_);
   const requests = [];
   let cutDone = false;
@@ -61,6 +62,12 @@ export async function startProxy({ cutAfterBytes } = {}) {
     const index = requests.length;
     requests.push("");
     client.on("data", (chunk) => {
+      if (forgetStream && index > 0) {
+        chunk = Buffer.from(
+          chunk.toString("latin1").replace(/^GET \/v1\/streams\/s_\w+/, "GET /v1/streams/s_expired"),
+          "latin1",
+        );
+      }
       if (head.length < 4096) {
         head += chunk.toString("latin1");
         requests[index] = head.split("\r\n\r\n")[0];

@@ -37,7 +37,7 @@ test("resume: false: a drop rejects done with CONNECTION_LOST, and the gateway c
   t.after(() => proxy.close());
   const handle = startStream({ baseUrl: proxy.url, input: tagged("drop"), resume: false });
   await assert.rejects(handle.done, { code: "CONNECTION_LOST", retryable: true });
-  assert.equal(proxy.requests.length, 1);
+  assert.equal(proxy.requests.filter((r) => r.startsWith("GET ")).length, 0); // no resume
   const recorded = await artifact(handle.streamId, "frames.ndjson");
   assert.equal(recorded.at(-1).data.reason, "client_disconnected");
 });
@@ -65,4 +65,17 @@ test("a resume that keeps failing gives up after its attempts: CONNECTION_LOST",
   // cancel could not reach it through the closed proxy, so it ends by itself.
   const recorded = await artifact(handle.streamId, "frames.ndjson");
   assert.equal(recorded.at(-1).event, "done");
+});
+
+test("a stream the gateway no longer has (404) is NOT_FOUND at once, not retried", async (t) => {
+  const proxy = await startProxy({ cutAfterBytes: 700, forgetStream: true });
+  t.after(() => proxy.close());
+  const handle = startStream({ baseUrl: proxy.url, input: tagged("drop") });
+  await assert.rejects(handle.done, { code: "NOT_FOUND", status: 404 });
+  // One resume, no retry loop (a third connection, the SDK's cancel, may follow).
+  assert.equal(proxy.requests.filter((r) => r.startsWith("GET ")).length, 1);
+  assert.match(proxy.requests[1], /^GET \/v1\/streams\/s_expired /);
+  // Giving up, the SDK cancels the stream it can no longer read: nothing runs on.
+  const recorded = await artifact(handle.streamId, "frames.ndjson");
+  assert.equal(recorded.at(-1).data.reason, "cancelled");
 });
