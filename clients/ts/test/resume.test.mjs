@@ -39,7 +39,8 @@ test("resume: false: a drop rejects done with CONNECTION_LOST, and the gateway c
   await assert.rejects(handle.done, { code: "CONNECTION_LOST", retryable: true });
   assert.equal(proxy.requests.filter((r) => r.startsWith("GET ")).length, 0); // no resume
   const recorded = await artifact(handle.streamId, "frames.ndjson");
-  assert.equal(recorded.at(-1).data.reason, "client_disconnected");
+  // The gateway ended it at the drop (or at the SDK's cancel, should that come first).
+  assert.ok(["client_disconnected", "cancelled"].includes(recorded.at(-1).data.reason));
 });
 
 test("a resume that keeps failing gives up after its attempts: CONNECTION_LOST", async (t) => {
