@@ -3,7 +3,7 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 
-import { EVENT_NAMES, startStream } from "../dist/index.js";
+import { EVENT_NAMES, getRun, listRuns, startStream } from "../dist/index.js";
 import { artifact, assertContiguous, URL_ } from "./helpers.mjs";
 
 test("the demo: two server tools, an OBJECT frame and the RESULT", async () => {
@@ -64,12 +64,17 @@ test("the demo: two server tools, an OBJECT frame and the RESULT", async () => {
   assert.equal(outcome.text, text.join(""));
   assert.match(outcome.text, /Let me look for pizza places\. .*Trattoria Roma is open at 7pm\./s);
 
-  // What the client saw is what the gateway recorded.
+  // What the client saw is what the gateway recorded, and what a replay gets back.
   const recorded = await artifact(outcome.streamId, "frames.ndjson");
-  assert.deepEqual(
-    recorded.map((f) => [f.id, f.event]),
-    events.filter((e) => e.event !== "ping").map((e) => [e.id, e.event]),
-  );
+  const seen = events.filter((e) => e.event !== "ping");
+  assert.deepEqual(recorded.map((f) => [f.id, f.event]), seen.map((e) => [e.id, e.event]));
+  const listed = await listRuns({ baseUrl: URL_, limit: 500 });
+  const mine = listed.find((r) => r.stream_id === outcome.streamId);
+  assert.equal(mine.reason, "stop");
+  assert.equal(mine.input, "Find pizza near me; book a table at 7pm if open.");
+  const run = await getRun(outcome.streamId, { baseUrl: URL_ });
+  assert.deepEqual(run.frames, seen);
+  await assert.rejects(getRun("s_nothing", { baseUrl: URL_ }), { code: "NOT_FOUND", status: 404 });
 });
 
 test("typed errors before the stream: a bad body is BAD_REQUEST with its details", async () => {
