@@ -501,14 +501,14 @@ class StreamRun {
     const event = { id, event: message.event ?? "message", data } as StreamEvent;
     try {
       this.opts.onEvent?.(event);
-      this.handle_(event);
+      this.deliver(event);
     } catch (error) {
       this.stop(error);
       throw error;
     }
   }
 
-  private handle_(event: StreamEvent): void {
+  private deliver(event: StreamEvent): void {
     const o = this.opts;
     switch (event.event) {
       case "stream.begin":
