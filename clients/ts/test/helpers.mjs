@@ -19,7 +19,7 @@ if (!URL_ || !ARTIFACTS) {
 export const tagged = (c, text = "hello") => `${text} [case:${c}]`;
 
 /** A run's artifact file, once the gateway has written it (just after `done`). */
-export async function artifact(streamId, file, timeoutMs = 5000) {
+export async function artifact(streamId, file, timeoutMs = 10000) {
   const path = join(ARTIFACTS, "runs", streamId, file);
   const deadline = Date.now() + timeoutMs;
   for (;;) {
