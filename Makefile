@@ -60,9 +60,10 @@ $(TS_BUILD): $(TS_STAMP) $(wildcard $(TS_DIR)/src/*.ts) $(TS_DIR)/tsconfig.json 
 ts-build: $(TS_BUILD)
 
 # The web UI needs clients/ts/dist. `make install` and `make run` build it when npm is on
-# PATH and go on without it otherwise (GET / then says how to build it).
+# PATH and go on without it otherwise, or if the build fails (GET / then says how to build it).
 ui:
-	@if command -v npm >/dev/null; then $(MAKE) --no-print-directory ts-build; \
+	@if command -v npm >/dev/null; then $(MAKE) --no-print-directory ts-build \
+	  || echo "the web UI's build failed (above): the API works without it; / says how to build it"; \
 	else echo "npm is not on PATH: the web UI at / needs clients/ts built (apt-get install nodejs npm, then make ts-build)"; fi
 
 # Headless Chromium for the web UI's test (tests/web): Debian's chromium package, with
