@@ -58,10 +58,18 @@ async function loadWorkflows() {
   }
 }
 
-async function loadRuns() {
+const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
+
+/** The runs list; `expect`: a stream that just ended, whose artifacts are written just
+ * after its `done` frame, so the list is asked again until it has it (up to 3 s). */
+async function loadRuns(expect) {
   const list = $("runs");
   try {
-    const runs = await listRuns({ limit: 50 });
+    let runs = await listRuns({ limit: 50 });
+    for (let i = 0; expect && i < 15 && !runs.some((r) => r.stream_id === expect); i++) {
+      await sleep(200);
+      runs = await listRuns({ limit: 50 });
+    }
     list.replaceChildren(
       ...runs.map((run) =>
         el(
@@ -161,10 +169,11 @@ async function run(event) {
     timeline.failure(error);
     setStatus("error", error.code ?? "error");
   } finally {
+    const streamId = handle.streamId;
     handle = undefined;
     runButton.disabled = false;
     pauseButton.disabled = cancelButton.disabled = true;
-    loadRuns();
+    loadRuns(streamId);
   }
 }
 
@@ -184,7 +193,7 @@ pauseButton.addEventListener("click", () => {
 cancelButton.addEventListener("click", () => {
   handle?.cancel().catch((error) => timeline.failure(error));
 });
-$("refresh").addEventListener("click", loadRuns);
+$("refresh").addEventListener("click", () => loadRuns());
 $("runs").addEventListener("click", (event) => {
   const button = event.target.closest("button.run");
   if (button) replay(button.dataset.streamId);
