@@ -68,6 +68,7 @@ test("the demo: two server tools, an OBJECT frame and the RESULT", async () => {
   const recorded = await artifact(outcome.streamId, "frames.ndjson");
   const seen = events.filter((e) => e.event !== "ping");
   assert.deepEqual(recorded.map((f) => [f.id, f.event]), seen.map((e) => [e.id, e.event]));
+  await artifact(outcome.streamId, "metrics.json"); // the last file written: the run is listed
   const listed = await listRuns({ baseUrl: URL_, limit: 500 });
   const mine = listed.find((r) => r.stream_id === outcome.streamId);
   assert.equal(mine.reason, "stop");
