@@ -94,3 +94,22 @@ test("an unreachable gateway is CONNECTION_LOST, never a hang", async () => {
   const handle = startStream({ baseUrl: "http://127.0.0.1:9", input: "x" });
   await assert.rejects(handle.done, { name: "ToolForgeError", code: "CONNECTION_LOST" });
 });
+
+test("messages and an Idempotency-Key: the same key replays the stored stream", async () => {
+  const key = `k-${process.pid}-${Date.now()}`;
+  const run = async () => {
+    const events = [];
+    const outcome = await startStream({
+      baseUrl: URL_,
+      messages: [{ role: "user", content: "show me [case:xss]" }],
+      idempotencyKey: key,
+      onEvent: (e) => events.push(e),
+    }).done;
+    return { outcome, events: events.filter((e) => e.event !== "ping") };
+  };
+  const first = await run();
+  const again = await run();
+  assert.equal(again.outcome.streamId, first.outcome.streamId);
+  assert.deepEqual(again.events, first.events);
+  assert.match(first.outcome.result.answer, /^Answer <img/);
+});
