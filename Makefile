@@ -16,10 +16,11 @@ TS_BUILD := $(TS_DIR)/dist/index.js
 
 .PHONY: install node-install run test check lint typecheck bench clean conformance ts-build ui chromium
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml clients/python/pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet -e ./clients/python  # the Python SDK (tests/clients)
 	@touch $(STAMP)
 
 install: $(STAMP) ui
@@ -91,8 +92,8 @@ test: $(STAMP) $(NODE_STAMP) $(TS_BUILD) chromium
 	$(BIN)/python -m pytest -q
 
 lint: $(STAMP)
-	$(BIN)/ruff check app tools tests bench
-	$(BIN)/ruff format --check app tools tests bench
+	$(BIN)/ruff check app tools tests bench clients/python
+	$(BIN)/ruff format --check app tools tests bench clients/python
 
 # mypy can't follow the editable install's import hook (toolforge -> app/): it reads the
 # packages through .typecheck/toolforge, links to app/'s entries and to tools/, made afresh.
@@ -101,6 +102,7 @@ typecheck: $(STAMP)
 	@for f in app/*; do ln -s "../../$$f" .typecheck/toolforge/; done
 	@ln -s ../../tools .typecheck/toolforge/tools
 	$(BIN)/mypy
+	$(BIN)/mypy --strict clients/python/src/toolforge_client clients/python/scripts
 
 check: lint typecheck test
 

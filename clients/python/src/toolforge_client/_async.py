@@ -1,0 +1,364 @@
+"""The asynchronous client: :class:`AsyncToolForge` and its :class:`AsyncStream` (the
+same behaviour as the sync client, on asyncio; callbacks and tools may be sync or async)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Mapping
+from contextlib import AbstractAsyncContextManager
+from types import TracebackType
+from typing import Any, Unpack
+
+import httpx
+from httpx_sse import EventSource, ServerSentEvent, aconnect_sse
+
+from toolforge_client._state import (
+    DEFAULT_TOOL_TIMEOUT_S,
+    Callback,
+    Callbacks,
+    Event,
+    StreamOptions,
+    StreamResult,
+    StreamState,
+    backoff_s,
+    build_body,
+    plan,
+)
+from toolforge_client._sync import DEFAULT_BASE_URL, DEFAULT_TIMEOUT, transport_error
+from toolforge_client.errors import APIConnectionError, RequestTimeoutError, status_error
+from toolforge_client.frames import ToolCall
+from toolforge_client.tools import ClientTool, ToolFunction, run_tool_async
+
+__all__ = ["AsyncStream", "AsyncToolForge"]
+
+
+class AsyncToolForge:
+    """The asyncio client; arguments as :class:`toolforge_client.ToolForge`'s
+    (``http_client``: an ``httpx.AsyncClient``)."""
+
+    def __init__(
+        self,
+        base_url: str = DEFAULT_BASE_URL,
+        *,
+        api_key: str | None = None,
+        timeout: float | httpx.Timeout = DEFAULT_TIMEOUT,
+        max_resumes: int = 5,
+        tool_timeout: float = DEFAULT_TOOL_TIMEOUT_S,
+        http_client: httpx.AsyncClient | None = None,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.max_resumes = max_resumes
+        self.tool_timeout = tool_timeout
+        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._owns_http = http_client is None
+        self._http = http_client or httpx.AsyncClient(timeout=timeout)
+
+    async def close(self) -> None:
+        if self._owns_http:
+            await self._http.aclose()
+
+    async def __aenter__(self) -> AsyncToolForge:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def stream(
+        self, input: str | None = None, **options: Unpack[StreamOptions]
+    ) -> AsyncStream:
+        """``POST /v1/stream`` (see ``ToolForge.stream``): ``async for event in stream``."""
+        p = plan(self.max_resumes, input, options)
+        stream = AsyncStream(self, StreamState(), p.tools, p.callbacks, p.timeout, p.tool_timeout)
+        await stream._start("POST", "/v1/stream", json=p.body, headers=p.headers)
+        return stream
+
+    async def run(self, input: str | None = None, **options: Unpack[StreamOptions]) -> StreamResult:
+        """``stream(...)`` to the end: the result, or :class:`StreamError`."""
+        async with await self.stream(input, **options) as stream:
+            return await stream.until_done()
+
+    async def resume(
+        self,
+        stream_id: str,
+        last_event_id: int = 0,
+        *,
+        client_tools: Iterable[ClientTool | ToolFunction | Mapping[str, Any]] = (),
+        timeout: float | None = None,  # noqa: ASYNC109 (the stream's deadline, kept on it)
+        tool_timeout: float | None = None,
+        **callbacks: Callback,
+    ) -> AsyncStream:
+        """``GET /v1/streams/{id}`` after ``last_event_id``, then live to the end."""
+        _, tools = build_body(
+            input="", messages=None, tools=None, client_tools=client_tools,
+            on_disconnect=None, extra={},
+        )  # fmt: skip
+        state = StreamState(stream_id, last_event_id)
+        stream = AsyncStream(self, state, tools, Callbacks(**callbacks), timeout, tool_timeout)
+        await stream._start(
+            "GET", f"/v1/streams/{stream_id}", headers={"Last-Event-ID": str(last_event_id)}
+        )
+        return stream
+
+    async def cancel(self, stream_id: str) -> dict[str, Any]:
+        return await self._post(f"/v1/streams/{stream_id}/cancel", None)
+
+    async def approve(self, stream_id: str, call_id: str, approve: bool = True) -> dict[str, Any]:
+        return await self._post(
+            f"/v1/streams/{stream_id}/approvals/{call_id}", {"approve": approve}
+        )
+
+    async def submit_tool_result(
+        self,
+        stream_id: str,
+        call_id: str,
+        result: Any = None,
+        *,
+        error: str | None = None,
+        code: str = "CLIENT_TOOL_FAILED",
+    ) -> dict[str, Any]:
+        if error is not None:
+            body: dict[str, Any] = {"ok": False, "error": {"code": code, "message": error}}
+        else:
+            body = {"ok": True, "result": result}
+        return await self._post(f"/v1/streams/{stream_id}/tool_results/{call_id}", body)
+
+    async def _post(self, path: str, body: Any) -> dict[str, Any]:
+        try:
+            response = await self._http.post(self.base_url + path, json=body, headers=self._headers)
+        except httpx.TransportError as exc:
+            raise transport_error(exc, f"POST {path}") from exc
+        if response.status_code >= 400:
+            raise status_error(response)
+        data: dict[str, Any] = response.json()
+        return data
+
+
+async def _call(callback: Callback, arg: Any) -> Any:
+    value = callback(arg)
+    if inspect.isawaitable(value):
+        value = await value
+    return value
+
+
+class AsyncStream(AbstractAsyncContextManager["AsyncStream"]):
+    """One stream on asyncio: ``async for event in stream``; see ``Stream``."""
+
+    def __init__(
+        self,
+        client: AsyncToolForge,
+        state: StreamState,
+        tools: dict[str, ClientTool],
+        callbacks: Callbacks,
+        timeout: float | None,
+        tool_timeout: float | None,
+    ) -> None:
+        self._client = client
+        self._state = state
+        self._tools = tools
+        self._callbacks = callbacks
+        self._timeout = timeout
+        self._tool_timeout = tool_timeout
+        self._connection: AbstractAsyncContextManager[EventSource] | None = None
+        self._response: httpx.Response | None = None
+        self._sse: AsyncIterator[ServerSentEvent] | None = None
+        self._iterator = self._events()
+        self._watchdog: asyncio.Task[None] | None = None
+        self._timed_out = False
+        self._cancelled = False
+        self._abandoned = False
+
+    @property
+    def stream_id(self) -> str | None:
+        return self._state.result.stream_id
+
+    @property
+    def result(self) -> StreamResult:
+        return self._state.result
+
+    def __aiter__(self) -> AsyncIterator[Event]:
+        return self._iterator
+
+    async def __anext__(self) -> Event:
+        return await anext(self._iterator)
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def until_done(self) -> StreamResult:
+        async for _ in self._iterator:
+            pass
+        self._state.result.raise_for_error()
+        return self._state.result
+
+    async def cancel(self) -> dict[str, Any]:
+        self._cancelled = True
+        return await self._client.cancel(self._require_id())
+
+    async def approve(self, call_id: str, approve: bool = True) -> dict[str, Any]:
+        return await self._client.approve(self._require_id(), call_id, approve)
+
+    async def deny(self, call_id: str) -> dict[str, Any]:
+        return await self._client.approve(self._require_id(), call_id, False)
+
+    async def submit_tool_result(
+        self,
+        call_id: str,
+        result: Any = None,
+        *,
+        error: str | None = None,
+        code: str = "CLIENT_TOOL_FAILED",
+    ) -> dict[str, Any]:
+        return await self._client.submit_tool_result(
+            self._require_id(), call_id, result, error=error, code=code
+        )
+
+    async def close(self) -> None:
+        await self._iterator.aclose()
+        await self._finish()
+
+    # -- internals ----------------------------------------------------------------------
+
+    def _require_id(self) -> str:
+        if self.stream_id is None:
+            raise RuntimeError("the stream has no id yet")
+        return self.stream_id
+
+    async def _start(self, method: str, path: str, **kwargs: Any) -> None:
+        await self._open(method, path, **kwargs)
+        if self._timeout is not None:
+            self._watchdog = asyncio.create_task(self._expire(self._timeout))
+
+    async def _open(self, method: str, path: str, **kwargs: Any) -> None:
+        client = self._client
+        headers = {**client._headers, **kwargs.pop("headers", {})}
+        connection = aconnect_sse(
+            client._http, method, client.base_url + path, headers=headers, **kwargs
+        )
+        try:
+            source = await connection.__aenter__()
+        except httpx.TransportError as exc:
+            raise transport_error(exc, f"{method} {path}") from exc
+        response = source.response
+        if response.status_code >= 400:
+            await response.aread()
+            await connection.__aexit__(None, None, None)
+            raise status_error(response)
+        if self._state.result.stream_id is None:
+            self._state.result.stream_id = response.headers.get("x-stream-id")
+        self._connection, self._response = connection, response
+        self._sse = source.aiter_sse()
+
+    async def _disconnect(self) -> None:
+        connection, sse = self._connection, self._sse
+        self._connection, self._sse = None, None
+        if sse is not None and hasattr(sse, "aclose"):
+            with contextlib.suppress(httpx.HTTPError, RuntimeError):
+                await sse.aclose()
+        if connection is not None:
+            with contextlib.suppress(httpx.HTTPError):
+                await connection.__aexit__(None, None, None)
+
+    async def _events(self) -> AsyncGenerator[Event, None]:
+        state = self._state
+        try:
+            while True:
+                assert self._sse is not None
+                try:
+                    sse = await anext(self._sse)
+                except StopAsyncIteration:
+                    await self._reconnect("the connection ended before the done frame")
+                    continue
+                except httpx.TransportError as exc:
+                    await self._reconnect(f"{type(exc).__name__}: {exc}")
+                    continue
+                event = state.accept(sse.event, sse.id, sse.data)
+                if event is None:
+                    continue
+                for callback, arg in self._callbacks.calls(event):
+                    await _call(callback, arg)
+                if state.finished:
+                    await self._disconnect()
+                    if self._timed_out and not self._cancelled:
+                        raise self._deadline_error()
+                    yield event
+                    return
+                yield event
+                if isinstance(event.data, ToolCall):
+                    await self._act(event.data)
+        finally:
+            await self._finish()
+
+    async def _act(self, call: ToolCall) -> None:
+        tool = self._tools.get(call.name)
+        if call.executor == "client" and tool is not None and tool.fn is not None:
+            timeout = tool.timeout or self._tool_timeout or self._client.tool_timeout
+            outcome = await run_tool_async(tool, call.args, timeout)
+            await self._client._post(
+                f"/v1/streams/{self._require_id()}/tool_results/{call.id}", outcome.to_wire()
+            )
+        elif call.needs_approval and self._callbacks.on_approval is not None:
+            decision = bool(await _call(self._callbacks.on_approval, call))
+            await self.approve(call.id, decision)
+
+    async def _reconnect(self, why: str) -> None:
+        await self._disconnect()
+        result = self._state.result
+        if self._timed_out:
+            raise self._deadline_error()
+        while True:
+            if result.stream_id is None or result.resumes >= self._client.max_resumes:
+                raise APIConnectionError(
+                    f"the connection to the gateway dropped ({why}) and was not resumed "
+                    f"after {result.resumes} attempt(s)",
+                    stream_id=result.stream_id,
+                    last_event_id=result.last_event_id,
+                )
+            result.resumes += 1
+            await asyncio.sleep(backoff_s(result.resumes))
+            try:
+                await self._open(
+                    "GET",
+                    f"/v1/streams/{result.stream_id}",
+                    headers={"Last-Event-ID": str(result.last_event_id)},
+                )
+                return
+            except APIConnectionError as exc:
+                why = str(exc)
+
+    async def _expire(self, after: float) -> None:
+        await asyncio.sleep(after)
+        if self._state.finished:
+            return
+        self._timed_out = True
+        try:
+            await self._client.cancel(self._require_id())
+        except Exception:
+            response = self._response
+            if response is not None:
+                await response.aclose()
+
+    def _deadline_error(self) -> RequestTimeoutError:
+        return RequestTimeoutError(
+            f"the request did not finish in {self._timeout:g} s: cancelled",
+            stream_id=self.stream_id,
+            result=self._state.result,
+        )
+
+    async def _finish(self) -> None:
+        watchdog, self._watchdog = self._watchdog, None
+        if watchdog is not None and watchdog is not asyncio.current_task():
+            watchdog.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watchdog
+        await self._disconnect()
+        if not self._state.finished and self.stream_id is not None and not self._abandoned:
+            self._abandoned = True
+            with contextlib.suppress(Exception):
+                await self._client.cancel(self.stream_id)

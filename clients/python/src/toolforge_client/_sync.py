@@ -1,0 +1,393 @@
+"""The synchronous client: :class:`ToolForge` and its :class:`Stream`."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Generator, Iterable, Iterator, Mapping
+from contextlib import AbstractContextManager
+from types import TracebackType
+from typing import Any, Unpack
+
+import httpx
+from httpx_sse import EventSource, ServerSentEvent, connect_sse
+
+from toolforge_client._state import (
+    DEFAULT_TOOL_TIMEOUT_S,
+    Callback,
+    Callbacks,
+    Event,
+    StreamOptions,
+    StreamResult,
+    StreamState,
+    backoff_s,
+    build_body,
+    plan,
+)
+from toolforge_client.errors import (
+    APIConnectionError,
+    APITimeoutError,
+    RequestTimeoutError,
+    status_error,
+)
+from toolforge_client.frames import ToolCall
+from toolforge_client.tools import ClientTool, ToolFunction, run_tool_sync
+
+__all__ = ["DEFAULT_BASE_URL", "DEFAULT_TIMEOUT", "Stream", "ToolForge", "transport_error"]
+
+DEFAULT_BASE_URL = "http://127.0.0.1:8000"
+# Reads wait at most 60 s: the gateway pings every 15 s, so a silent minute is a dead line.
+DEFAULT_TIMEOUT = httpx.Timeout(60.0, connect=5.0)
+
+
+def transport_error(exc: httpx.TransportError, what: str) -> APIConnectionError:
+    cls = APITimeoutError if isinstance(exc, httpx.TimeoutException) else APIConnectionError
+    return cls(f"{what}: {type(exc).__name__}: {exc}")
+
+
+class ToolForge:
+    """A client of one ToolForge gateway.
+
+    ``base_url``: the gateway (``TOOLFORGE_BASE_URL``'s usual value is the default).
+    ``api_key``: sent as ``Authorization: Bearer``. ``timeout``: httpx's connect/read
+    timeouts (seconds or an ``httpx.Timeout``). ``max_resumes``: reconnections after a
+    dropped connection, per stream (0: never resume). ``tool_timeout``: seconds a client
+    tool may run, unless the tool or the call says otherwise. ``http_client``: your own
+    ``httpx.Client`` (proxies, transports, socket options); it is not closed for you.
+    """
+
+    def __init__(
+        self,
+        base_url: str = DEFAULT_BASE_URL,
+        *,
+        api_key: str | None = None,
+        timeout: float | httpx.Timeout = DEFAULT_TIMEOUT,
+        max_resumes: int = 5,
+        tool_timeout: float = DEFAULT_TOOL_TIMEOUT_S,
+        http_client: httpx.Client | None = None,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.max_resumes = max_resumes
+        self.tool_timeout = tool_timeout
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._owns_http = http_client is None
+        self._http = http_client or httpx.Client(timeout=timeout)
+        self._headers = headers
+
+    # -- lifecycle ----------------------------------------------------------------------
+
+    def close(self) -> None:
+        if self._owns_http:
+            self._http.close()
+
+    def __enter__(self) -> ToolForge:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- streams ------------------------------------------------------------------------
+
+    def stream(self, input: str | None = None, **options: Unpack[StreamOptions]) -> Stream:
+        """``POST /v1/stream``: returns once the gateway accepted the request (an HTTP
+        error raises here), to be iterated (``for event in stream``) or drained
+        (``stream.until_done()``). ``options``: :class:`StreamOptions` (the request
+        fields of docs/protocol.md §5, callbacks, ``timeout`` for the whole request,
+        ``tool_timeout`` for each client tool). Leaving a stream early cancels it.
+        """
+        p = plan(self.max_resumes, input, options)
+        stream = Stream(self, StreamState(), p.tools, p.callbacks, p.timeout, p.tool_timeout)
+        stream._start("POST", "/v1/stream", json=p.body, headers=p.headers)
+        return stream
+
+    def run(self, input: str | None = None, **options: Unpack[StreamOptions]) -> StreamResult:
+        """``stream(...)`` to the end: the :class:`StreamResult`, or :class:`StreamError`
+        if the stream ended with an ``error`` frame."""
+        with self.stream(input, **options) as stream:
+            return stream.until_done()
+
+    def resume(
+        self,
+        stream_id: str,
+        last_event_id: int = 0,
+        *,
+        client_tools: Iterable[ClientTool | ToolFunction | Mapping[str, Any]] = (),
+        timeout: float | None = None,
+        tool_timeout: float | None = None,
+        **callbacks: Callback | None,
+    ) -> Stream:
+        """``GET /v1/streams/{id}``: the frames after ``last_event_id``, then live to the
+        end (a stream stays resumable for the gateway's ``RESUME_TTL_S``)."""
+        _, by_name = build_body(
+            input="", messages=None, tools=None, client_tools=client_tools,
+            on_disconnect=None, extra={},
+        )  # fmt: skip
+        state = StreamState(stream_id, last_event_id)
+        stream = Stream(self, state, by_name, Callbacks(**callbacks), timeout, tool_timeout)
+        stream._start(
+            "GET", f"/v1/streams/{stream_id}", headers={"Last-Event-ID": str(last_event_id)}
+        )
+        return stream
+
+    def cancel(self, stream_id: str) -> dict[str, Any]:
+        """``POST /v1/streams/{id}/cancel``: answers once the stream has ended."""
+        return self._post(f"/v1/streams/{stream_id}/cancel", None)
+
+    def approve(self, stream_id: str, call_id: str, approve: bool = True) -> dict[str, Any]:
+        """Approve (or, ``approve=False``, deny) a tool call that needs approval."""
+        return self._post(f"/v1/streams/{stream_id}/approvals/{call_id}", {"approve": approve})
+
+    def submit_tool_result(
+        self,
+        stream_id: str,
+        call_id: str,
+        result: Any = None,
+        *,
+        error: str | None = None,
+        code: str = "CLIENT_TOOL_FAILED",
+    ) -> dict[str, Any]:
+        """Post a client tool's result (or ``error=`` a message saying why it failed).
+        404: no such call waits; 409: it has its result already; 422: a bad body."""
+        if error is not None:
+            body: dict[str, Any] = {"ok": False, "error": {"code": code, "message": error}}
+        else:
+            body = {"ok": True, "result": result}
+        return self._post(f"/v1/streams/{stream_id}/tool_results/{call_id}", body)
+
+    def _post(self, path: str, body: Any) -> dict[str, Any]:
+        try:
+            response = self._http.post(self.base_url + path, json=body, headers=self._headers)
+        except httpx.TransportError as exc:
+            raise transport_error(exc, f"POST {path}") from exc
+        if response.status_code >= 400:
+            raise status_error(response)
+        data: dict[str, Any] = response.json()
+        return data
+
+
+class Stream(AbstractContextManager["Stream"]):
+    """One stream: iterate it for its :class:`Event` s (pings left out). Callbacks run
+    as each frame arrives; client tools run, and approvals are asked, right after their
+    ``tool.call`` was handed to you. Not reading pauses the stream: the gateway's queue
+    fills, and then it stops reading the model (backpressure), losing nothing."""
+
+    def __init__(
+        self,
+        client: ToolForge,
+        state: StreamState,
+        tools: dict[str, ClientTool],
+        callbacks: Callbacks,
+        timeout: float | None,
+        tool_timeout: float | None,
+    ) -> None:
+        self._client = client
+        self._state = state
+        self._tools = tools
+        self._callbacks = callbacks
+        self._tool_timeout = tool_timeout
+        self._timeout = timeout
+        self._connection: AbstractContextManager[EventSource] | None = None
+        self._response: httpx.Response | None = None
+        self._sse: Iterator[ServerSentEvent] | None = None
+        self._iterator = self._events()
+        self._timer: threading.Timer | None = None
+        self._timed_out = False
+        self._cancelled = False
+        self._abandoned = False
+
+    @property
+    def stream_id(self) -> str | None:
+        return self._state.result.stream_id
+
+    @property
+    def result(self) -> StreamResult:
+        """What arrived so far (all of it once the stream is done)."""
+        return self._state.result
+
+    def __iter__(self) -> Iterator[Event]:
+        return self._iterator
+
+    def __next__(self) -> Event:
+        return next(self._iterator)
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def until_done(self) -> StreamResult:
+        """Read to the end: the :class:`StreamResult`, or :class:`StreamError`."""
+        for _ in self._iterator:
+            pass
+        self._state.result.raise_for_error()
+        return self._state.result
+
+    def cancel(self) -> dict[str, Any]:
+        """Stop the stream on the gateway; iterating goes on to its ``done`` (cancelled)."""
+        self._cancelled = True
+        return self._client.cancel(self._require_id())
+
+    def approve(self, call_id: str, approve: bool = True) -> dict[str, Any]:
+        return self._client.approve(self._require_id(), call_id, approve)
+
+    def deny(self, call_id: str) -> dict[str, Any]:
+        return self._client.approve(self._require_id(), call_id, False)
+
+    def submit_tool_result(
+        self,
+        call_id: str,
+        result: Any = None,
+        *,
+        error: str | None = None,
+        code: str = "CLIENT_TOOL_FAILED",
+    ) -> dict[str, Any]:
+        return self._client.submit_tool_result(
+            self._require_id(), call_id, result, error=error, code=code
+        )
+
+    def close(self) -> None:
+        """Close the connection; a stream not done yet is cancelled on the gateway."""
+        self._iterator.close()
+        self._finish()
+
+    # -- internals ----------------------------------------------------------------------
+
+    def _require_id(self) -> str:
+        if self.stream_id is None:
+            raise RuntimeError("the stream has no id yet")
+        return self.stream_id
+
+    def _start(self, method: str, path: str, **kwargs: Any) -> None:
+        self._open(method, path, **kwargs)
+        if self._timeout is not None:
+            self._timer = threading.Timer(self._timeout, self._expire)
+            self._timer.daemon = True
+            self._timer.start()
+
+    def _open(self, method: str, path: str, **kwargs: Any) -> None:
+        client = self._client
+        headers = {**client._headers, **kwargs.pop("headers", {})}
+        connection = connect_sse(
+            client._http, method, client.base_url + path, headers=headers, **kwargs
+        )
+        try:
+            source = connection.__enter__()
+        except httpx.TransportError as exc:
+            raise transport_error(exc, f"{method} {path}") from exc
+        response = source.response
+        if response.status_code >= 400:
+            response.read()
+            connection.__exit__(None, None, None)
+            raise status_error(response)
+        if self._state.result.stream_id is None:
+            self._state.result.stream_id = response.headers.get("x-stream-id")
+        self._connection, self._response, self._sse = connection, response, source.iter_sse()
+
+    def _disconnect(self) -> None:
+        connection, self._connection, self._sse = self._connection, None, None
+        if connection is not None:
+            try:
+                connection.__exit__(None, None, None)
+            except httpx.HTTPError:
+                pass  # it was broken already
+
+    def _events(self) -> Generator[Event, None, None]:
+        state = self._state
+        try:
+            while True:
+                assert self._sse is not None
+                try:
+                    sse = next(self._sse)
+                except StopIteration:
+                    self._reconnect("the connection ended before the done frame")
+                    continue
+                except httpx.TransportError as exc:
+                    self._reconnect(f"{type(exc).__name__}: {exc}")
+                    continue
+                event = state.accept(sse.event, sse.id, sse.data)
+                if event is None:
+                    continue
+                for callback, arg in self._callbacks.calls(event):
+                    callback(arg)
+                if state.finished:
+                    self._disconnect()
+                    if self._timed_out and not self._cancelled:
+                        raise self._deadline_error()
+                    yield event
+                    return
+                yield event
+                if isinstance(event.data, ToolCall):
+                    self._act(event.data)
+        finally:
+            self._finish()
+
+    def _act(self, call: ToolCall) -> None:
+        tool = self._tools.get(call.name)
+        if call.executor == "client" and tool is not None and tool.fn is not None:
+            timeout = tool.timeout or self._tool_timeout or self._client.tool_timeout
+            outcome = run_tool_sync(tool, call.args, timeout)
+            self._client._post(
+                f"/v1/streams/{self._require_id()}/tool_results/{call.id}", outcome.to_wire()
+            )
+        elif call.needs_approval and self._callbacks.on_approval is not None:
+            decision = bool(self._callbacks.on_approval(call))
+            self.approve(call.id, decision)
+
+    def _reconnect(self, why: str) -> None:
+        self._disconnect()
+        result = self._state.result
+        if self._timed_out:
+            raise self._deadline_error()
+        while True:
+            if result.stream_id is None or result.resumes >= self._client.max_resumes:
+                raise APIConnectionError(
+                    f"the connection to the gateway dropped ({why}) and was not resumed "
+                    f"after {result.resumes} attempt(s)",
+                    stream_id=result.stream_id,
+                    last_event_id=result.last_event_id,
+                )
+            result.resumes += 1
+            time.sleep(backoff_s(result.resumes))
+            try:
+                self._open(
+                    "GET",
+                    f"/v1/streams/{result.stream_id}",
+                    headers={"Last-Event-ID": str(result.last_event_id)},
+                )
+                return
+            except APIConnectionError as exc:
+                why = str(exc)
+
+    def _expire(self) -> None:
+        """The request's deadline: cancel the stream (its done frame ends the reading);
+        if the gateway cannot be told, close the connection instead."""
+        if self._state.finished:
+            return
+        self._timed_out = True
+        try:
+            self._client.cancel(self._require_id())
+        except Exception:
+            response = self._response
+            if response is not None:
+                response.close()
+
+    def _deadline_error(self) -> RequestTimeoutError:
+        return RequestTimeoutError(
+            f"the request did not finish in {self._timeout:g} s: cancelled",
+            stream_id=self.stream_id,
+            result=self._state.result,
+        )
+
+    def _finish(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._disconnect()
+        if not self._state.finished and self.stream_id is not None and not self._abandoned:
+            self._abandoned = True  # cancel at most once
+            try:
+                self._client.cancel(self.stream_id)
+            except Exception:  # best effort: the gateway may be gone
+                pass

@@ -1,0 +1,127 @@
+"""The harness for the client tests: a real gateway on loopback in front of a scripted
+upstream (``toolforge.eval.loopback``, as in tests/api), the demo's scripts, and a TCP
+proxy that can cut a connection mid-stream."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from tests.api.conftest import HarnessFactory, sentinel_reply
+from toolforge.core.events import FrameKind
+from toolforge.core.protocol import sentinels
+from toolforge.eval.loopback import start_gateway
+from toolforge.eval.scripted_upstream import Script
+
+__all__ = ["DEMO_INPUT", "DropProxy", "call", "demo_scripts", "make_gateway", "tokens"]
+
+DEMO_INPUT = "Find pizza near me; book a table at 7pm if open."
+
+
+@pytest.fixture
+async def make_gateway(tmp_path: Path) -> AsyncIterator[HarnessFactory]:
+    async with contextlib.AsyncExitStack() as stack:
+
+        async def factory(scripts: Any = (), **settings: Any) -> Any:
+            return await start_gateway(stack, tmp_path / "artifacts", scripts, **settings)
+
+        yield factory
+
+
+def tokens(text: str, size: int = 4, delay_ms: float = 0) -> Script:
+    return Script.from_tokens([text[i : i + size] for i in range(0, len(text), size)],
+                              delay_ms=delay_ms)  # fmt: skip
+
+
+def call(fid: str, name: str, args: object) -> str:
+    return sentinels.frame(FrameKind.TOOL_CALL, fid, name, orjson.dumps(args).decode())
+
+
+def demo_scripts() -> list[Script]:
+    """The README's demo, scripted: search, book, then an OBJECT and the RESULT."""
+    search = call("t1", "places.search", {"query": "pizza", "radius_km": 2, "open_at": "19:00"})
+    book = call(
+        "t2", "bookings.create", {"place_id": "trattoria-roma", "time": "19:00", "party_size": 2}
+    )
+    action = '{"mode":"book","target":{"kind":"place","id":"trattoria-roma"}}'
+    obj = sentinels.frame(FrameKind.OBJECT, "o1", "Action", action)
+    return [
+        tokens("Let me look. " + search),
+        tokens("Booking it. " + book),
+        tokens("Done. " + obj + " " + sentinel_reply("Booked Trattoria Roma at 19:00.")),
+    ]
+
+
+class DropProxy:
+    """A TCP proxy in front of the gateway: ``drop_when(bytes sent to the client so far)``
+    true on the first connection cuts both sides of it (a dropped connection, as a
+    flaky network makes); later connections pass through."""
+
+    def __init__(self, target: str, drop_when: Callable[[bytes], bool]) -> None:
+        self._host, port = target.removeprefix("http://").split(":")
+        self._port = int(port)
+        self._drop_when = drop_when
+        self.connections = 0
+        self.dropped = 0
+        self._server: asyncio.Server | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    @property
+    def url(self) -> str:
+        assert self._server is not None
+        return f"http://127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
+
+    async def __aenter__(self) -> DropProxy:
+        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._server is not None
+        self._server.close()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._server.wait_closed()
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._tasks.add(task)
+        self.connections += 1
+        first = self.connections == 1
+        up_reader, up_writer = await asyncio.open_connection(self._host, self._port)
+
+        async def upstream() -> None:
+            while data := await reader.read(65536):
+                up_writer.write(data)
+                await up_writer.drain()
+
+        async def downstream() -> None:
+            seen = b""
+            while data := await up_reader.read(65536):
+                writer.write(data)
+                await writer.drain()
+                if first:
+                    seen += data
+                    if self._drop_when(seen):
+                        self.dropped += 1
+                        writer.transport.abort()
+                        up_writer.transport.abort()
+                        return
+
+        try:
+            pumps = [asyncio.create_task(upstream()), asyncio.create_task(downstream())]
+            await asyncio.wait(pumps, return_when=asyncio.FIRST_COMPLETED)
+            for pump in pumps:
+                pump.cancel()
+            await asyncio.gather(*pumps, return_exceptions=True)
+        finally:
+            writer.transport.abort()
+            up_writer.transport.abort()
+            self._tasks.discard(task)
