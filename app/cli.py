@@ -1,9 +1,11 @@
-"""The ``toolforge`` console script: ``serve``, ``obtain``, ``conformance``, ``mcp-serve``
-(SPEC §8)."""
+"""The ``toolforge`` console script: ``serve``, ``obtain``, ``conformance``, ``mcp-serve``,
+``demo`` (SPEC §8)."""
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import shlex
 import sys
 from collections.abc import Sequence
@@ -11,6 +13,7 @@ from typing import Any
 
 from toolforge.api.app import create_app
 from toolforge.api.server import run
+from toolforge.demo import DEMO_BODY, run_demo, use_color
 from toolforge.errors import ServerError
 from toolforge.eval.conformance.command import add_conformance_command
 from toolforge.runtime.local_backend import LocalBackend, cache_root
@@ -30,10 +33,7 @@ def _serve(args: argparse.Namespace) -> None:
 
     def ready(effective: Settings) -> None:
         # A human is reading: plain text, and a request they can paste as is.
-        body = (
-            '{"input": "Find pizza near me; book a table at 7pm if open.", '
-            '"profile": "demo", "max_tool_calls": 2}'
-        )
+        body = json.dumps(DEMO_BODY)
         print(
             f"\nToolForge is serving on http://{host}:{port} "
             f"(upstream {effective.upstream_base_url}, model {effective.model_id}).\n"
@@ -105,6 +105,20 @@ def _mcp_serve(args: argparse.Namespace) -> None:
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
 
 
+def _demo(args: argparse.Namespace) -> None:
+    body = {**DEMO_BODY, "input": args.input} if args.input else DEMO_BODY
+    raise SystemExit(
+        run_demo(
+            args.url,
+            out=sys.stdout,
+            err=sys.stderr,
+            color=use_color(args.color, sys.stdout),
+            body=body,
+            api_key=args.api_key or os.environ.get("TOOLFORGE_API_KEY"),
+        )
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="toolforge", description="ToolForge gateway")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -128,6 +142,19 @@ def main(argv: Sequence[str] | None = None) -> None:
     mcp.add_argument("--host", default="127.0.0.1")
     mcp.add_argument("--port", type=int, default=None, help="serve streamable HTTP on /mcp")
     mcp.set_defaults(func=_mcp_serve)
+    demo = sub.add_parser(
+        "demo", help="stream the demo request to a running gateway and draw its timeline"
+    )
+    demo.add_argument("--url", default="http://127.0.0.1:8000", help="the gateway")
+    demo.add_argument("--input", help="another request text than the demo's")
+    demo.add_argument(
+        "--color",
+        choices=["auto", "always", "never"],
+        default="auto",
+        help="auto: colours when stdout is a terminal and NO_COLOR is unset",
+    )
+    demo.add_argument("--api-key", help="sent as a Bearer token (default: TOOLFORGE_API_KEY)")
+    demo.set_defaults(func=_demo)
     args = parser.parse_args(argv)
     args.func(args)
 
