@@ -26,6 +26,7 @@ from toolforge.core.tools import ToolRegistry, ToolSpec
 from toolforge.eval.scripted_upstream import Script
 from toolforge_client import (
     APIConnectionError,
+    APITimeoutError,
     AsyncToolForge,
     BadRequestError,
     ConflictError,
@@ -253,6 +254,10 @@ async def test_bad_results_posted_by_hand_raise_typed_errors(
             with ToolForge(gw.url) as client, client.stream("x", client_tools=[declared]) as s:
                 for event in s:
                     if isinstance(event.data, ToolCall):
+                        try:
+                            s.submit_tool_result("t1", error="")  # a failure says why
+                        except BadRequestError as exc:
+                            errors["empty error"] = exc
                         for name, cid in (("unknown", "t9"), ("first", "t1"), ("dup", "t1")):
                             try:
                                 s.submit_tool_result(cid, {"answer": "yes"})
@@ -266,13 +271,19 @@ async def test_bad_results_posted_by_hand_raise_typed_errors(
             async with await client.stream("x", client_tools=[declared]) as s:
                 async for event in s:
                     if isinstance(event.data, ToolCall):
+                        try:
+                            await s.submit_tool_result("t1", error="")
+                        except BadRequestError as exc:
+                            errors["empty error"] = exc
                         for name, cid in (("unknown", "t9"), ("first", "t1"), ("dup", "t1")):
                             try:
                                 await s.submit_tool_result(cid, {"answer": "yes"})
                             except (NotFoundError, ConflictError) as exc:
                                 errors[name] = exc
                 result = s.result
-    assert set(errors) == {"unknown", "dup"}
+    assert set(errors) == {"empty error", "unknown", "dup"}
+    assert isinstance(errors["empty error"], BadRequestError)
+    assert errors["empty error"].status_code == 422
     assert isinstance(errors["unknown"], NotFoundError) and errors["unknown"].status_code == 404
     assert errors["unknown"].code == "NOT_FOUND" and "t1" in errors["unknown"].message
     assert isinstance(errors["dup"], ConflictError) and errors["dup"].status_code == 409
@@ -516,6 +527,59 @@ async def test_a_client_tool_over_its_timeout_is_a_timeout_result(
         assert r.error.details == [{"client_code": "CLIENT_TOOL_TIMEOUT"}]
         assert "did not finish" in r.error.message
     assert result.done is not None and result.done.reason == "stop"
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_pings_keep_a_slow_stream_within_the_read_timeout(
+    make_gateway: HarnessFactory, mode: str
+) -> None:
+    # The model is silent for 0.6 s between tokens; the client's read timeout is 0.3 s.
+    # The gateway's pings (every 0.1 s here, 15 s by default) keep the line alive.
+    gw = await make_gateway(
+        [Script.from_tokens(["a ", "b ", sentinel_reply()], delay_ms=600)],
+        ping_interval_s=0.1,
+        idle_s=5.0,
+    )
+    timeout = httpx.Timeout(0.3, connect=2.0)
+    if mode == "sync":
+
+        def go() -> StreamResult:
+            with ToolForge(gw.url, timeout=timeout) as client:
+                return client.run("x")
+
+        result = await in_thread(go)
+    else:
+        async with AsyncToolForge(gw.url, timeout=timeout) as client:
+            result = await client.run("x")
+    assert result.resumes == 0 and result.text.startswith("a b ")
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_a_silent_gateway_is_a_timeout_after_the_resumes(
+    make_gateway: HarnessFactory, mode: str
+) -> None:
+    # An upstream that hangs, no pings within the read timeout: each read times out, the
+    # SDK resumes (max_resumes times), then raises APITimeoutError with where it was.
+    gw = await make_gateway(
+        [Script.from_tokens(["a "], finish=None, end="hang")], ping_interval_s=30, idle_s=10
+    )
+    timeout = httpx.Timeout(0.2, connect=2.0)
+    if mode == "sync":
+
+        def go() -> StreamResult:
+            with ToolForge(gw.url, timeout=timeout, max_resumes=2) as client:
+                return client.run("x")
+
+        with pytest.raises(APITimeoutError) as err:
+            await in_thread(go)
+    else:
+        async with AsyncToolForge(gw.url, timeout=timeout, max_resumes=2) as client:
+            with pytest.raises(APITimeoutError) as err:
+                await client.run("x")
+    assert "after 2 attempt(s)" in str(err.value) and err.value.last_event_id >= 2
+    assert err.value.stream_id is not None
+    await gw.settle(upstream_closed=True)  # leaving it cancelled the stream
+    assert gw.gateway.registry.get(err.value.stream_id).reason == "cancelled"
 
 
 # -- approvals -----------------------------------------------------------------------------

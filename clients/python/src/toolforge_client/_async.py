@@ -27,7 +27,12 @@ from toolforge_client._state import (
     plan,
 )
 from toolforge_client._sync import DEFAULT_BASE_URL, DEFAULT_TIMEOUT, transport_error
-from toolforge_client.errors import APIConnectionError, RequestTimeoutError, status_error
+from toolforge_client.errors import (
+    APIConnectionError,
+    APITimeoutError,
+    RequestTimeoutError,
+    status_error,
+)
 from toolforge_client.frames import ToolCall
 from toolforge_client.tools import ClientTool, ToolFunction, run_tool_async
 
@@ -276,7 +281,8 @@ class AsyncStream(AbstractAsyncContextManager["AsyncStream"]):
                     await self._reconnect("the connection ended before the done frame")
                     continue
                 except httpx.TransportError as exc:
-                    await self._reconnect(f"{type(exc).__name__}: {exc}")
+                    timed_out = isinstance(exc, httpx.TimeoutException)
+                    await self._reconnect(f"{type(exc).__name__}: {exc}", timed_out=timed_out)
                     continue
                 event = state.accept(sse.event, sse.id, sse.data)
                 if event is None:
@@ -307,14 +313,15 @@ class AsyncStream(AbstractAsyncContextManager["AsyncStream"]):
             decision = bool(await _call(self._callbacks.on_approval, call))
             await self.approve(call.id, decision)
 
-    async def _reconnect(self, why: str) -> None:
+    async def _reconnect(self, why: str, *, timed_out: bool = False) -> None:
         await self._disconnect()
         result = self._state.result
         if self._timed_out:
             raise self._deadline_error()
         while True:
             if result.stream_id is None or result.resumes >= self._client.max_resumes:
-                raise APIConnectionError(
+                cls = APITimeoutError if timed_out else APIConnectionError
+                raise cls(
                     f"the connection to the gateway dropped ({why}) and was not resumed "
                     f"after {result.resumes} attempt(s)",
                     stream_id=result.stream_id,
@@ -330,7 +337,7 @@ class AsyncStream(AbstractAsyncContextManager["AsyncStream"]):
                 )
                 return
             except APIConnectionError as exc:
-                why = str(exc)
+                why, timed_out = str(exc), isinstance(exc, APITimeoutError)
 
     async def _expire(self, after: float) -> None:
         await asyncio.sleep(after)

@@ -305,7 +305,8 @@ class Stream(AbstractContextManager["Stream"]):
                     self._reconnect("the connection ended before the done frame")
                     continue
                 except httpx.TransportError as exc:
-                    self._reconnect(f"{type(exc).__name__}: {exc}")
+                    timed_out = isinstance(exc, httpx.TimeoutException)
+                    self._reconnect(f"{type(exc).__name__}: {exc}", timed_out=timed_out)
                     continue
                 event = state.accept(sse.event, sse.id, sse.data)
                 if event is None:
@@ -336,14 +337,15 @@ class Stream(AbstractContextManager["Stream"]):
             decision = bool(self._callbacks.on_approval(call))
             self.approve(call.id, decision)
 
-    def _reconnect(self, why: str) -> None:
+    def _reconnect(self, why: str, *, timed_out: bool = False) -> None:
         self._disconnect()
         result = self._state.result
         if self._timed_out:
             raise self._deadline_error()
         while True:
             if result.stream_id is None or result.resumes >= self._client.max_resumes:
-                raise APIConnectionError(
+                cls = APITimeoutError if timed_out else APIConnectionError
+                raise cls(
                     f"the connection to the gateway dropped ({why}) and was not resumed "
                     f"after {result.resumes} attempt(s)",
                     stream_id=result.stream_id,
@@ -359,7 +361,7 @@ class Stream(AbstractContextManager["Stream"]):
                 )
                 return
             except APIConnectionError as exc:
-                why = str(exc)
+                why, timed_out = str(exc), isinstance(exc, APITimeoutError)
 
     def _expire(self) -> None:
         """The request's deadline: cancel the stream (its done frame ends the reading);
