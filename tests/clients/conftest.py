@@ -115,13 +115,15 @@ class DropProxy:
                         up_writer.transport.abort()
                         return
 
+        pumps = [asyncio.create_task(upstream()), asyncio.create_task(downstream())]
         try:
-            pumps = [asyncio.create_task(upstream()), asyncio.create_task(downstream())]
             await asyncio.wait(pumps, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            pass  # the proxy is closing
+        finally:
             for pump in pumps:
                 pump.cancel()
             await asyncio.gather(*pumps, return_exceptions=True)
-        finally:
             writer.transport.abort()
             up_writer.transport.abort()
             self._tasks.discard(task)

@@ -422,6 +422,49 @@ async def test_no_resume_when_disabled(make_gateway: HarnessFactory) -> None:
     assert gw.gateway.registry.get(err.value.stream_id).reason == "client_disconnected"
 
 
+@pytest.mark.parametrize("mode", MODES)
+async def test_resume_by_hand_after_giving_up(make_gateway: HarnessFactory, mode: str) -> None:
+    words = [f"w{i} " for i in range(40)]
+    gw = await make_gateway([Script.from_tokens([*words, sentinel_reply()], delay_ms=10)])
+    async with DropProxy(gw.url, lambda seen: b"event: text.delta" in seen) as proxy:
+        if mode == "sync":
+
+            def go() -> tuple[APIConnectionError, StreamResult]:
+                with ToolForge(proxy.url, max_resumes=0) as client:
+                    with pytest.raises(APIConnectionError) as err:
+                        client.run("x", on_disconnect="continue")
+                    e = err.value
+                    assert e.stream_id is not None
+                    with client.resume(e.stream_id, e.last_event_id) as rest:
+                        return e, rest.until_done()
+
+            dropped, rest = await in_thread(go)
+        else:
+            async with AsyncToolForge(proxy.url, max_resumes=0) as client:
+                with pytest.raises(APIConnectionError) as err:
+                    await client.run("x", on_disconnect="continue")
+                dropped = err.value
+                assert dropped.stream_id is not None
+                resumed = await client.resume(dropped.stream_id, dropped.last_event_id)
+                async with resumed:
+                    rest = await resumed.until_done()
+    assert rest.events[0].id == dropped.last_event_id + 1
+    assert rest.value == {"answer": "Two places are open."}
+    assert rest.done is not None and rest.done.reason == "stop"
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_an_idempotency_key_replays_the_stored_stream(
+    make_gateway: HarnessFactory, mode: str
+) -> None:
+    gw = await make_gateway([tokens(sentinel_reply("Once."))])
+    first = await run(mode, gw.url, "x", idempotency_key="k-1")
+    again = await run(mode, gw.url, "x", idempotency_key="k-1")
+    assert len(gw.upstream.requests) == 1  # the model answered once
+    assert [(e.id, e.event) for e in again.events] == [(e.id, e.event) for e in first.events]
+    assert again.value == first.value == {"answer": "Once."}
+
+
 # -- cancel --------------------------------------------------------------------------------
 
 
@@ -577,9 +620,14 @@ async def test_a_silent_gateway_is_a_timeout_after_the_resumes(
             with pytest.raises(APITimeoutError) as err:
                 await client.run("x")
     assert "after 2 attempt(s)" in str(err.value) and err.value.last_event_id >= 2
-    assert err.value.stream_id is not None
-    await gw.settle(upstream_closed=True)  # leaving it cancelled the stream
-    assert gw.gateway.registry.get(err.value.stream_id).reason == "cancelled"
+    stream_id = err.value.stream_id
+    assert stream_id is not None
+    session = gw.gateway.registry.get(stream_id)
+    assert session.running  # left resumable, not cancelled: the caller decides
+    async with AsyncToolForge(gw.url) as client:
+        assert (await client.cancel(stream_id))["cancelled"] is True
+    await gw.settle(upstream_closed=True)
+    assert session.reason == "cancelled"
 
 
 # -- approvals -----------------------------------------------------------------------------

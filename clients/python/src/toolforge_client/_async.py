@@ -321,6 +321,7 @@ class AsyncStream(AbstractAsyncContextManager["AsyncStream"]):
         while True:
             if result.stream_id is None or result.resumes >= self._client.max_resumes:
                 cls = APITimeoutError if timed_out else APIConnectionError
+                self._abandoned = True  # left resumable: not cancelled
                 raise cls(
                     f"the connection to the gateway dropped ({why}) and was not resumed "
                     f"after {result.resumes} attempt(s)",
