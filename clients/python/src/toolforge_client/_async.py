@@ -14,6 +14,7 @@ from typing import Any, Unpack
 import httpx
 from httpx_sse import EventSource, ServerSentEvent, aconnect_sse
 
+from toolforge_client._base import ClientBase, StreamBase
 from toolforge_client._state import (
     DEFAULT_TOOL_TIMEOUT_S,
     Callback,
@@ -23,14 +24,12 @@ from toolforge_client._state import (
     StreamResult,
     StreamState,
     backoff_s,
-    build_body,
     plan,
 )
 from toolforge_client._sync import DEFAULT_BASE_URL, DEFAULT_TIMEOUT, transport_error
 from toolforge_client.errors import (
     APIConnectionError,
     APITimeoutError,
-    RequestTimeoutError,
     status_error,
 )
 from toolforge_client.frames import ToolCall
@@ -39,7 +38,7 @@ from toolforge_client.tools import ClientTool, ToolFunction, run_tool_async
 __all__ = ["AsyncStream", "AsyncToolForge"]
 
 
-class AsyncToolForge:
+class AsyncToolForge(ClientBase):
     """The asyncio client; arguments as :class:`toolforge_client.ToolForge`'s
     (``http_client``: an ``httpx.AsyncClient``)."""
 
@@ -53,10 +52,9 @@ class AsyncToolForge:
         tool_timeout: float = DEFAULT_TOOL_TIMEOUT_S,
         http_client: httpx.AsyncClient | None = None,
     ) -> None:
-        self.base_url = base_url.rstrip("/")
-        self.max_resumes = max_resumes
-        self.tool_timeout = tool_timeout
-        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        super().__init__(
+            base_url, api_key=api_key, max_resumes=max_resumes, tool_timeout=tool_timeout
+        )
         self._owns_http = http_client is None
         self._http = http_client or httpx.AsyncClient(timeout=timeout)
 
@@ -95,15 +93,9 @@ class AsyncToolForge:
         **callbacks: Callback,
     ) -> AsyncStream:
         """``GET /v1/streams/{id}`` after ``last_event_id``, then live to the end."""
-        _, tools = build_body(
-            input="", messages=None, tools=None, client_tools=client_tools,
-            on_disconnect=None, extra={},
-        )  # fmt: skip
-        state = StreamState(stream_id, last_event_id)
+        state, tools, headers = self._resume_state(stream_id, last_event_id, client_tools)
         stream = AsyncStream(self, state, tools, Callbacks(**callbacks), timeout, tool_timeout)
-        await stream._start(
-            "GET", f"/v1/streams/{stream_id}", headers={"Last-Event-ID": str(last_event_id)}
-        )
+        await stream._start("GET", f"/v1/streams/{stream_id}", headers=headers)
         return stream
 
     async def cancel(self, stream_id: str) -> dict[str, Any]:
@@ -123,10 +115,7 @@ class AsyncToolForge:
         error: str | None = None,
         code: str = "CLIENT_TOOL_FAILED",
     ) -> dict[str, Any]:
-        if error is not None:
-            body: dict[str, Any] = {"ok": False, "error": {"code": code, "message": error}}
-        else:
-            body = {"ok": True, "result": result}
+        body = self._tool_result_body(result, error, code)
         return await self._post(f"/v1/streams/{stream_id}/tool_results/{call_id}", body)
 
     async def _post(self, path: str, body: Any) -> dict[str, Any]:
@@ -147,7 +136,7 @@ async def _call(callback: Callback, arg: Any) -> Any:
     return value
 
 
-class AsyncStream(AbstractAsyncContextManager["AsyncStream"]):
+class AsyncStream(StreamBase[AsyncToolForge], AbstractAsyncContextManager["AsyncStream"]):
     """One stream on asyncio: ``async for event in stream``; see ``Stream``."""
 
     def __init__(
@@ -159,28 +148,12 @@ class AsyncStream(AbstractAsyncContextManager["AsyncStream"]):
         timeout: float | None,
         tool_timeout: float | None,
     ) -> None:
-        self._client = client
-        self._state = state
-        self._tools = tools
-        self._callbacks = callbacks
-        self._timeout = timeout
-        self._tool_timeout = tool_timeout
+        super().__init__(client, state, tools, callbacks, timeout, tool_timeout)
         self._connection: AbstractAsyncContextManager[EventSource] | None = None
         self._response: httpx.Response | None = None
         self._sse: AsyncIterator[ServerSentEvent] | None = None
         self._iterator = self._events()
         self._watchdog: asyncio.Task[None] | None = None
-        self._timed_out = False
-        self._cancelled = False
-        self._abandoned = False
-
-    @property
-    def stream_id(self) -> str | None:
-        return self._state.result.stream_id
-
-    @property
-    def result(self) -> StreamResult:
-        return self._state.result
 
     def __aiter__(self) -> AsyncIterator[Event]:
         return self._iterator
@@ -229,11 +202,6 @@ class AsyncStream(AbstractAsyncContextManager["AsyncStream"]):
         await self._finish()
 
     # -- internals ----------------------------------------------------------------------
-
-    def _require_id(self) -> str:
-        if self.stream_id is None:
-            raise RuntimeError("the stream has no id yet")
-        return self.stream_id
 
     async def _start(self, method: str, path: str, **kwargs: Any) -> None:
         await self._open(method, path, **kwargs)
@@ -302,43 +270,27 @@ class AsyncStream(AbstractAsyncContextManager["AsyncStream"]):
             await self._finish()
 
     async def _act(self, call: ToolCall) -> None:
-        tool = self._tools.get(call.name)
-        if call.executor == "client" and tool is not None and tool.fn is not None:
-            timeout = tool.timeout or self._tool_timeout or self._client.tool_timeout
-            outcome = await run_tool_async(tool, call.args, timeout)
-            await self._client._post(
-                f"/v1/streams/{self._require_id()}/tool_results/{call.id}", outcome.to_wire()
-            )
+        run = self._client_tool(call)
+        if run is not None:
+            outcome = await run_tool_async(run[0], call.args, run[1])
+            await self._client._post(self._tool_result_path(call), outcome.to_wire())
         elif call.needs_approval and self._callbacks.on_approval is not None:
-            decision = bool(await _call(self._callbacks.on_approval, call))
-            await self.approve(call.id, decision)
+            await self.approve(call.id, bool(await _call(self._callbacks.on_approval, call)))
 
     async def _reconnect(self, why: str, *, timed_out: bool = False) -> None:
         await self._disconnect()
-        result = self._state.result
         if self._timed_out:
             raise self._deadline_error()
-        while True:
-            if result.stream_id is None or result.resumes >= self._client.max_resumes:
-                cls = APITimeoutError if timed_out else APIConnectionError
-                self._abandoned = True  # left resumable: not cancelled
-                raise cls(
-                    f"the connection to the gateway dropped ({why}) and was not resumed "
-                    f"after {result.resumes} attempt(s)",
-                    stream_id=result.stream_id,
-                    last_event_id=result.last_event_id,
-                )
-            result.resumes += 1
-            await asyncio.sleep(backoff_s(result.resumes))
+        while self._may_resume():
+            self._state.result.resumes += 1
+            await asyncio.sleep(backoff_s(self._state.result.resumes))
+            path, headers = self._resume_path()
             try:
-                await self._open(
-                    "GET",
-                    f"/v1/streams/{result.stream_id}",
-                    headers={"Last-Event-ID": str(result.last_event_id)},
-                )
+                await self._open("GET", path, headers=headers)
                 return
             except APIConnectionError as exc:
                 why, timed_out = str(exc), isinstance(exc, APITimeoutError)
+        raise self._given_up(why, timed_out)
 
     async def _expire(self, after: float) -> None:
         await asyncio.sleep(after)
@@ -352,13 +304,6 @@ class AsyncStream(AbstractAsyncContextManager["AsyncStream"]):
             if response is not None:
                 await response.aclose()
 
-    def _deadline_error(self) -> RequestTimeoutError:
-        return RequestTimeoutError(
-            f"the request did not finish in {self._timeout:g} s: cancelled",
-            stream_id=self.stream_id,
-            result=self._state.result,
-        )
-
     async def _finish(self) -> None:
         watchdog, self._watchdog = self._watchdog, None
         if watchdog is not None and watchdog is not asyncio.current_task():
@@ -366,7 +311,6 @@ class AsyncStream(AbstractAsyncContextManager["AsyncStream"]):
             with contextlib.suppress(asyncio.CancelledError):
                 await watchdog
         await self._disconnect()
-        if not self._state.finished and self.stream_id is not None and not self._abandoned:
-            self._abandoned = True
-            with contextlib.suppress(Exception):
-                await self._client.cancel(self.stream_id)
+        if self._should_cancel_on_leaving():
+            with contextlib.suppress(Exception):  # best effort: the gateway may be gone
+                await self._client.cancel(self._require_id())

@@ -12,6 +12,7 @@ from typing import Any, Unpack
 import httpx
 from httpx_sse import EventSource, ServerSentEvent, connect_sse
 
+from toolforge_client._base import ClientBase, StreamBase
 from toolforge_client._state import (
     DEFAULT_TOOL_TIMEOUT_S,
     Callback,
@@ -21,13 +22,11 @@ from toolforge_client._state import (
     StreamResult,
     StreamState,
     backoff_s,
-    build_body,
     plan,
 )
 from toolforge_client.errors import (
     APIConnectionError,
     APITimeoutError,
-    RequestTimeoutError,
     status_error,
 )
 from toolforge_client.frames import ToolCall
@@ -45,7 +44,7 @@ def transport_error(exc: httpx.TransportError, what: str) -> APIConnectionError:
     return cls(f"{what}: {type(exc).__name__}: {exc}")
 
 
-class ToolForge:
+class ToolForge(ClientBase):
     """A client of one ToolForge gateway.
 
     ``base_url``: the gateway (``TOOLFORGE_BASE_URL``'s usual value is the default).
@@ -66,13 +65,11 @@ class ToolForge:
         tool_timeout: float = DEFAULT_TOOL_TIMEOUT_S,
         http_client: httpx.Client | None = None,
     ) -> None:
-        self.base_url = base_url.rstrip("/")
-        self.max_resumes = max_resumes
-        self.tool_timeout = tool_timeout
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        super().__init__(
+            base_url, api_key=api_key, max_resumes=max_resumes, tool_timeout=tool_timeout
+        )
         self._owns_http = http_client is None
         self._http = http_client or httpx.Client(timeout=timeout)
-        self._headers = headers
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -118,15 +115,9 @@ class ToolForge:
     ) -> Stream:
         """``GET /v1/streams/{id}``: the frames after ``last_event_id``, then live to the
         end (a stream stays resumable for the gateway's ``RESUME_TTL_S``)."""
-        _, by_name = build_body(
-            input="", messages=None, tools=None, client_tools=client_tools,
-            on_disconnect=None, extra={},
-        )  # fmt: skip
-        state = StreamState(stream_id, last_event_id)
-        stream = Stream(self, state, by_name, Callbacks(**callbacks), timeout, tool_timeout)
-        stream._start(
-            "GET", f"/v1/streams/{stream_id}", headers={"Last-Event-ID": str(last_event_id)}
-        )
+        state, tools, headers = self._resume_state(stream_id, last_event_id, client_tools)
+        stream = Stream(self, state, tools, Callbacks(**callbacks), timeout, tool_timeout)
+        stream._start("GET", f"/v1/streams/{stream_id}", headers=headers)
         return stream
 
     def cancel(self, stream_id: str) -> dict[str, Any]:
@@ -148,10 +139,7 @@ class ToolForge:
     ) -> dict[str, Any]:
         """Post a client tool's result (or ``error=`` a message saying why it failed).
         404: no such call waits; 409: it has its result already; 422: a bad body."""
-        if error is not None:
-            body: dict[str, Any] = {"ok": False, "error": {"code": code, "message": error}}
-        else:
-            body = {"ok": True, "result": result}
+        body = self._tool_result_body(result, error, code)
         return self._post(f"/v1/streams/{stream_id}/tool_results/{call_id}", body)
 
     def _post(self, path: str, body: Any) -> dict[str, Any]:
@@ -165,7 +153,7 @@ class ToolForge:
         return data
 
 
-class Stream(AbstractContextManager["Stream"]):
+class Stream(StreamBase[ToolForge], AbstractContextManager["Stream"]):
     """One stream: iterate it for its :class:`Event` s (pings left out). Callbacks run
     as each frame arrives; client tools run, and approvals are asked, right after their
     ``tool.call`` was handed to you. Not reading pauses the stream: the gateway's queue
@@ -180,29 +168,12 @@ class Stream(AbstractContextManager["Stream"]):
         timeout: float | None,
         tool_timeout: float | None,
     ) -> None:
-        self._client = client
-        self._state = state
-        self._tools = tools
-        self._callbacks = callbacks
-        self._tool_timeout = tool_timeout
-        self._timeout = timeout
+        super().__init__(client, state, tools, callbacks, timeout, tool_timeout)
         self._connection: AbstractContextManager[EventSource] | None = None
         self._response: httpx.Response | None = None
         self._sse: Iterator[ServerSentEvent] | None = None
         self._iterator = self._events()
         self._timer: threading.Timer | None = None
-        self._timed_out = False
-        self._cancelled = False
-        self._abandoned = False
-
-    @property
-    def stream_id(self) -> str | None:
-        return self._state.result.stream_id
-
-    @property
-    def result(self) -> StreamResult:
-        """What arrived so far (all of it once the stream is done)."""
-        return self._state.result
 
     def __iter__(self) -> Iterator[Event]:
         return self._iterator
@@ -254,11 +225,6 @@ class Stream(AbstractContextManager["Stream"]):
         self._finish()
 
     # -- internals ----------------------------------------------------------------------
-
-    def _require_id(self) -> str:
-        if self.stream_id is None:
-            raise RuntimeError("the stream has no id yet")
-        return self.stream_id
 
     def _start(self, method: str, path: str, **kwargs: Any) -> None:
         self._open(method, path, **kwargs)
@@ -326,43 +292,27 @@ class Stream(AbstractContextManager["Stream"]):
             self._finish()
 
     def _act(self, call: ToolCall) -> None:
-        tool = self._tools.get(call.name)
-        if call.executor == "client" and tool is not None and tool.fn is not None:
-            timeout = tool.timeout or self._tool_timeout or self._client.tool_timeout
-            outcome = run_tool_sync(tool, call.args, timeout)
-            self._client._post(
-                f"/v1/streams/{self._require_id()}/tool_results/{call.id}", outcome.to_wire()
-            )
+        run = self._client_tool(call)
+        if run is not None:
+            outcome = run_tool_sync(run[0], call.args, run[1])
+            self._client._post(self._tool_result_path(call), outcome.to_wire())
         elif call.needs_approval and self._callbacks.on_approval is not None:
-            decision = bool(self._callbacks.on_approval(call))
-            self.approve(call.id, decision)
+            self.approve(call.id, bool(self._callbacks.on_approval(call)))
 
     def _reconnect(self, why: str, *, timed_out: bool = False) -> None:
         self._disconnect()
-        result = self._state.result
         if self._timed_out:
             raise self._deadline_error()
-        while True:
-            if result.stream_id is None or result.resumes >= self._client.max_resumes:
-                cls = APITimeoutError if timed_out else APIConnectionError
-                self._abandoned = True  # left resumable: not cancelled
-                raise cls(
-                    f"the connection to the gateway dropped ({why}) and was not resumed "
-                    f"after {result.resumes} attempt(s)",
-                    stream_id=result.stream_id,
-                    last_event_id=result.last_event_id,
-                )
-            result.resumes += 1
-            time.sleep(backoff_s(result.resumes))
+        while self._may_resume():
+            self._state.result.resumes += 1
+            time.sleep(backoff_s(self._state.result.resumes))
+            path, headers = self._resume_path()
             try:
-                self._open(
-                    "GET",
-                    f"/v1/streams/{result.stream_id}",
-                    headers={"Last-Event-ID": str(result.last_event_id)},
-                )
+                self._open("GET", path, headers=headers)
                 return
             except APIConnectionError as exc:
                 why, timed_out = str(exc), isinstance(exc, APITimeoutError)
+        raise self._given_up(why, timed_out)
 
     def _expire(self) -> None:
         """The request's deadline: cancel the stream (its done frame ends the reading);
@@ -377,20 +327,12 @@ class Stream(AbstractContextManager["Stream"]):
             if response is not None:
                 response.close()
 
-    def _deadline_error(self) -> RequestTimeoutError:
-        return RequestTimeoutError(
-            f"the request did not finish in {self._timeout:g} s: cancelled",
-            stream_id=self.stream_id,
-            result=self._state.result,
-        )
-
     def _finish(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
         self._disconnect()
-        if not self._state.finished and self.stream_id is not None and not self._abandoned:
-            self._abandoned = True  # cancel at most once
+        if self._should_cancel_on_leaving():
             try:
-                self._client.cancel(self.stream_id)
+                self._client.cancel(self._require_id())
             except Exception:  # best effort: the gateway may be gone
                 pass
