@@ -4,8 +4,10 @@ file must be what the script writes for the committed schemas."""
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import json
+import pkgutil
 import shutil
 import sys
 from pathlib import Path
@@ -14,6 +16,7 @@ from types import ModuleType
 import pytest
 from pydantic import ValidationError
 
+import toolforge_client
 from toolforge.core.protocol.frames import EVENTS
 from toolforge_client import frames
 
@@ -69,3 +72,13 @@ def test_every_event_has_a_model_that_reads_its_frames() -> None:
     with pytest.raises(ValidationError):
         frames.ToolCall.model_validate({"id": "t1"})
     assert "CLIENT_TOOL_TIMEOUT" in frames.ERROR_CODES
+
+
+def test_every_sdk_module_declares_its_surface() -> None:
+    names = [m.name for m in pkgutil.walk_packages(toolforge_client.__path__, "toolforge_client.")]
+    assert "toolforge_client.frames" in names
+    for name in ["toolforge_client", *names]:
+        module = importlib.import_module(name)
+        exported = getattr(module, "__all__", None)
+        assert exported is not None, f"{name} has no __all__"
+        assert [a for a in exported if not hasattr(module, a)] == [], name
