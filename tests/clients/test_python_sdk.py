@@ -409,6 +409,53 @@ async def test_a_client_tool_answered_across_a_drop(
     assert result.value == {"answer": "Warm."}
 
 
+class _LosesFirstResultPost(httpx.HTTPTransport):
+    """A real transport whose first ``tool_results`` POST fails to connect."""
+
+    failed = 0
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        if "/tool_results/" in request.url.path and not self.failed:
+            self.failed += 1
+            raise httpx.ConnectError("network down", request=request)
+        return super().handle_request(request)
+
+
+class _LosesFirstResultPostAsync(httpx.AsyncHTTPTransport):
+    failed = 0
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        if "/tool_results/" in request.url.path and not self.failed:
+            self.failed += 1
+            raise httpx.ConnectError("network down", request=request)
+        return await super().handle_async_request(request)
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_a_result_post_that_fails_to_connect_is_sent_again(
+    make_gateway: HarnessFactory, mode: str
+) -> None:
+    gw = await make_gateway(
+        [tokens(call("t1", "get_weather", {"city": "Bergen"})), tokens(sentinel_reply())]
+    )
+    if mode == "sync":
+        transport: Any = _LosesFirstResultPost()
+
+        def go() -> StreamResult:
+            with httpx.Client(transport=transport) as http:
+                client = ToolForge(gw.url, http_client=http)
+                return client.run("x", tools=[], client_tools=[get_weather])
+
+        result = await in_thread(go)
+    else:
+        transport = _LosesFirstResultPostAsync()
+        async with httpx.AsyncClient(transport=transport) as http:
+            client = AsyncToolForge(gw.url, http_client=http)
+            result = await client.run("x", tools=[], client_tools=[get_weather])
+    assert transport.failed == 1
+    assert result.tool_results[0].result == {"city": "Bergen", "sky": "clear"}
+
+
 async def test_no_resume_when_disabled(make_gateway: HarnessFactory) -> None:
     words = [f"w{i} " for i in range(60)]
     gw = await make_gateway([Script.from_tokens([*words, sentinel_reply()], delay_ms=10)])

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import itertools
 from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Mapping
 from contextlib import AbstractAsyncContextManager
 from types import TracebackType
@@ -30,6 +31,7 @@ from toolforge_client._sync import DEFAULT_BASE_URL, DEFAULT_TIMEOUT, transport_
 from toolforge_client.errors import (
     APIConnectionError,
     APITimeoutError,
+    ConflictError,
     status_error,
 )
 from toolforge_client.frames import ToolCall
@@ -273,9 +275,24 @@ class AsyncStream(StreamBase[AsyncToolForge], AbstractAsyncContextManager["Async
         run = self._client_tool(call)
         if run is not None:
             outcome = await run_tool_async(run[0], call.args, run[1])
-            await self._client._post(self._tool_result_path(call), outcome.to_wire())
+            await self._post_result(call, outcome.to_wire())
         elif call.needs_approval and self._callbacks.on_approval is not None:
             await self.approve(call.id, bool(await _call(self._callbacks.on_approval, call)))
+
+    async def _post_result(self, call: ToolCall, body: dict[str, Any]) -> None:
+        """As ``Stream._post_result``."""
+        for attempt in itertools.count(1):
+            try:
+                await self._client._post(self._tool_result_path(call), body)
+                return
+            except ConflictError:
+                if attempt == 1:
+                    raise
+                return
+            except APIConnectionError:
+                if attempt > self._client.max_resumes:
+                    raise
+                await asyncio.sleep(backoff_s(attempt))
 
     async def _reconnect(self, why: str, *, timed_out: bool = False) -> None:
         await self._disconnect()

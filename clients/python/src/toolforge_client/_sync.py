@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections.abc import Generator, Iterable, Iterator, Mapping
@@ -27,6 +28,7 @@ from toolforge_client._state import (
 from toolforge_client.errors import (
     APIConnectionError,
     APITimeoutError,
+    ConflictError,
     status_error,
 )
 from toolforge_client.frames import ToolCall
@@ -295,9 +297,25 @@ class Stream(StreamBase[ToolForge], AbstractContextManager["Stream"]):
         run = self._client_tool(call)
         if run is not None:
             outcome = run_tool_sync(run[0], call.args, run[1])
-            self._client._post(self._tool_result_path(call), outcome.to_wire())
+            self._post_result(call, outcome.to_wire())
         elif call.needs_approval and self._callbacks.on_approval is not None:
             self.approve(call.id, bool(self._callbacks.on_approval(call)))
+
+    def _post_result(self, call: ToolCall, body: dict[str, Any]) -> None:
+        """Post a tool's result, again after a failed connection (a 409 then means the
+        first one arrived)."""
+        for attempt in itertools.count(1):
+            try:
+                self._client._post(self._tool_result_path(call), body)
+                return
+            except ConflictError:
+                if attempt == 1:
+                    raise
+                return
+            except APIConnectionError:
+                if attempt > self._client.max_resumes:
+                    raise
+                time.sleep(backoff_s(attempt))
 
     def _reconnect(self, why: str, *, timed_out: bool = False) -> None:
         self._disconnect()
