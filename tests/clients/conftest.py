@@ -5,33 +5,17 @@ proxy that can cut a connection mid-stream."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator, Callable
-from pathlib import Path
-from typing import Any
+from collections.abc import Callable
 
 import orjson
-import pytest
 
-from tests.api.conftest import HarnessFactory, sentinel_reply
+from tests.api.conftest import make_gateway, sentinel_reply  # the fixture, shared
 from toolforge.core.events import FrameKind
 from toolforge.core.protocol import sentinels
-from toolforge.eval.loopback import start_gateway
+from toolforge.demo import DEMO_INPUT
 from toolforge.eval.scripted_upstream import Script
 
 __all__ = ["DEMO_INPUT", "DropProxy", "call", "demo_scripts", "make_gateway", "tokens"]
-
-DEMO_INPUT = "Find pizza near me; book a table at 7pm if open."
-
-
-@pytest.fixture
-async def make_gateway(tmp_path: Path) -> AsyncIterator[HarnessFactory]:
-    async with contextlib.AsyncExitStack() as stack:
-
-        async def factory(scripts: Any = (), **settings: Any) -> Any:
-            return await start_gateway(stack, tmp_path / "artifacts", scripts, **settings)
-
-        yield factory
 
 
 def tokens(text: str, size: int = 4, delay_ms: float = 0) -> Script:
