@@ -13,11 +13,11 @@ from typing import Any
 
 from toolforge.api.app import create_app
 from toolforge.api.server import run
-from toolforge.demo import DEMO_BODY, run_demo, use_color
 from toolforge.errors import ServerError
 from toolforge.eval.conformance.command import add_conformance_command
 from toolforge.runtime.local_backend import LocalBackend, cache_root
 from toolforge.settings import Settings
+from toolforge.timeline import DEMO_BODY, run_demo, use_color
 
 __all__ = ["main"]
 

@@ -12,8 +12,8 @@ import orjson
 from tests.api.conftest import make_gateway, sentinel_reply  # the fixture, shared
 from toolforge.core.events import FrameKind
 from toolforge.core.protocol import sentinels
-from toolforge.demo import DEMO_INPUT
 from toolforge.eval.scripted_upstream import Script
+from toolforge.timeline import DEMO_INPUT
 
 __all__ = ["DEMO_INPUT", "DropProxy", "call", "demo_scripts", "make_gateway", "tokens"]
 

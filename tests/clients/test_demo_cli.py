@@ -13,7 +13,7 @@ import sys
 
 from tests.api.conftest import HarnessFactory
 from tests.clients.conftest import DEMO_INPUT, demo_scripts
-from toolforge.demo import DEMO_BODY, Timeline, run_demo, use_color
+from toolforge.timeline import DEMO_BODY, Timeline, run_demo, use_color
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 TIMES = re.compile(r"\d+\.\d ms")

@@ -93,6 +93,9 @@ ERROR_CODES: tuple[str, ...] = (
     "CLIENT_TOOL_TIMEOUT",
     "NATIVE_TOOL_CALL_MALFORMED",
     "BOOKING_FULL",
+    "TOOL_CONFIG_INVALID",
+    "PATH_NOT_ALLOWED",
+    "READ_ONLY",
 )
 
 

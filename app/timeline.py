@@ -1,4 +1,4 @@
-"""``toolforge demo``: stream the demo request to a running gateway and draw its timeline.
+"""``toolforge demo``'s timeline: stream the demo request to a running gateway and draw it.
 
 One line per event, each with the milliseconds since the request went out: the model's
 text as it streams, tool calls with their arguments and results, OBJECT and RESULT
