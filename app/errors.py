@@ -68,6 +68,10 @@ class ErrorCode(StrEnum):
     MODE_UNAVAILABLE = "MODE_UNAVAILABLE"
     BODY_TOO_LARGE = "BODY_TOO_LARGE"
     NOT_FOUND = "NOT_FOUND"
+    # REDIS_URL is set and Redis does not answer (503; SPEC §9, docs/deployment.md).
+    REDIS_UNAVAILABLE = "REDIS_UNAVAILABLE"
+    # The replica running a stream died: the resumable buffer ends with this (SPEC §9).
+    STREAM_LOST = "STREAM_LOST"
     CONFLICT = "CONFLICT"
     IDEMPOTENCY_IN_FLIGHT = "IDEMPOTENCY_IN_FLIGHT"
     IDEMPOTENCY_KEY_REUSED = "IDEMPOTENCY_KEY_REUSED"

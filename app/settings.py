@@ -120,5 +120,14 @@ class Settings(BaseSettings):
     # -- storage and ops --------------------------------------------------------------
     artifacts_dir: Path = Field(Path("artifacts"), validation_alias="ARTIFACTS_DIR")
     redis_url: str | None = Field(None, validation_alias="REDIS_URL")
+    # Every Redis call is bounded by this: a Redis that does not answer is a typed 503 for
+    # what needs it, never a hang (docs/deployment.md). Loopback/LAN answers in < 1 ms.
+    redis_timeout_ms: int = Field(500, ge=10, validation_alias="REDIS_TIMEOUT_MS")
+    # How often a stream's new frames go to its Redis resume buffer, in one round trip:
+    # what a replica that dies can lose at most, and off the per-token path.
+    redis_flush_ms: float = Field(5.0, ge=0, validation_alias="REDIS_FLUSH_MS")
+    # A replica not heard from for this long is dead: its streams end in STREAM_LOST for
+    # a client that resumes elsewhere, its tool slots are freed.
+    replica_ttl_s: float = Field(3.0, gt=0, validation_alias="REPLICA_TTL_S")
     log_level: str = Field("INFO", validation_alias="LOG_LEVEL")
     log_json: bool = Field(True, validation_alias="LOG_JSON")

@@ -7,6 +7,7 @@ artifacts before the upstream client goes away.
 
 from __future__ import annotations
 
+import functools
 import gc
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -22,7 +23,7 @@ from toolforge.api.deps import Gateway
 from toolforge.api.fastpath import GatewayApp
 from toolforge.api.openapi import install_openapi
 from toolforge.api.proxy import router as proxy_router
-from toolforge.api.routes import ClientGone, router
+from toolforge.api.routes import ClientGone, local_command, router
 from toolforge.api.runs import router as runs_router
 from toolforge.api.servers import router as servers_router
 from toolforge.api.web import install_web
@@ -33,6 +34,7 @@ from toolforge.errors import ErrorCode, RequestError, ServerError, ToolForgeErro
 from toolforge.log import BACKEND_SETUP, configure_logging, get_logger
 from toolforge.runtime.artifacts import ArtifactStore
 from toolforge.runtime.backends import Backend, BackendConfig, start_embedded, start_ollama
+from toolforge.runtime.cluster import RedisCluster, RedisGate
 from toolforge.runtime.executor import ToolExecutor
 from toolforge.runtime.mcp import McpSources, load_mcp_config, start_mcp_sources
 from toolforge.runtime.metrics import GatewayMetrics
@@ -165,6 +167,18 @@ async def _tool_sources(
     return registry, sources
 
 
+def _cluster(settings: Settings) -> RedisCluster | None:
+    if settings.redis_url is None:
+        return None
+    return RedisCluster(
+        settings.redis_url,
+        timeout_s=settings.redis_timeout_ms / 1000,
+        flush_s=settings.redis_flush_ms / 1000,
+        replica_ttl_s=settings.replica_ttl_s,
+        resume_ttl_s=settings.resume_ttl_s,
+    )
+
+
 def create_app(
     settings: Settings | None = None,
     *,
@@ -233,10 +247,12 @@ def create_app(
                     await manager.aclose()
                 raise
             app.state.mcp_sources = mcp_sources
+            cluster = _cluster(settings)  # None unless REDIS_URL is set (SPEC §9)
             executor = ToolExecutor(
                 tool_registry,
                 concurrency=settings.tool_concurrency,
                 default_timeout_s=settings.tool_timeout_ms / 1000,
+                gate=None if cluster is None else RedisGate(cluster, settings.tool_concurrency),
             )
             schemas = builtin_registry()
             app.state.gateway = Gateway(
@@ -272,7 +288,11 @@ def create_app(
                 backend=backend,
                 proxy_tools_template=proxy_tools_template,
                 proxy_nudges=proxy_nudges,
+                cluster=cluster,
             )
+            if cluster is not None:
+                gateway = app.state.gateway
+                await cluster.start(functools.partial(local_command, gateway))
             # Everything built so far lives as long as the app: out of the collector's
             # sight, so that the collections that run while streams are served (some in
             # the middle of a request) walk only what requests allocate.
@@ -285,6 +305,8 @@ def create_app(
                 await registry.aclose()  # streams end (done, artifacts) before servers stop
                 if mcp_sources is not None:
                     await mcp_sources.aclose()
+                if cluster is not None:
+                    await cluster.aclose()  # after the streams: their last frames flushed
                 if manager is not None:
                     await manager.aclose()
 

@@ -12,6 +12,7 @@ from toolforge.core.engine.completion import Nudges
 from toolforge.core.schemas import SchemaRegistry
 from toolforge.runtime.artifacts import ArtifactStore
 from toolforge.runtime.backends import Backend
+from toolforge.runtime.cluster import RedisCluster
 from toolforge.runtime.executor import ToolExecutor
 from toolforge.runtime.metrics import GatewayMetrics
 from toolforge.runtime.planner import SessionLimits, StreamPlan, StreamPlanner
@@ -46,6 +47,9 @@ class Gateway:
     # The OpenAI-compatible proxy's prompts (prompts/proxy_*.txt, SPEC §7).
     proxy_tools_template: str = ""
     proxy_nudges: Nudges = field(default_factory=Nudges)
+    # SPEC §9: the state shared with other replicas, when REDIS_URL is set; None (the
+    # default) keeps everything in this process.
+    cluster: RedisCluster | None = None
 
     def session(self, plan: StreamPlan) -> StreamSession:
         """A new stream for ``plan``, with everything the app owns (not started)."""

@@ -18,12 +18,13 @@ from starlette.types import Receive
 
 from toolforge.api.deps import Gateway, GatewayDep
 from toolforge.api.models import ApprovalDecision, ClientToolResult, Sampling, StreamRequest
-from toolforge.api.sse import FrameStreamResponse
+from toolforge.api.sse import FrameStreamResponse, RemoteStreamResponse
 from toolforge.core.tools import ToolError
-from toolforge.errors import ErrorCode, RequestError
-from toolforge.runtime.session import ClientAnswer
+from toolforge.errors import ErrorCode, RequestError, ToolForgeError
+from toolforge.runtime.cluster import RemoteError
+from toolforge.runtime.session import ClientAnswer, StreamSession
 
-__all__ = ["ClientGone", "read_body", "router", "start_stream"]
+__all__ = ["ClientGone", "local_command", "read_body", "router", "start_stream"]
 
 router = APIRouter()
 
@@ -152,10 +153,29 @@ async def start_stream(gw: Gateway, body: bytes, idempotency_key: str | None) ->
                 ping_interval_s=gw.settings.ping_interval_s,
                 headers={"Idempotent-Replayed": "true"},
             )
+        if gw.cluster is not None:  # another replica may hold the key (SPEC §9)
+            remote = await gw.cluster.replay_for(idempotency_key, body_hash)
+            if remote is not None:
+                return RemoteStreamResponse(
+                    remote,
+                    ping_interval_s=gw.settings.ping_interval_s,
+                    headers={"Idempotent-Replayed": "true"},
+                )
     stream_id = "s_" + secrets.token_hex(10)
     session = gw.session(await gw.planner.plan(req, stream_id, idempotency_key))
+    if idempotency_key is not None and gw.cluster is not None:
+        holder = await gw.cluster.claim(idempotency_key, body_hash, stream_id)
+        if holder is not None:  # another replica started it since we looked
+            raise RequestError(
+                ErrorCode.IDEMPOTENCY_IN_FLIGHT,
+                f"the request with this Idempotency-Key is already streaming as "
+                f"{holder!r}; resume it with GET /v1/streams/{holder}",
+                http_status=409,
+            )
     session.log.attach_primary()  # backpressure from the first frame on
     gw.registry.start(session, idempotency_key=idempotency_key, body_hash=body_hash)
+    if gw.cluster is not None:
+        gw.cluster.track(session, idempotency_key)  # its resume buffer, in Redis
     # One turn of the loop for the session before the response starts: it sends the
     # upstream request first, so the model starts while we set up the writer (B1, TTFT).
     await asyncio.sleep(0)
@@ -171,7 +191,6 @@ async def resume(
         int | None, Query(ge=0, description="Last-Event-ID for clients that cannot set headers")
     ] = None,
 ) -> Response:
-    session = gw.registry.get(stream_id)
     cursor = after or 0
     if last_event_id is not None:
         if not last_event_id.strip().isdigit():
@@ -181,12 +200,64 @@ async def resume(
                 http_status=422,
             )
         cursor = int(last_event_id)
+    session = gw.registry.find(stream_id)
+    if session is None and gw.cluster is not None:  # run by another replica, or was
+        remote = await gw.cluster.find(stream_id)
+        if remote is not None:
+            return RemoteStreamResponse(
+                remote, after=cursor, ping_interval_s=gw.settings.ping_interval_s
+            )
+    if session is None:
+        session = gw.registry.get(stream_id)  # the 404
     return FrameStreamResponse(session, after=cursor, ping_interval_s=gw.settings.ping_interval_s)
+
+
+async def _elsewhere(gw: Gateway, op: str, stream_id: str, payload: dict[str, Any]) -> Any:
+    """``op`` for a stream this replica does not run: done by the replica that does
+    (through Redis), or the registry's 404."""
+    if gw.cluster is not None:
+        answer = await gw.cluster.route(op, stream_id, payload)
+        if answer is not None:
+            status, body = answer
+            if status >= 400:
+                raise RemoteError(status, body.get("error", {}))
+            return body
+    return gw.registry.get(stream_id)  # raises the 404
+
+
+async def local_command(
+    gw: Gateway, op: str, stream_id: str, payload: dict[str, Any]
+) -> tuple[int, dict[str, Any]]:
+    """A command another replica forwarded for a stream run here: the same answer the
+    route would give (``toolforge.runtime.cluster.RedisCluster.route``)."""
+    try:
+        session = gw.registry.get(stream_id)
+        if op == "cancel":
+            return 200, await _cancel(session)
+        if op == "approve":
+            decision = ApprovalDecision.model_validate(payload["decision"])
+            return 200, _approve(session, str(payload["call_id"]), decision)
+        if op == "tool_result":
+            result = ClientToolResult.model_validate(payload["result"])
+            return 200, _tool_result(session, str(payload["call_id"]), result)
+        raise RequestError(ErrorCode.BAD_REQUEST, f"unknown command {op!r}", http_status=400)
+    except ToolForgeError as exc:
+        return exc.http_status, {"error": exc.to_dict()}
+    except ValidationError as exc:
+        error = _validation_error(exc)
+        return error.http_status, {"error": error.to_dict()}
 
 
 @router.post("/v1/streams/{stream_id}/cancel", summary="Stop a running stream")
 async def cancel(stream_id: str, gw: GatewayDep) -> dict[str, Any]:
-    session = gw.registry.get(stream_id)
+    session = gw.registry.find(stream_id)
+    if session is None:
+        answer: dict[str, Any] = await _elsewhere(gw, "cancel", stream_id, {})
+        return answer
+    return await _cancel(session)
+
+
+async def _cancel(session: StreamSession) -> dict[str, Any]:
     cancelled = session.cancel("cancelled")
     if cancelled:
         await session.wait()
@@ -200,7 +271,16 @@ async def cancel(stream_id: str, gw: GatewayDep) -> dict[str, Any]:
 async def approve(
     stream_id: str, call_id: str, decision: ApprovalDecision, gw: GatewayDep
 ) -> dict[str, Any]:
-    session = gw.registry.get(stream_id)
+    session = gw.registry.find(stream_id)
+    if session is None:
+        payload = {"call_id": call_id, "decision": decision.model_dump(mode="json")}
+        answer: dict[str, Any] = await _elsewhere(gw, "approve", stream_id, payload)
+        return answer
+    return _approve(session, call_id, decision)
+
+
+def _approve(session: StreamSession, call_id: str, decision: ApprovalDecision) -> dict[str, Any]:
+    stream_id = session.id
     if not session.approve(call_id, decision.approve):
         pending = ", ".join(session.pending_approvals) or "none"
         raise RequestError(
@@ -221,7 +301,16 @@ async def post_tool_result(
 ) -> dict[str, Any]:
     """SPEC §5: ``{"ok": true, "result": ...}`` or ``{"ok": false, "error": {...}}`` for a
     ``tool.call`` whose executor is ``client``. 404: no such call waits; 409: answered."""
-    session = gw.registry.get(stream_id)
+    session = gw.registry.find(stream_id)
+    if session is None:
+        payload = {"call_id": call_id, "result": result.model_dump(mode="json")}
+        answer: dict[str, Any] = await _elsewhere(gw, "tool_result", stream_id, payload)
+        return answer
+    return _tool_result(session, call_id, result)
+
+
+def _tool_result(session: StreamSession, call_id: str, result: ClientToolResult) -> dict[str, Any]:
+    stream_id = session.id
     error = None
     if result.error is not None:
         error = ToolError(

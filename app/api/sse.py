@@ -26,17 +26,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Final
 
+import orjson
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from toolforge.core.protocol.frames import PING_BYTES
+from toolforge.errors import ToolForgeError
+from toolforge.runtime.cluster import RemoteStream
 from toolforge.runtime.frame_log import FrameLog
 from toolforge.runtime.session import StreamSession
 
-__all__ = ["FrameStreamResponse"]
+__all__ = ["FrameStreamResponse", "RemoteStreamResponse"]
 
 
 _HEADERS: Final = (
@@ -185,3 +188,98 @@ async def _until_disconnect(receive: Receive) -> None:
             pass
     except Exception:  # a server that raises instead of sending http.disconnect: gone too
         return
+
+
+class RemoteStreamResponse(Response):
+    """A stream another replica runs (or ran), written from its resume buffer in Redis
+    (``toolforge.runtime.cluster.RemoteStream``): the same bytes the owner sent, after id
+    ``after``, then live until ``done``. Never the primary response: it cannot throttle a
+    producer in another process."""
+
+    media_type = "text/event-stream"
+
+    def __init__(
+        self,
+        stream: RemoteStream,
+        *,
+        after: int = 0,
+        ping_interval_s: float = 15.0,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        self._stream = stream
+        self._after = after
+        self._ping_interval_s = ping_interval_s
+        self.status_code = 200
+        self.background = None
+        extra = headers or {}
+        self.raw_headers = [
+            *_HEADERS,
+            (b"x-stream-id", stream.id.encode("latin-1")),
+            *((k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in extra.items()),
+            _CONTENT_TYPE,
+        ]
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        loop = asyncio.get_running_loop()
+        writer = loop.create_task(self._write(send))
+        watcher = loop.create_task(_until_disconnect(receive))
+        try:
+            await asyncio.wait((writer, watcher), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (writer, watcher):
+                task.cancel()
+            await asyncio.gather(writer, watcher, return_exceptions=True)
+        if writer.done() and not writer.cancelled() and writer.exception() is not None:
+            raise writer.exception()  # type: ignore[misc]
+
+    async def _write(self, send: Send) -> None:
+        frames = self._stream.follow(self._after)
+        loop = asyncio.get_running_loop()
+        try:
+            try:
+                # The first read before the head: a Redis that fails now is a 503 body,
+                # not a 200 that ends at once.
+                first = await anext(frames)
+            except ToolForgeError as exc:
+                body = orjson.dumps({"error": exc.to_dict()})
+                await send(
+                    {
+                        "type": "http.response.start",
+                        "status": exc.http_status,
+                        "headers": [(b"content-type", b"application/json")],
+                    }
+                )
+                await send({"type": "http.response.body", "body": body, "more_body": False})
+                return
+            except StopAsyncIteration:
+                first = b""
+                frames = _empty()
+            await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+            next_ping = loop.time() + self._ping_interval_s
+            batch: bytes | None = first
+            while batch is not None:
+                if batch:
+                    await send({"type": "http.response.body", "body": batch, "more_body": True})
+                    next_ping = loop.time() + self._ping_interval_s
+                elif loop.time() >= next_ping:
+                    ping = {"type": "http.response.body", "body": PING_BYTES, "more_body": True}
+                    await send(ping)
+                    next_ping = loop.time() + self._ping_interval_s
+                try:
+                    batch = await anext(frames)
+                except StopAsyncIteration:
+                    batch = None
+                except ToolForgeError:
+                    # Redis went away mid-stream: end the body without done, so the
+                    # client resumes (and hears 503 until Redis is back).
+                    break
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except OSError:
+            return
+        finally:
+            await frames.aclose()  # type: ignore[attr-defined]
+
+
+async def _empty() -> AsyncIterator[bytes]:
+    return
+    yield b""  # an async generator with nothing in it

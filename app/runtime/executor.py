@@ -46,7 +46,7 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass, replace
-from typing import Any, Final, cast
+from typing import Any, Final, Protocol, cast
 
 import orjson
 
@@ -78,6 +78,7 @@ __all__ = [
     "SENTINELS_ESCAPED",
     "Approval",
     "FifoGate",
+    "Gate",
     "ToolExecutor",
     "ToolResult",
 ]
@@ -130,6 +131,23 @@ class ToolResult:
             cached=self.cached,
             performance_warning=self.performance_warning,
         )
+
+
+class Gate(Protocol):
+    """What the executor needs of its concurrency limit: :class:`FifoGate` in one process,
+    ``toolforge.runtime.cluster.RedisGate`` across replicas (REDIS_URL)."""
+
+    @property
+    def active(self) -> int: ...
+
+    @property
+    def depth(self) -> int: ...
+
+    def would_wait(self) -> bool: ...
+
+    async def acquire(self) -> None: ...
+
+    def release(self) -> None: ...
 
 
 class FifoGate:
@@ -218,9 +236,11 @@ class ToolExecutor:
         max_args_bytes: int = MAX_ARGS_BYTES,
         max_result_bytes: int = MAX_RESULT_BYTES,
         cache_size: int = 1024,
+        gate: Gate | None = None,
     ) -> None:
         self.registry = registry
-        self._gate = FifoGate(concurrency)
+        # ``gate``: the limit shared by every replica (REDIS_URL); else this process's own.
+        self._gate: Gate = gate if gate is not None else FifoGate(concurrency)
         self._clock = clock
         self._sleep = sleep
         self._wall = wall_clock

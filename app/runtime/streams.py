@@ -56,10 +56,17 @@ class StreamRegistry:
     def _expired(self, session: StreamSession, now: float) -> bool:
         return session.finished_at is not None and now - session.finished_at > self._ttl
 
-    def get(self, stream_id: str) -> StreamSession:
+    def find(self, stream_id: str) -> StreamSession | None:
+        """The stream if this process runs it (or ran it within the TTL), else None."""
         self.sweep()
         session = self._sessions.get(stream_id)
         if session is None or self._expired(session, self._clock()):
+            return None
+        return session
+
+    def get(self, stream_id: str) -> StreamSession:
+        session = self.find(stream_id)
+        if session is None:
             raise RequestError(
                 ErrorCode.NOT_FOUND,
                 f"no stream {stream_id!r}: it never existed or ended more than "

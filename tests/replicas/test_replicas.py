@@ -1,0 +1,339 @@
+"""Two gateway processes sharing one Redis (SPEC §9): a stream started on replica A is
+resumed, cancelled, approved, fed a client tool result and replayed through replica B;
+the tool limit holds across both; Redis dying and a replica dying end nothing in a hang."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.replicas.conftest import (
+    RedisServer,
+    ReplicaFactory,
+    assert_whole,
+    read_sse,
+)
+from toolforge.eval.loopback import Event
+from toolforge.eval.scripted_upstream import ScriptedUpstream
+from toolforge.runtime.cluster import RedisCluster, RedisRateLimitStore, RedisUnavailable
+
+SENTINEL = {"mode": "sentinel"}
+
+
+def body(model: str, **fields: Any) -> dict[str, Any]:
+    return {"input": "x", "model": model, **SENTINEL, **fields}
+
+
+def text_of(events: list[Event]) -> str:
+    return "".join(e.data["chunk"] for e in events if e.event == "text.delta")
+
+
+def words(n: int) -> str:
+    return "".join(f"w{i} " for i in range(n))
+
+
+async def test_a_stream_started_on_a_resumes_on_b_exactly_once(replicas: ReplicaFactory) -> None:
+    a, b = await replicas()
+    first = await read_sse(
+        a.client,
+        "POST",
+        f"{a.url}/v1/stream",
+        json=body("slow:80:5", on_disconnect="continue"),
+        until=lambda e: int(e.id) >= 10,
+    )
+    stream_id = first[0].data["stream_id"]
+    rest = await b.resume(stream_id, first[-1].id)
+    whole = first + rest
+    assert_whole(whole)
+    assert text_of(whole) == words(80)
+    assert whole[-1].data["reason"] == "stop"
+    # Once it has ended, B replays any part of it again, the same frames.
+    again = await b.resume(stream_id, "3")
+    assert [(e.id, e.event, e.data) for e in again] == [(e.id, e.event, e.data) for e in whole[3:]]
+
+
+async def test_an_unknown_stream_is_a_404_on_every_replica(replicas: ReplicaFactory) -> None:
+    a, b = await replicas()
+    for replica in (a, b):
+        for method, path in [
+            ("GET", "/v1/streams/s_nope"),
+            ("POST", "/v1/streams/s_nope/cancel"),
+        ]:
+            response = await replica.client.request(method, replica.url + path)
+            assert response.status_code == 404
+            assert response.json()["error"]["code"] == "NOT_FOUND"
+
+
+async def test_cancel_through_b_stops_the_model_on_a_within_100_ms(
+    replicas: ReplicaFactory, upstream: ScriptedUpstream
+) -> None:
+    a, b = await replicas()
+    seen: list[Event] = []
+    started = asyncio.Event()
+
+    async def on_event(event: Event) -> None:
+        seen.append(event)
+        if int(event.id) >= 5:
+            started.set()
+
+    reader = asyncio.create_task(
+        read_sse(
+            a.client, "POST", f"{a.url}/v1/stream", json=body("slow:2000:5"), on_event=on_event
+        )
+    )
+    await asyncio.wait_for(started.wait(), 10)
+    stream_id = seen[0].data["stream_id"]
+    assert upstream.open_connections == 1
+    t0 = time.perf_counter()
+    response = await b.client.post(f"{b.url}/v1/streams/{stream_id}/cancel")
+    async with asyncio.timeout(5):
+        await upstream.wait_connections_closed()
+    elapsed_ms = (time.perf_counter() - t0) * 1000
+    assert response.status_code == 200, response.text
+    assert response.json() == {"stream_id": stream_id, "cancelled": True, "reason": "cancelled"}
+    assert elapsed_ms < 100, f"the model on A stopped {elapsed_ms:.0f} ms after the cancel"
+    whole = await asyncio.wait_for(reader, 5)
+    assert_whole(whole)
+    assert whole[-1].data["reason"] == "cancelled"
+    # Cancelling an ended stream through B: nothing to cancel, as on A.
+    again = await b.client.post(f"{b.url}/v1/streams/{stream_id}/cancel")
+    assert again.json()["cancelled"] is False
+
+
+async def test_an_approval_posted_to_b_reaches_a(replicas: ReplicaFactory) -> None:
+    a, b = await replicas()
+    answers: list[httpx.Response] = []
+
+    async def on_event(event: Event) -> None:
+        if event.event == "stream.begin":
+            on_event.stream_id = event.data["stream_id"]  # type: ignore[attr-defined]
+        if event.event == "tool.call":
+            assert event.data["needs_approval"] is True
+            sid = on_event.stream_id  # type: ignore[attr-defined]
+            url = f"{b.url}/v1/streams/{sid}/approvals"
+            answers.append(await b.client.post(f"{url}/nope", json={"approve": True}))
+            answers.append(await b.client.post(f"{url}/t1", json={"approve": True}))
+
+    events = await read_sse(
+        a.client, "POST", f"{a.url}/v1/stream", json=body("tool:guarded"), on_event=on_event
+    )
+    assert_whole(events)
+    unknown, approved = answers
+    assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "NOT_FOUND"
+    assert "waiting: t1" in unknown.json()["error"]["message"]  # A's own answer
+    assert approved.status_code == 200 and approved.json()["approved"] is True
+    (result,) = [e.data for e in events if e.event == "tool.result"]
+    assert result["ok"] is True and result["result"]["pid"] == a.proc.pid
+    assert events[-1].data["reason"] == "stop"
+
+
+async def test_a_client_tool_result_posted_to_b_reaches_a(replicas: ReplicaFactory) -> None:
+    a, b = await replicas()
+    weather = {
+        "name": "get_weather",
+        "description": "The weather in a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+        },
+    }
+    answers: list[httpx.Response] = []
+
+    async def on_event(event: Event) -> None:
+        if event.event == "stream.begin":
+            on_event.stream_id = event.data["stream_id"]  # type: ignore[attr-defined]
+        if event.event == "tool.call":
+            assert event.data["executor"] == "client"
+            sid = on_event.stream_id  # type: ignore[attr-defined]
+            url = f"{b.url}/v1/streams/{sid}/tool_results/t1"
+            answers.append(await b.client.post(url, json={"ok": True, "result": {"temp_c": 21}}))
+            answers.append(await b.client.post(url, json={"ok": True, "result": {"temp_c": 0}}))
+            bad = await b.client.post(url, json={"ok": True, "extra": 1})
+            answers.append(bad)
+
+    events = await read_sse(
+        a.client,
+        "POST",
+        f"{a.url}/v1/stream",
+        json=body("tool:get_weather", client_tools=[weather], tools=[]),
+        on_event=on_event,
+    )
+    assert_whole(events)
+    accepted, duplicate, bad = answers
+    assert accepted.status_code == 200 and accepted.json()["accepted"] is True
+    assert duplicate.status_code == 409 and duplicate.json()["error"]["code"] == "CONFLICT"
+    assert bad.status_code == 422  # refused by B itself, before any routing
+    (result,) = [e.data for e in events if e.event == "tool.result"]
+    assert result["ok"] is True and result["result"] == {"temp_c": 21}
+
+
+async def test_an_idempotent_replay_on_b_is_a_s_stream_byte_for_byte(
+    replicas: ReplicaFactory,
+) -> None:
+    a, b = await replicas()
+    key = {"Idempotency-Key": "order-42"}
+    request = body("slow:30:2")
+    async with a.client.stream("POST", f"{a.url}/v1/stream", json=request, headers=key) as r:
+        original = b"".join([chunk async for chunk in r.aiter_raw()])
+        stream_id = r.headers["x-stream-id"]
+    assert original.count(b"event: done") == 1
+    await asyncio.sleep(0.1)  # A's mirror flushes within REDIS_FLUSH_MS
+    async with b.client.stream("POST", f"{b.url}/v1/stream", json=request, headers=key) as r:
+        replayed = b"".join([chunk async for chunk in r.aiter_raw()])
+        assert r.headers["idempotent-replayed"] == "true"
+        assert r.headers["x-stream-id"] == stream_id
+    assert replayed == original
+    # The same key with another body: 422 on B as on A.
+    other = await b.client.post(f"{b.url}/v1/stream", json=body("slow:3:0"), headers=key)
+    assert other.status_code == 422
+    assert other.json()["error"]["code"] == "IDEMPOTENCY_KEY_REUSED"
+
+
+async def test_an_idempotency_key_in_flight_on_a_is_a_409_on_b(replicas: ReplicaFactory) -> None:
+    a, b = await replicas()
+    key = {"Idempotency-Key": "busy"}
+    request = body("slow:400:5")
+    reader = asyncio.create_task(
+        read_sse(a.client, "POST", f"{a.url}/v1/stream", json=request, headers=key)
+    )
+    await asyncio.sleep(0.3)
+    response = await b.client.post(f"{b.url}/v1/stream", json=request, headers=key)
+    assert response.status_code == 409, response.text
+    assert response.json()["error"]["code"] == "IDEMPOTENCY_IN_FLIGHT"
+    reader.cancel()
+    await asyncio.gather(reader, return_exceptions=True)
+
+
+async def test_fifteen_tool_calls_across_both_replicas_run_at_most_ten_at_a_time(
+    replicas: ReplicaFactory,
+) -> None:
+    a, b = await replicas(TOOL_CONCURRENCY="10")
+    runs = [(a if i % 2 else b).stream(body("tool:wait:600")) for i in range(15)]
+    results = await asyncio.gather(*runs)
+    spans = []
+    pids = set()
+    for events in results:
+        assert_whole(events)
+        (result,) = [e.data for e in events if e.event == "tool.result"]
+        assert result["ok"] is True, result
+        spans.append((result["result"]["started"], result["result"]["ended"]))
+        pids.add(result["result"]["pid"])
+    assert pids == {a.proc.pid, b.proc.pid}
+    edges = sorted([(s, 1) for s, _ in spans] + [(e, -1) for _, e in spans])
+    running = peak = 0
+    for _, step in edges:
+        running += step
+        peak = max(peak, running)
+    # Each replica alone would let all of its 7 or 8 run; the shared limit lets 10 run.
+    assert peak == 10, spans
+
+
+async def test_redis_killed_mid_stream(replicas: ReplicaFactory, redis_server: RedisServer) -> None:
+    a, b = await replicas(REDIS_TIMEOUT_MS="300")
+    killed = asyncio.Event()
+
+    async def on_event(event: Event) -> None:
+        if int(event.id) == 10:
+            redis_server.kill()
+            killed.set()
+
+    events = await read_sse(
+        a.client, "POST", f"{a.url}/v1/stream", json=body("slow:150:5"), on_event=on_event
+    )
+    assert killed.is_set()
+    assert_whole(events)  # the running stream finished, every frame
+    assert text_of(events) == words(150) and events[-1].data["reason"] == "stop"
+    # What needs Redis: a typed 503, fast.
+    for replica in (a, b):
+        t0 = time.perf_counter()
+        keyed = await replica.client.post(
+            f"{replica.url}/v1/stream", json=body("slow:3:0"), headers={"Idempotency-Key": "k1"}
+        )
+        assert keyed.status_code == 503, keyed.text
+        assert keyed.json()["error"]["code"] == "REDIS_UNAVAILABLE"
+        assert keyed.json()["error"]["retryable"] is True
+        other = await replica.client.get(f"{replica.url}/v1/streams/s_elsewhere")
+        assert other.status_code == 503 and other.json()["error"]["code"] == "REDIS_UNAVAILABLE"
+        assert time.perf_counter() - t0 < 2.0
+    # What does not: a plain stream still runs, and the stream A ran resumes on A.
+    plain = await b.stream(body("slow:5:0"))
+    assert_whole(plain)
+    stream_id = events[0].data["stream_id"]
+    rest = await a.resume(stream_id, "140")
+    assert [e.id for e in rest] == [str(i) for i in range(141, len(events) + 1)]
+
+
+async def test_a_hung_redis_is_a_503_within_the_timeout(
+    replicas: ReplicaFactory, redis_server: RedisServer
+) -> None:
+    (a,) = await replicas(1, REDIS_TIMEOUT_MS="300")
+    redis_server.pause()
+    try:
+        t0 = time.perf_counter()
+        keyed = await a.client.post(
+            f"{a.url}/v1/stream", json=body("slow:3:0"), headers={"Idempotency-Key": "k2"}
+        )
+        elapsed = time.perf_counter() - t0
+        assert keyed.status_code == 503 and keyed.json()["error"]["code"] == "REDIS_UNAVAILABLE"
+        assert elapsed < 1.5, elapsed
+        plain = await a.stream(body("slow:5:0"))  # the mirror waits for Redis; not the stream
+        assert_whole(plain)
+    finally:
+        redis_server.unpause()
+
+
+async def test_replica_a_killed_mid_stream_ends_in_stream_lost_on_b(
+    replicas: ReplicaFactory, redis_server: RedisServer
+) -> None:
+    a, b = await replicas()
+    first = await read_sse(
+        a.client,
+        "POST",
+        f"{a.url}/v1/stream",
+        json=body("slow:2000:5", on_disconnect="continue"),
+        until=lambda e: int(e.id) >= 20,
+    )
+    stream_id = first[0].data["stream_id"]
+    await asyncio.sleep(0.05)
+    a.kill()
+    t0 = time.perf_counter()
+    rest = await asyncio.wait_for(b.resume(stream_id, first[-1].id), 10)
+    assert time.perf_counter() - t0 < 5
+    whole = first + rest
+    assert_whole(whole)
+    assert [e.event for e in whole[-2:]] == ["error", "done"]
+    assert whole[-2].data["code"] == "STREAM_LOST" and whole[-2].data["retryable"] is True
+    assert whole[-1].data["reason"] == "error"
+    assert text_of(whole) == words(len(text_of(whole).split()))  # nothing skipped
+    # A second reader, from the start: the same frames, the same end.
+    again = await b.resume(stream_id, "0")
+    assert [(e.id, e.event) for e in again] == [(e.id, e.event) for e in whole]
+    # An idempotent replay of a lost stream: the same end, not a hang. (No key here.)
+    assert redis_server.keys(f"tf:s:{stream_id}:*")
+
+
+async def test_the_rate_limit_store_is_shared(redis_server: RedisServer) -> None:
+    one, two = (
+        RedisCluster(redis_server.url, timeout_s=0.5, flush_s=0, replica_ttl_s=1, resume_ttl_s=1)
+        for _ in range(2)
+    )
+    try:
+        stores = [RedisRateLimitStore(one), RedisRateLimitStore(two)]
+        decisions = [await stores[i % 2].hit("key-a", 3, 1.0) for i in range(4)]
+        assert [d.allowed for d in decisions] == [True, True, True, False]
+        assert [d.remaining for d in decisions[:3]] == [2, 1, 0]
+        assert 0 < decisions[3].retry_after_s <= 0.34
+        assert (await stores[1].hit("key-b", 3, 1.0)).allowed  # another key, its own bucket
+        await asyncio.sleep(decisions[3].retry_after_s + 0.02)
+        assert (await stores[0].hit("key-a", 3, 1.0)).allowed
+        redis_server.kill()
+        with pytest.raises(RedisUnavailable):
+            await stores[0].hit("key-a", 3, 1.0)
+    finally:
+        await one.redis.aclose()
+        await two.redis.aclose()
