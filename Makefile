@@ -14,7 +14,7 @@ TS_DIR   := clients/ts
 TS_STAMP := $(TS_DIR)/node_modules/.installed
 TS_BUILD := $(TS_DIR)/dist/index.js
 
-.PHONY: install node-install run test check lint typecheck bench clean conformance ts-build ui chromium
+.PHONY: install node-install run test check lint typecheck bench clean conformance ts-build ui chromium redis-server-check
 
 $(STAMP): pyproject.toml clients/python/pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -88,7 +88,20 @@ run: $(STAMP) ui
 	$(BIN)/toolforge obtain
 	$(BIN)/toolforge serve --host $(HOST) --port $(PORT)
 
-test: $(STAMP) $(NODE_STAMP) $(TS_BUILD) chromium
+# tests/replicas run a real redis-server (Debian's package): installed with apt-get when
+# root and it is missing, else a message naming the package.
+redis-server-check:
+	@if ! command -v redis-server >/dev/null; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "installing redis-server with apt-get: tests/replicas run a real Redis"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server; \
+	  else \
+	    echo "redis-server is not on PATH: install the redis-server package (apt-get install redis-server, or https://redis.io/downloads), then run make test again" >&2; \
+	    exit 1; \
+	  fi; \
+	fi
+
+test: $(STAMP) $(NODE_STAMP) $(TS_BUILD) chromium redis-server-check
 	$(BIN)/python -m pytest -q
 
 lint: $(STAMP)

@@ -126,6 +126,10 @@ class Settings(BaseSettings):
     # How often a stream's new frames go to its Redis resume buffer, in one round trip:
     # what a replica that dies can lose at most, and off the per-token path.
     redis_flush_ms: float = Field(5.0, ge=0, validation_alias="REDIS_FLUSH_MS")
+    # The most connections a replica opens to Redis (a resuming reader holds one while it
+    # waits for frames; the rest are short calls). A call waits up to REDIS_TIMEOUT_MS
+    # for one to be free.
+    redis_max_connections: int = Field(64, ge=4, validation_alias="REDIS_MAX_CONNECTIONS")
     # A replica not heard from for this long is dead: its streams end in STREAM_LOST for
     # a client that resumes elsewhere, its tool slots are freed.
     replica_ttl_s: float = Field(3.0, gt=0, validation_alias="REPLICA_TTL_S")

@@ -269,6 +269,7 @@ class RedisCluster:
         flush_s: float,
         replica_ttl_s: float,
         resume_ttl_s: float,
+        max_connections: int = 64,
         replica_id: str | None = None,
     ) -> None:
         self.url = url
@@ -278,12 +279,16 @@ class RedisCluster:
         self.replica_ttl_s = replica_ttl_s
         self.ttl_ms = max(1000, int(resume_ttl_s * 1000))
         self.lease_ms = max(500, int(replica_ttl_s * 1000))
-        self.redis: aioredis.Redis = aioredis.Redis.from_url(
+        # A bounded pool: the connections to Redis never grow with the load; a call that
+        # finds none free waits for one within its own timeout.
+        pool = aioredis.BlockingConnectionPool.from_url(
             url,
+            max_connections=max_connections,
+            timeout=timeout_s,
             socket_timeout=timeout_s + _BLOCK_MS / 1000,
             socket_connect_timeout=timeout_s,
-            retry_on_timeout=False,
         )
+        self.redis: aioredis.Redis = aioredis.Redis(connection_pool=pool)
         self._append = self.redis.register_script(_APPEND)
         self._claim = self.redis.register_script(_CLAIM)
         self._finalize = self.redis.register_script(_FINALIZE)
@@ -323,6 +328,7 @@ class RedisCluster:
             async with asyncio.timeout(self.timeout_s):
                 await self.redis.delete(_alive_key(self.replica_id))
         await self.redis.aclose()
+        await self.redis.connection_pool.disconnect()
 
     def _spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
         task = asyncio.get_running_loop().create_task(coro)

@@ -335,5 +335,5 @@ async def test_the_rate_limit_store_is_shared(redis_server: RedisServer) -> None
         with pytest.raises(RedisUnavailable):
             await stores[0].hit("key-a", 3, 1.0)
     finally:
-        await one.redis.aclose()
-        await two.redis.aclose()
+        await one.aclose()
+        await two.aclose()
