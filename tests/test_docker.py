@@ -300,11 +300,17 @@ def test_gateway_environment_names_are_settings(stages: dict[str, Stage], stage:
 # --------------------------------------------------------------------------- compose
 
 
-def test_services_and_profiles(compose: dict[str, Any]) -> None:
+GATEWAYS = ["gateway-1", "gateway-2"]
+# API_KEYS (SPEC §11) is read by the auth settings; until they are in Settings, the
+# compose file may name it ahead of them.
+SETTINGS_AHEAD = {"API_KEYS"}
+NGINX_CONF = ROOT / "docker" / "nginx.conf"
+
+
+def test_services(compose: dict[str, Any]) -> None:
     services = compose["services"]
-    assert set(services) == {"llama-server", "gateway", "redis"}
-    assert services["redis"]["profiles"] == ["redis"]
-    assert "profiles" not in services["gateway"] and "profiles" not in services["llama-server"]
+    assert set(services) == {"llama-server", "redis", *GATEWAYS, "lb"}
+    assert not any("profiles" in service for service in services.values())
 
 
 def test_every_service_has_a_healthcheck(compose: dict[str, Any]) -> None:
@@ -315,7 +321,7 @@ def test_every_service_has_a_healthcheck(compose: dict[str, Any]) -> None:
 
 
 def test_builds_point_at_real_targets(compose: dict[str, Any], stages: dict[str, Stage]) -> None:
-    for name in ["llama-server", "gateway"]:
+    for name in ["llama-server", *GATEWAYS]:
         build = compose["services"][name]["build"]
         context = (COMPOSE.parent / build["context"]).resolve()
         assert context == ROOT, name
@@ -323,31 +329,84 @@ def test_builds_point_at_real_targets(compose: dict[str, Any], stages: dict[str,
         assert build["target"] in stages, name
 
 
-def test_gateway_waits_for_a_healthy_llama_server(compose: dict[str, Any]) -> None:
-    gateway = compose["services"]["gateway"]
-    assert gateway["depends_on"] == {"llama-server": {"condition": "service_healthy"}}
+def test_the_replicas_are_one_definition(compose: dict[str, Any]) -> None:
+    one, two = (compose["services"][name] for name in GATEWAYS)
+    assert one == two  # the same anchor: a change reaches both
+    assert one["build"]["target"] == "gateway"
+
+
+def test_gateways_wait_for_a_healthy_llama_server_and_redis(compose: dict[str, Any]) -> None:
+    for name in GATEWAYS:
+        assert compose["services"][name]["depends_on"] == {
+            "llama-server": {"condition": "service_healthy"},
+            "redis": {"condition": "service_healthy"},
+        }
 
 
 def test_gateway_environment(compose: dict[str, Any], stages: dict[str, Stage]) -> None:
-    env = compose["services"]["gateway"]["environment"]
-    assert set(env) <= settings_env_names(), set(env) - settings_env_names()
-    port = stages["llama-server"].env()["LLAMA_ARG_PORT"]
-    assert interpolation_default(env["UPSTREAM_BASE_URL"]) == f"http://llama-server:{port}/v1"
-    # Keys pass through from the shell; none is written in the file.
-    assert env["UPSTREAM_API_KEY"] is None and env["GROQ_API_KEY"] is None
-    BudgetMode(interpolation_default(env["BUDGET_MODE"]))
-    assert "REDIS_URL" in env
-    assert any(
-        v.endswith(":" + env["ARTIFACTS_DIR"]) for v in compose["services"]["gateway"]["volumes"]
-    )
+    known = settings_env_names() | SETTINGS_AHEAD
+    for name in GATEWAYS:
+        env = compose["services"][name]["environment"]
+        assert set(env) <= known, set(env) - known
+        port = stages["llama-server"].env()["LLAMA_ARG_PORT"]
+        assert interpolation_default(env["UPSTREAM_BASE_URL"]) == f"http://llama-server:{port}/v1"
+        # Keys pass through from the shell; none is written in the file.
+        assert env["UPSTREAM_API_KEY"] is None and env["GROQ_API_KEY"] is None
+        BudgetMode(interpolation_default(env["BUDGET_MODE"]))
+        # Shared state in the redis service (SPEC §9), on the port it exposes.
+        (redis_port,) = compose["services"]["redis"]["expose"]
+        assert env["REDIS_URL"] == f"redis://redis:{redis_port}/0"
+        # Reachable beyond loopback, so keys are required: ${API_KEYS:?...} stops compose.
+        assert re.fullmatch(r"\$\{API_KEYS:\?[^}]+\}", env["API_KEYS"]), env["API_KEYS"]
+        assert any(
+            v.endswith(":" + env["ARTIFACTS_DIR"]) for v in compose["services"][name]["volumes"]
+        )
 
 
 def test_gateway_healthcheck_and_port(compose: dict[str, Any], stages: dict[str, Stage]) -> None:
-    gateway = compose["services"]["gateway"]
     cmd = stages["gateway"].all("CMD")[-1].exec_form()
     port = cmd[cmd.index("--port") + 1]
-    assert gateway["ports"] == [f"{port}:{port}"]
-    assert f"http://127.0.0.1:{port}/healthz" in " ".join(gateway["healthcheck"]["test"])
+    for name in GATEWAYS:
+        gateway = compose["services"][name]
+        assert "ports" not in gateway  # only through the load balancer
+        assert gateway["expose"] == [port]
+        assert f"http://127.0.0.1:{port}/healthz" in " ".join(gateway["healthcheck"]["test"])
+
+
+def test_the_load_balancer(compose: dict[str, Any], stages: dict[str, Stage]) -> None:
+    lb = compose["services"]["lb"]
+    image, _, tag = lb["image"].partition(":")
+    assert image == "nginx" and re.match(r"\d+\.\d+", tag), lb["image"]  # official, pinned
+    assert lb["depends_on"] == {name: {"condition": "service_healthy"} for name in GATEWAYS}
+    (mount,) = lb["volumes"]
+    source, target, mode = mount.split(":")
+    assert (COMPOSE.parent / source).resolve() == NGINX_CONF and mode == "ro"
+    assert target == "/etc/nginx/nginx.conf"
+    cmd = stages["gateway"].all("CMD")[-1].exec_form()
+    port = cmd[cmd.index("--port") + 1]
+    (published,) = lb["ports"]
+    listen = published.split(":")[-1]
+    assert "/healthz" in " ".join(lb["healthcheck"]["test"]) and listen in " ".join(
+        lb["healthcheck"]["test"]
+    )
+    conf = re.sub(r"#.*", "", NGINX_CONF.read_text(encoding="utf-8"))
+    directives = {" ".join(part.split()) for part in re.split(r"[;{}]", conf)}
+    for name in GATEWAYS:
+        assert any(d.startswith(f"server {name}:{port}") for d in directives), name
+    assert f"listen {listen}" in directives
+    # SSE: no buffering, HTTP/1.1 keep-alive to the replicas, reads longer than the pings.
+    for needed in [
+        "proxy_buffering off",
+        "proxy_cache off",
+        "gzip off",
+        "proxy_http_version 1.1",
+        'proxy_set_header Connection ""',
+        "proxy_pass http://gateways",
+    ]:
+        assert any(d.endswith(needed) for d in directives), needed
+    (read,) = [d for d in directives if d.startswith("proxy_read_timeout")]
+    assert int(read.split()[1].rstrip("s")) > Settings().ping_interval_s
+    assert not any("non_idempotent" in d for d in directives)  # a POST is never sent twice
 
 
 def test_llama_server_service(compose: dict[str, Any], stages: dict[str, Stage]) -> None:
@@ -372,5 +431,5 @@ def test_named_volumes_are_declared(compose: dict[str, Any]) -> None:
 def test_docs_are_honest_about_what_is_tested() -> None:
     docs = DOCS.read_text(encoding="utf-8")
     assert "Not exercised by CI here" in docs and "tests/test_docker.py" in docs
-    for needed in ["UPSTREAM_BASE_URL", "REDIS_URL", "--profile redis", "healthcheck"]:
+    for needed in ["UPSTREAM_BASE_URL", "REDIS_URL", "API_KEYS", "deployment.md", "healthcheck"]:
         assert needed in docs, needed
