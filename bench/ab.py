@@ -15,6 +15,11 @@ machine drift hits all three alike.
   direct upstream and the ratio work/base (with its range over the rounds' own ratios:
   the noise), and each gateway's CPU µs per upstream token.
 
+``python -m bench.ab --redis`` compares the working tree with itself instead: base in
+memory, work with ``REDIS_URL`` pointing at a ``redis-server`` started for the run (no
+persistence, on loopback): what the shared state of SPEC §9 costs a stream (its resume
+buffer is mirrored to Redis while it runs).
+
 Never writes RESULTS.md.
 """
 
@@ -22,12 +27,24 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import shutil
+import socket
 import subprocess
 import tempfile
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
-from bench._procs import ROOT, Proc, cpu_seconds, scratch, spawn_gateway, spawn_upstream
+from bench._procs import (
+    ROOT,
+    Proc,
+    cpu_seconds,
+    free_port,
+    scratch,
+    spawn_gateway,
+    spawn_upstream,
+)
 from bench.gateway import (
     MS,
     PAUSE_S,
@@ -116,14 +133,16 @@ async def b2(targets: dict[str, Target], procs: dict[str, Proc], n: int, rounds:
     return lines
 
 
-async def compare(base: Path, args: argparse.Namespace) -> list[str]:
+async def compare(base: Path, args: argparse.Namespace, redis_url: str | None = None) -> list[str]:
     with scratch("toolforge-ab-") as (artifacts, procs):
         up = spawn_upstream()
         procs.append(up)
         url = f"http://127.0.0.1:{up.port}/v1"
         gateways = {
             "base": spawn_gateway(url, artifacts, cwd=base),
-            "work": spawn_gateway(url, artifacts),
+            "work": spawn_gateway(
+                url, artifacts, env=None if redis_url is None else {"REDIS_URL": redis_url}
+            ),
         }
         procs += gateways.values()
         targets = {
@@ -139,14 +158,59 @@ async def compare(base: Path, args: argparse.Namespace) -> list[str]:
         return lines
 
 
+@contextlib.contextmanager
+def redis_server() -> Iterator[str]:
+    """A ``redis-server`` on a free loopback port for the run; its URL."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        raise SystemExit("--redis needs redis-server on PATH (apt-get install redis-server)")
+    port = free_port()
+    with tempfile.TemporaryDirectory(prefix="toolforge-ab-redis-") as workdir:
+        args = ["--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no"]
+        proc = subprocess.Popen(
+            [binary, *args, "--dir", workdir],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            deadline = time.monotonic() + 10
+            while True:
+                with (
+                    contextlib.suppress(OSError),
+                    socket.create_connection(("127.0.0.1", port), timeout=0.2),
+                ):
+                    break
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    raise SystemExit("redis-server did not start")
+                time.sleep(0.05)
+            yield f"redis://127.0.0.1:{port}/0"
+        finally:
+            proc.terminate()
+            proc.wait(timeout=10)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("rev", help="the git revision to compare the working tree with")
+    parser.add_argument("rev", nargs="?", help="the git revision to compare the working tree with")
+    parser.add_argument(
+        "--redis",
+        action="store_true",
+        help="instead of a revision: the working tree in memory (base) and with REDIS_URL",
+    )
     parser.add_argument("--requests", type=int, default=300, help="B1, per side, after warm-up")
     parser.add_argument("--warmup", type=int, default=30, help="B1")
     parser.add_argument("--b2-rounds", type=int, default=5, help="per stream; 0 skips B2")
     parser.add_argument("--b2-tokens", type=int, default=50_000)
     args = parser.parse_args()
+    if args.redis:
+        _uvloop()
+        with redis_server() as url:
+            lines = asyncio.run(compare(ROOT, args, redis_url=url))
+        print("base = the working tree in memory, work = the working tree with REDIS_URL")
+        print("\n".join(lines))
+        return
+    if args.rev is None:
+        parser.error("name a revision, or --redis")
     worktree = Path(tempfile.mkdtemp(prefix="toolforge-ab-rev-"))
     subprocess.run(
         ["git", "worktree", "add", "--detach", str(worktree), args.rev],

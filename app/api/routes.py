@@ -162,16 +162,25 @@ async def start_stream(gw: Gateway, body: bytes, idempotency_key: str | None) ->
                     headers={"Idempotent-Replayed": "true"},
                 )
     stream_id = "s_" + secrets.token_hex(10)
-    session = gw.session(await gw.planner.plan(req, stream_id, idempotency_key))
+    plan = await gw.planner.plan(req, stream_id, idempotency_key)
     if idempotency_key is not None and gw.cluster is not None:
-        holder = await gw.cluster.claim(idempotency_key, body_hash, stream_id)
-        if holder is not None:  # another replica started it since we looked
+        claimed = await gw.cluster.claim(idempotency_key, body_hash, stream_id)
+        if claimed is not None:  # another replica started it since we looked
+            held_hash, holder = claimed
+            if held_hash != body_hash:
+                raise RequestError(
+                    ErrorCode.IDEMPOTENCY_KEY_REUSED,
+                    "this Idempotency-Key was used with a different request body; "
+                    "use a new key for a new request",
+                    http_status=422,
+                )
             raise RequestError(
                 ErrorCode.IDEMPOTENCY_IN_FLIGHT,
                 f"the request with this Idempotency-Key is already streaming as "
                 f"{holder!r}; resume it with GET /v1/streams/{holder}",
                 http_status=409,
             )
+    session = gw.session(plan)
     session.log.attach_primary()  # backpressure from the first frame on
     gw.registry.start(session, idempotency_key=idempotency_key, body_hash=body_hash)
     if gw.cluster is not None:

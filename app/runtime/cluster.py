@@ -390,18 +390,23 @@ class RedisCluster:
         refresh_s = max(0.5, self.ttl_ms / 3000)
         cursor = 0
         while True:
-            batch, end = frame_log.take(cursor)
-            if batch is None:
+            if cursor == frame_log.last_id:
                 if frame_log.closed:
                     return
                 try:
                     async with asyncio.timeout(refresh_s):
                         await frame_log.wait()
                 except TimeoutError:  # idle (a tool, a client): keep the keys alive
-                    try:
+                    with contextlib.suppress(RedisUnavailable):
                         await self._refresh(keys)
-                    except RedisUnavailable:
-                        pass
+                    continue
+            # Gather what else comes within the flush interval into the same write: at
+            # most one write per interval, the first frames reach their client before
+            # any Redis work starts, and a short stream is one write, done included.
+            if self.flush_s:
+                await asyncio.sleep(self.flush_s)
+            batch, end = frame_log.take(cursor)
+            if batch is None:
                 continue
             final = frame_log.closed and end == frame_log.last_id
             try:
@@ -434,8 +439,6 @@ class RedisCluster:
             cursor = end
             if final:
                 return
-            if self.flush_s:
-                await asyncio.sleep(self.flush_s)
 
     async def _refresh(self, keys: list[str]) -> None:
         pipe = self.redis.pipeline(transaction=False)
@@ -480,8 +483,9 @@ class RedisCluster:
             )
         return stream
 
-    async def claim(self, key: str, body_hash: str, stream_id: str) -> str | None:
-        """Claim ``key`` for a new stream; the stream id holding it already, if any."""
+    async def claim(self, key: str, body_hash: str, stream_id: str) -> tuple[str, str] | None:
+        """Claim ``key`` for a new stream; the (body hash, stream id) holding it already,
+        if any."""
         result = await self.call(
             "an Idempotency-Key",
             self._claim(
@@ -491,7 +495,7 @@ class RedisCluster:
         )
         if result == 1:
             return None
-        return bytes(result[1]).decode()
+        return bytes(result[0]).decode(), bytes(result[1]).decode()
 
     async def alive(self, replica: str) -> bool:
         if replica == self.replica_id:

@@ -337,3 +337,93 @@ async def test_the_rate_limit_store_is_shared(redis_server: RedisServer) -> None
     finally:
         await one.aclose()
         await two.aclose()
+
+
+async def test_a_replica_stopped_mid_stream_leaves_its_end_in_the_buffer(
+    replicas: ReplicaFactory,
+) -> None:
+    a, b = await replicas()
+    first = await read_sse(
+        a.client,
+        "POST",
+        f"{a.url}/v1/stream",
+        json=body("slow:2000:5", on_disconnect="continue"),
+        until=lambda e: int(e.id) >= 10,
+    )
+    stream_id = first[0].data["stream_id"]
+    a.proc.terminate()  # SIGTERM: a deploy, a scale-down
+    # uvicorn shuts down gracefully, then raises the signal again on its way out.
+    assert await asyncio.to_thread(a.proc.wait, 15) in (0, -15)
+    rest = await asyncio.wait_for(b.resume(stream_id, first[-1].id), 10)
+    whole = first + rest
+    assert_whole(whole)
+    assert "error" not in [e.event for e in whole]
+    assert whole[-1].data["reason"] == "shutdown"
+
+
+async def _noop(op: str, stream_id: str, payload: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    return 404, {}
+
+
+async def test_the_global_tool_slots_are_served_in_arrival_order_across_replicas(
+    redis_server: RedisServer,
+) -> None:
+    one, two = (
+        RedisCluster(redis_server.url, timeout_s=0.5, flush_s=0, replica_ttl_s=1, resume_ttl_s=1)
+        for _ in range(2)
+    )
+    await one.start(_noop)
+    await two.start(_noop)
+    try:
+        held = await one.sem_acquire(1)
+        assert held is not None
+        order: list[str] = []
+
+        async def wait(cluster: RedisCluster, name: str) -> None:
+            token = await cluster.sem_acquire(1)
+            assert token is not None
+            order.append(name)
+            await asyncio.sleep(0.05)
+            cluster.sem_release(token)
+
+        waiters = []
+        for cluster, name in [(two, "first"), (one, "second"), (two, "third")]:
+            waiters.append(asyncio.create_task(wait(cluster, name)))
+            await asyncio.sleep(0.05)  # queued in this order
+        assert order == []
+        one.sem_release(held)
+        await asyncio.wait_for(asyncio.gather(*waiters), 5)
+        assert order == ["first", "second", "third"]
+        # A waiter cancelled while queued leaves the queue: the next one is not stuck.
+        held = await one.sem_acquire(1)
+        assert held is not None
+        stuck = asyncio.create_task(two.sem_acquire(1))
+        await asyncio.sleep(0.05)
+        stuck.cancel()
+        await asyncio.gather(stuck, return_exceptions=True)
+        later = asyncio.create_task(two.sem_acquire(1))
+        one.sem_release(held)
+        assert await asyncio.wait_for(later, 2) is not None
+    finally:
+        await one.aclose()
+        await two.aclose()
+
+
+async def test_an_idempotency_key_is_claimed_once_across_replicas(
+    redis_server: RedisServer,
+) -> None:
+    one, two = (
+        RedisCluster(redis_server.url, timeout_s=0.5, flush_s=0, replica_ttl_s=1, resume_ttl_s=1)
+        for _ in range(2)
+    )
+    try:
+        claims = await asyncio.gather(
+            one.claim("k", "hash-a", "s_one"), two.claim("k", "hash-b", "s_two")
+        )
+        winner = [c for c in claims if c is None]
+        assert len(winner) == 1
+        (lost,) = [c for c in claims if c is not None]
+        assert lost in {("hash-a", "s_one"), ("hash-b", "s_two")}
+    finally:
+        await one.aclose()
+        await two.aclose()
