@@ -427,3 +427,37 @@ async def test_an_idempotency_key_is_claimed_once_across_replicas(
     finally:
         await one.aclose()
         await two.aclose()
+
+
+async def test_without_redis_a_tool_slot_falls_back_to_the_replica_s_own_gate() -> None:
+    from tests.replicas.conftest import free_port
+    from toolforge.runtime.cluster import RedisGate
+
+    cluster = RedisCluster(
+        f"redis://127.0.0.1:{free_port()}/0",  # nothing listens there
+        timeout_s=0.3,
+        flush_s=0,
+        replica_ttl_s=1,
+        resume_ttl_s=1,
+    )
+    gate = RedisGate(cluster, 2)
+    try:
+        t0 = time.perf_counter()
+        await gate.acquire()
+        await gate.acquire()
+        assert time.perf_counter() - t0 < 1.0  # refused at once: no wait for the timeout
+        assert gate.active == 2 and gate.would_wait()  # the local limit still holds
+        third = asyncio.create_task(gate.acquire())
+        await asyncio.sleep(0.05)
+        assert not third.done() and gate.depth == 1
+        gate.release()
+        await asyncio.wait_for(third, 2)
+        gate.release()
+        gate.release()
+        assert gate.active == 0
+        with pytest.raises(RedisUnavailable) as caught:
+            await cluster.claim("k", "h", "s_x")
+        assert caught.value.http_status == 503
+        assert caught.value.to_dict()["code"] == "REDIS_UNAVAILABLE"
+    finally:
+        await cluster.aclose()
