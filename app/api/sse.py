@@ -94,13 +94,7 @@ class FrameStreamResponse(Response):
         self.background = None
         # Built here rather than by Starlette's init_headers: the same for every stream
         # but one, and shared, not a dozen new objects per open stream (bench B4).
-        extra = headers or {}
-        self.raw_headers = [
-            *_HEADERS,
-            (b"x-stream-id", session.id.encode("latin-1")),
-            *((k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in extra.items()),
-            _CONTENT_TYPE,
-        ]
+        self.raw_headers = _raw_headers(session.id, headers)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
@@ -172,6 +166,15 @@ class FrameStreamResponse(Response):
             watcher.cancel()  # parked in receive(); ends at the loop's next turn
 
 
+def _raw_headers(stream_id: str, extra: Mapping[str, str] | None) -> list[tuple[bytes, bytes]]:
+    return [
+        *_HEADERS,
+        (b"x-stream-id", stream_id.encode("latin-1")),
+        *((k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in (extra or {}).items()),
+        _CONTENT_TYPE,
+    ]
+
+
 async def _hold_head(log: FrameLog, gone: Callable[[], bool]) -> None:
     """Until the stream's first frame after ``stream.begin``, its end, or the client
     leaving; ``HEAD_HOLD_S`` at most."""
@@ -211,13 +214,7 @@ class RemoteStreamResponse(Response):
         self._ping_interval_s = ping_interval_s
         self.status_code = 200
         self.background = None
-        extra = headers or {}
-        self.raw_headers = [
-            *_HEADERS,
-            (b"x-stream-id", stream.id.encode("latin-1")),
-            *((k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in extra.items()),
-            _CONTENT_TYPE,
-        ]
+        self.raw_headers = _raw_headers(stream.id, headers)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         loop = asyncio.get_running_loop()

@@ -727,7 +727,13 @@ class RemoteStream:
         """Nothing new: if the owner is dead, end the buffer with STREAM_LOST + done.
         True if the stream is gone from Redis altogether (its keys expired)."""
         cluster = self.cluster
-        if await cluster.alive(self.owner):
+        pipe = cluster.redis.pipeline(transaction=False)
+        pipe.exists(_meta_key(self.id))
+        pipe.exists(_alive_key(self.owner))
+        meta, alive = await cluster.call("resuming a stream", pipe.execute())
+        if not meta:  # expired: nothing more will come, whoever runs it
+            return True
+        if alive or self.owner == cluster.replica_id:
             return False
         key = _frames_key(self.id)
         latest = await cluster.call("resuming a stream", cluster.redis.xrevrange(key, count=1))

@@ -13,6 +13,7 @@ import pytest
 
 from tests.replicas.conftest import (
     RedisServer,
+    Replica,
     ReplicaFactory,
     assert_whole,
     read_sse,
@@ -36,15 +37,29 @@ def words(n: int) -> str:
     return "".join(f"w{i} " for i in range(n))
 
 
+async def read_some(replica: Replica, model: str, n: int) -> list[Event]:
+    """Start a stream that outlives its client on ``replica``; read ``n`` frames, leave."""
+    return await read_sse(
+        replica.client,
+        "POST",
+        f"{replica.url}/v1/stream",
+        json=body(model, on_disconnect="continue"),
+        until=lambda e: int(e.id) >= n,
+    )
+
+
+def two_clusters(url: str) -> tuple[RedisCluster, RedisCluster]:
+    """Two replicas' views of one Redis, without servers around them."""
+    one, two = (
+        RedisCluster(url, timeout_s=0.5, flush_s=0, replica_ttl_s=1, resume_ttl_s=1)
+        for _ in range(2)
+    )
+    return one, two
+
+
 async def test_a_stream_started_on_a_resumes_on_b_exactly_once(replicas: ReplicaFactory) -> None:
     a, b = await replicas()
-    first = await read_sse(
-        a.client,
-        "POST",
-        f"{a.url}/v1/stream",
-        json=body("slow:80:5", on_disconnect="continue"),
-        until=lambda e: int(e.id) >= 10,
-    )
+    first = await read_some(a, "slow:80:5", 10)
     stream_id = first[0].data["stream_id"]
     rest = await b.resume(stream_id, first[-1].id)
     whole = first + rest
@@ -291,13 +306,7 @@ async def test_replica_a_killed_mid_stream_ends_in_stream_lost_on_b(
     replicas: ReplicaFactory, redis_server: RedisServer
 ) -> None:
     a, b = await replicas()
-    first = await read_sse(
-        a.client,
-        "POST",
-        f"{a.url}/v1/stream",
-        json=body("slow:2000:5", on_disconnect="continue"),
-        until=lambda e: int(e.id) >= 20,
-    )
+    first = await read_some(a, "slow:2000:5", 20)
     stream_id = first[0].data["stream_id"]
     await asyncio.sleep(0.05)
     a.kill()
@@ -318,10 +327,7 @@ async def test_replica_a_killed_mid_stream_ends_in_stream_lost_on_b(
 
 
 async def test_the_rate_limit_store_is_shared(redis_server: RedisServer) -> None:
-    one, two = (
-        RedisCluster(redis_server.url, timeout_s=0.5, flush_s=0, replica_ttl_s=1, resume_ttl_s=1)
-        for _ in range(2)
-    )
+    one, two = two_clusters(redis_server.url)
     try:
         stores = [RedisRateLimitStore(one), RedisRateLimitStore(two)]
         decisions = [await stores[i % 2].hit("key-a", 3, 1.0) for i in range(4)]
@@ -343,13 +349,7 @@ async def test_a_replica_stopped_mid_stream_leaves_its_end_in_the_buffer(
     replicas: ReplicaFactory,
 ) -> None:
     a, b = await replicas()
-    first = await read_sse(
-        a.client,
-        "POST",
-        f"{a.url}/v1/stream",
-        json=body("slow:2000:5", on_disconnect="continue"),
-        until=lambda e: int(e.id) >= 10,
-    )
+    first = await read_some(a, "slow:2000:5", 10)
     stream_id = first[0].data["stream_id"]
     a.proc.terminate()  # SIGTERM: a deploy, a scale-down
     # uvicorn shuts down gracefully, then raises the signal again on its way out.
@@ -368,10 +368,7 @@ async def _noop(op: str, stream_id: str, payload: dict[str, Any]) -> tuple[int, 
 async def test_the_global_tool_slots_are_served_in_arrival_order_across_replicas(
     redis_server: RedisServer,
 ) -> None:
-    one, two = (
-        RedisCluster(redis_server.url, timeout_s=0.5, flush_s=0, replica_ttl_s=1, resume_ttl_s=1)
-        for _ in range(2)
-    )
+    one, two = two_clusters(redis_server.url)
     await one.start(_noop)
     await two.start(_noop)
     try:
@@ -412,10 +409,7 @@ async def test_the_global_tool_slots_are_served_in_arrival_order_across_replicas
 async def test_an_idempotency_key_is_claimed_once_across_replicas(
     redis_server: RedisServer,
 ) -> None:
-    one, two = (
-        RedisCluster(redis_server.url, timeout_s=0.5, flush_s=0, replica_ttl_s=1, resume_ttl_s=1)
-        for _ in range(2)
-    )
+    one, two = two_clusters(redis_server.url)
     try:
         claims = await asyncio.gather(
             one.claim("k", "hash-a", "s_one"), two.claim("k", "hash-b", "s_two")
