@@ -19,6 +19,8 @@ app builds one :class:`RedisCluster` at start-up and these live in Redis:
 - **routing**: cancel, approvals and client tool results posted to a replica that does
   not run the stream are published on the owner's channel ``tf:c:{owner}``; the owner
   answers on the asker's channel with the HTTP status and body its own route gave.
+- **per-key rate limits** (:class:`RedisRateLimiter`): fixed windows and leased stream
+  counts, the same for every replica.
 - **the global tool limit**: a fair (FIFO across replicas) counting semaphore of
   ``TOOL_CONCURRENCY`` slots (:class:`RedisGate`; Redis in Action §6.3's design, in Lua).
   A holder's slot is leased for ``REPLICA_TTL_S`` and renewed by its heartbeat, so a
@@ -41,8 +43,7 @@ import hashlib
 import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
-from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 import orjson
 import redis.asyncio as aioredis
@@ -57,10 +58,10 @@ from toolforge.runtime.session import StreamSession
 
 __all__ = [
     "CommandHandler",
-    "RateDecision",
+    "RateLimitLike",
     "RedisCluster",
     "RedisGate",
-    "RedisRateLimitStore",
+    "RedisRateLimiter",
     "RedisUnavailable",
     "RemoteError",
     "RemoteStream",
@@ -227,34 +228,32 @@ if #ARGV > 1 then redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[1]) * 4) end
 return 1
 """
 
-# GCRA (the generic cell rate algorithm): ``limit`` requests per ``window`` ms, as a burst
-# of up to ``limit``. KEYS: the bucket. ARGV: limit, window ms. Returns {allowed (0/1),
-# remaining, retry after ms}. One key per client key, expiring once the bucket is full.
-_GCRA: Final = """
+# Per-key limits (the RateLimiter of SPEC §11's per-key rate limits), with Redis's clock.
+# A fixed window: KEYS: the key's counter prefix. ARGV: requests, window ms. Returns 0 (go
+# on) or the ms until the window turns. Over the limit the request still counts.
+_WINDOW_HIT: Final = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local limit = tonumber(ARGV[1])
 local window = tonumber(ARGV[2])
-local interval = window / limit
-local tat = tonumber(redis.call('GET', KEYS[1]) or now)
-if tat < now then tat = now end
-local new_tat = tat + interval
-local allow_at = new_tat - window
-if allow_at > now then
-  return {0, 0, math.ceil(allow_at - now)}
-end
-redis.call('SET', KEYS[1], new_tat, 'PX', math.ceil(new_tat - now) + 1)
-return {1, math.floor((now - allow_at) / interval), 0}
+local index = math.floor(now / window)
+local key = KEYS[1] .. ':' .. index
+local count = redis.call('INCR', key)
+if count == 1 then redis.call('PEXPIRE', key, window) end
+if count <= tonumber(ARGV[1]) then return 0 end
+return (index + 1) * window - now
 """
 
-
-@dataclass(frozen=True, slots=True)
-class RateDecision:
-    """One request counted against a key's rate limit."""
-
-    allowed: bool
-    remaining: int
-    retry_after_s: float
+# Concurrent streams: KEYS: the key's lease set (token -> lease end). ARGV: token, limit,
+# lease ms. 1: taken. Leases of a replica that died run out after ``lease``.
+_STREAM_OPEN: Final = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[2]) then return 0 end
+redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), ARGV[1])
+redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[3]) * 4)
+return 1
+"""
 
 
 class RedisCluster:
@@ -294,13 +293,16 @@ class RedisCluster:
         self._finalize = self.redis.register_script(_FINALIZE)
         self._sem_acquire = self.redis.register_script(_SEM_ACQUIRE)
         self._sem_renew = self.redis.register_script(_SEM_RENEW)
-        self._gcra = self.redis.register_script(_GCRA)
+        self._window_hit = self.redis.register_script(_WINDOW_HIT)
+        self._stream_open = self.redis.register_script(_STREAM_OPEN)
         self._handler: CommandHandler | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._mirrors: set[asyncio.Task[None]] = set()
         self._replies: dict[str, asyncio.Future[tuple[int, dict[str, Any]]]] = {}
         self._released = asyncio.Event()
         self.held_slots: set[str] = set()
+        # Leases renewed by the heartbeat: (sorted set, token) of the streams open here.
+        self.held_leases: set[tuple[str, str]] = set()
         self.healthy = False
         self._warned_at = 0.0
 
@@ -362,6 +364,8 @@ class RedisCluster:
             await self._sem_renew(
                 keys=[_SEM_KEYS[0]], args=[self.lease_ms, *self.held_slots], client=pipe
             )
+        for zkey, token in list(self.held_leases):
+            await self._sem_renew(keys=[zkey], args=[self.lease_ms, token], client=pipe)
         await self.call("the heartbeat", pipe.execute())
 
     async def _heartbeat(self) -> None:
@@ -779,21 +783,77 @@ def _safe_url(url: str) -> str:
     return scheme + sep + rest
 
 
-class RedisRateLimitStore:
-    """Per-key rate limits shared by every replica: GCRA in one Lua call per request.
+class RateLimitLike(Protocol):
+    """A key's limits as the auth layer gives them: ``requests`` per ``window_s``, and
+    ``streams`` open at once (0: no limit; the caller does not ask then)."""
 
-    The interface (``hit(key, limit, window_s) -> RateDecision``) is the minimal one a
-    limiter needs; an in-memory store with the same method is the single-replica default.
+    @property
+    def requests(self) -> int: ...
+
+    @property
+    def window_s(self) -> float: ...
+
+    @property
+    def streams(self) -> int: ...
+
+
+class RedisRateLimiter:
+    """Per-key rate limits shared by every replica (SPEC §11 with §9): the three methods
+    of the auth layer's ``RateLimiter`` (``hit``, ``open_stream``, ``close_stream``), each
+    one Lua call on Redis's clock, so every replica counts the same windows and streams.
+
+    - ``hit``: a fixed window per key (``INCR`` of ``tf:rl:{sha256(key)}:{window index}``,
+      expiring with its window); 0 if the request may go on, else the seconds until the
+      window turns (the ``Retry-After``). Over the limit the request still counts.
+    - ``open_stream`` / ``close_stream``: a sorted set of leases per key; each lease
+      lasts ``REPLICA_TTL_S`` and is renewed by this replica's heartbeat, so the streams
+      of a replica that dies are given back by themselves.
+
     A Redis that does not answer is a :class:`RedisUnavailable` (503), not a free pass.
     """
 
     def __init__(self, cluster: RedisCluster) -> None:
         self._cluster = cluster
+        self._open: dict[str, list[str]] = {}  # key -> lease tokens taken here
 
-    async def hit(self, key: str, limit: int, window_s: float) -> RateDecision:
-        bucket = f"{PREFIX}rl:{hashlib.sha256(key.encode()).hexdigest()}"
-        allowed, remaining, retry_ms = await self._cluster.call(
+    @staticmethod
+    def _name(prefix: str, key: str) -> str:
+        return f"{PREFIX}{prefix}:{hashlib.sha256(key.encode()).hexdigest()}"
+
+    async def hit(self, key: str, limit: RateLimitLike) -> float:
+        cluster = self._cluster
+        wait_ms = await cluster.call(
             "the rate limit",
-            self._cluster._gcra(keys=[bucket], args=[limit, int(window_s * 1000)]),
+            cluster._window_hit(
+                keys=[self._name("rl", key)],
+                args=[limit.requests, max(1, int(limit.window_s * 1000))],
+            ),
         )
-        return RateDecision(bool(allowed), int(remaining), int(retry_ms) / 1000)
+        return int(wait_ms) / 1000
+
+    async def open_stream(self, key: str, limit: RateLimitLike) -> bool:
+        cluster = self._cluster
+        zkey = self._name("rs", key)
+        token = f"{cluster.replica_id}:{secrets.token_hex(6)}"
+        taken = await cluster.call(
+            "the stream limit",
+            cluster._stream_open(keys=[zkey], args=[token, limit.streams, cluster.lease_ms]),
+        )
+        if not taken:
+            return False
+        self._open.setdefault(key, []).append(token)
+        cluster.held_leases.add((zkey, token))
+        return True
+
+    async def close_stream(self, key: str) -> None:
+        tokens = self._open.get(key)
+        if not tokens:
+            return
+        token = tokens.pop()
+        if not tokens:
+            del self._open[key]
+        cluster = self._cluster
+        zkey = self._name("rs", key)
+        cluster.held_leases.discard((zkey, token))
+        with contextlib.suppress(RedisUnavailable):  # its lease runs out by itself
+            await cluster.call("the stream limit", cluster.redis.zrem(zkey, token))

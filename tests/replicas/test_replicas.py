@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -20,7 +21,7 @@ from tests.replicas.conftest import (
 )
 from toolforge.eval.loopback import Event
 from toolforge.eval.scripted_upstream import ScriptedUpstream
-from toolforge.runtime.cluster import RedisCluster, RedisRateLimitStore, RedisUnavailable
+from toolforge.runtime.cluster import RedisCluster, RedisRateLimiter, RedisUnavailable
 
 SENTINEL = {"mode": "sentinel"}
 
@@ -326,20 +327,43 @@ async def test_replica_a_killed_mid_stream_ends_in_stream_lost_on_b(
     assert redis_server.keys(f"tf:s:{stream_id}:*")
 
 
-async def test_the_rate_limit_store_is_shared(redis_server: RedisServer) -> None:
+@dataclass(frozen=True)
+class Limit:
+    """The auth layer's RateLimit, as the limiter reads it."""
+
+    requests: int = 0
+    window_s: float = 60.0
+    streams: int = 0
+
+
+async def test_per_key_rate_limits_are_shared_by_the_replicas(redis_server: RedisServer) -> None:
     one, two = two_clusters(redis_server.url)
+    await one.start(_noop)
+    await two.start(_noop)
     try:
-        stores = [RedisRateLimitStore(one), RedisRateLimitStore(two)]
-        decisions = [await stores[i % 2].hit("key-a", 3, 1.0) for i in range(4)]
-        assert [d.allowed for d in decisions] == [True, True, True, False]
-        assert [d.remaining for d in decisions[:3]] == [2, 1, 0]
-        assert 0 < decisions[3].retry_after_s <= 0.34
-        assert (await stores[1].hit("key-b", 3, 1.0)).allowed  # another key, its own bucket
-        await asyncio.sleep(decisions[3].retry_after_s + 0.02)
-        assert (await stores[0].hit("key-a", 3, 1.0)).allowed
+        limiters = [RedisRateLimiter(one), RedisRateLimiter(two)]
+        limit = Limit(requests=3, window_s=60, streams=2)
+        waits = [await limiters[i % 2].hit("key-a", limit) for i in range(5)]
+        assert waits[:3] == [0, 0, 0]
+        assert all(0 < w <= 60 for w in waits[3:])  # the Retry-After: when the window turns
+        assert await limiters[1].hit("key-b", limit) == 0  # another key, its own count
+        # Concurrent streams: two across both replicas, then none until one closes.
+        assert await limiters[0].open_stream("key-a", limit)
+        assert await limiters[1].open_stream("key-a", limit)
+        assert not await limiters[0].open_stream("key-a", limit)
+        await limiters[1].close_stream("key-a")
+        assert await limiters[0].open_stream("key-a", limit)
+        # A replica that dies with streams open gives them back when its leases run out
+        # (REPLICA_TTL_S, 1 s here); a living one keeps its own (the heartbeat renews).
+        await one.aclose()
+        assert not await limiters[1].open_stream("key-a", limit)
+        await asyncio.sleep(1.6)
+        assert await limiters[1].open_stream("key-a", limit)
+        assert await limiters[1].open_stream("key-a", limit)
+        assert not await limiters[1].open_stream("key-a", limit)
         redis_server.kill()
         with pytest.raises(RedisUnavailable):
-            await stores[0].hit("key-a", 3, 1.0)
+            await limiters[1].hit("key-a", limit)
     finally:
         await one.aclose()
         await two.aclose()
