@@ -105,8 +105,11 @@ class RemoteError(ToolForgeError):
     """An error the owner replica answered with, passed on as it was (status and body)."""
 
     def __init__(self, status: int, error: dict[str, Any]) -> None:
-        code = error.get("code", ErrorCode.INTERNAL)
-        super().__init__(ErrorCode(str(code)), str(error.get("message", "")))
+        try:
+            code = ErrorCode(str(error.get("code")))
+        except ValueError:  # a newer replica's code (a rolling deploy): passed on as is
+            code = ErrorCode.INTERNAL
+        super().__init__(code, str(error.get("message", "")))
         self.http_status = status
         self.retryable = bool(error.get("retryable", False))
         self._body = error
