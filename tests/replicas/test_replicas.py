@@ -480,3 +480,18 @@ async def test_without_redis_a_tool_slot_falls_back_to_the_replica_s_own_gate() 
         assert caught.value.to_dict()["code"] == "REDIS_UNAVAILABLE"
     finally:
         await cluster.aclose()
+
+
+async def test_redis_state_is_built_only_when_redis_url_is_set() -> None:
+    from toolforge.api.app import _cluster
+    from toolforge.settings import Settings
+
+    assert _cluster(Settings(redis_url=None)) is None
+    cluster = _cluster(
+        Settings(redis_url="redis://127.0.0.1:1/0", redis_timeout_ms=250, redis_flush_ms=2)
+    )
+    assert cluster is not None
+    try:
+        assert cluster.timeout_s == 0.25 and cluster.flush_s == 0.002
+    finally:
+        await cluster.aclose()
