@@ -9,6 +9,7 @@ import os
 import shlex
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from toolforge.api.app import create_app
@@ -117,6 +118,17 @@ def _demo(args: argparse.Namespace) -> None:
             api_key=args.api_key or os.environ.get("TOOLFORGE_API_KEY"),
         )
     )
+def _index(args: argparse.Namespace) -> None:
+    from toolforge.tools.task_analysis import index_folder
+
+    settings = Settings()
+    db = args.db or settings.task_db or settings.artifacts_dir / "tasks.sqlite"
+    try:
+        docs, tasks = index_folder(args.folder, db)
+    except (FileNotFoundError, RuntimeError) as exc:
+        print(f"toolforge index: {exc}", file=sys.stderr)
+        raise SystemExit(1) from exc
+    print(f"indexed {tasks} tasks from {docs} documents into {db}")
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -155,6 +167,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     demo.add_argument("--api-key", help="sent as a Bearer token (default: TOOLFORGE_API_KEY)")
     demo.set_defaults(func=_demo)
+    index = sub.add_parser(
+        "index", help="embed a folder of Markdown task documents for the task-analysis pack"
+    )
+    index.add_argument("folder", type=Path, help="folder of *.md task documents")
+    index.add_argument(
+        "--db", type=Path, help="SQLite store (TASK_DB; default <ARTIFACTS_DIR>/tasks.sqlite)"
+    )
+    index.set_defaults(func=_index)
     args = parser.parse_args(argv)
     args.func(args)
 

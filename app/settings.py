@@ -119,6 +119,9 @@ class Settings(BaseSettings):
 
     # -- storage and ops --------------------------------------------------------------
     artifacts_dir: Path = Field(Path("artifacts"), validation_alias="ARTIFACTS_DIR")
+    # The task-analysis pack's SQLite store (``toolforge index`` writes it); default
+    # <ARTIFACTS_DIR>/tasks.sqlite.
+    task_db: Path | None = Field(None, validation_alias="TASK_DB")
     redis_url: str | None = Field(None, validation_alias="REDIS_URL")
     # Every Redis call is bounded by this: a Redis that does not answer is a typed 503 for
     # what needs it, never a hang (docs/deployment.md). Loopback/LAN answers in < 1 ms.

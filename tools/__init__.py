@@ -1,15 +1,16 @@
 """Tool packs: Python tools, one module each, selected by configuration (SPEC §5).
 
-A *pack* is a module ``toolforge.tools.<name>`` (a file ``tools/<name>.py``) with one
-function, ``pack_tools(settings: Settings) -> list[ToolSpec]``, returning its tools built
-from the settings (a pack may return fewer tools, or none, when what they need is not
+A *pack* is a module ``toolforge.tools.<name>`` (a file ``tools/<name>.py``, or a folder
+``tools/<name>/``) with one function, ``pack_tools(settings: Settings) -> list[ToolSpec]``,
+returning its tools built from the settings (a pack whose tools ask the gateway's own model
+takes it too: ``pack_tools(settings, *, model)``, see :data:`toolforge.core.tools.AskModel`) (a pack may return fewer tools, or none, when what they need is not
 configured). ``TOOL_PACKS`` (comma-separated, default ``demo``) says which packs the
 gateway serves; :func:`load_packs` builds the registry from them, stamping each tool's
 ``source`` as ``pack:<name>``, and checks seed 003's rules (a redaction allowlist, the
 JSON Schema subset): a broken tool stops the start-up with a message naming it.
 
-Packs here: ``demo`` (``places.search``, ``bookings.create``) and ``agent`` (``fs.read``,
-``sqlite.query``, ``time.now``). See docs/tools.md §6.
+Packs here: ``demo`` (``places.search``, ``bookings.create``), ``agent`` (``fs.read``,
+``sqlite.query``, ``time.now``) and ``task_analysis`` (seed 002's five tools over a task index). See docs/tools.md §6.
 
 Fixtures live in ``tools/fixtures/``; the demo tools' input schemas are exported to
 ``schemas/tools/`` by ``python -m toolforge.tools.export_schemas`` (a test fails when
@@ -20,11 +21,12 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import inspect
 import pkgutil
 from typing import Any
 
 from toolforge.core.tool_rules import ToolConfigError, check_registry
-from toolforge.core.tools import ToolRegistry, ToolSpec
+from toolforge.core.tools import AskModel, ToolRegistry, ToolSpec
 from toolforge.settings import Settings
 
 __all__ = ["available_packs", "default_registry", "load_packs", "pack_names"]
@@ -38,7 +40,7 @@ def available_packs() -> list[str]:
     return sorted(
         m.name
         for m in pkgutil.iter_modules(__path__)
-        if not m.ispkg and not m.name.startswith("_") and m.name not in _NOT_PACKS
+        if not m.name.startswith("_") and m.name not in _NOT_PACKS
     )
 
 
@@ -52,7 +54,7 @@ def pack_names(setting: str) -> list[str]:
     return out
 
 
-def load_packs(settings: Settings) -> ToolRegistry:
+def load_packs(settings: Settings, *, model: AskModel | None = None) -> ToolRegistry:
     """A registry with the tools of every pack in ``settings.tool_packs``, checked.
 
     Raises :class:`~toolforge.core.tool_rules.ToolConfigError` for an unknown pack, two
@@ -70,7 +72,11 @@ def load_packs(settings: Settings) -> ToolRegistry:
         if build is None:
             raise ToolConfigError(f"tools/{name}.py has no pack_tools(settings) function")
         try:
-            specs: list[ToolSpec[Any]] = build(settings)
+            # A pack that needs the gateway's model takes it as ``model`` (task_analysis).
+            wants_model = "model" in inspect.signature(build).parameters
+            specs: list[ToolSpec[Any]] = (
+                build(settings, model=model) if wants_model else build(settings)
+            )
         except ValueError as exc:  # a setting the pack cannot use
             raise ToolConfigError(f"pack {name!r}: {exc}") from exc
         for spec in specs:

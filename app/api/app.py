@@ -17,6 +17,7 @@ import httpx
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel
 
 from toolforge import __version__
 from toolforge.api.deps import Gateway
@@ -29,7 +30,7 @@ from toolforge.api.servers import router as servers_router
 from toolforge.api.web import install_web
 from toolforge.core.engine.completion import Nudges
 from toolforge.core.schemas import builtin_registry
-from toolforge.core.tools import ToolRegistry
+from toolforge.core.tools import AskModel, ToolRegistry
 from toolforge.errors import ErrorCode, RequestError, ServerError, ToolForgeError
 from toolforge.log import BACKEND_SETUP, configure_logging, get_logger
 from toolforge.runtime.artifacts import ArtifactStore
@@ -38,6 +39,7 @@ from toolforge.runtime.cluster import RedisCluster, RedisGate
 from toolforge.runtime.executor import ToolExecutor
 from toolforge.runtime.mcp import McpSources, load_mcp_config, start_mcp_sources
 from toolforge.runtime.metrics import GatewayMetrics
+from toolforge.runtime.model_json import ask_json
 from toolforge.runtime.planner import PlannerConfig, SessionLimits, StreamPlanner
 from toolforge.runtime.servers import ServerManager
 from toolforge.runtime.streams import StreamRegistry
@@ -150,11 +152,12 @@ def remote_upstream(settings: Settings, client: httpx.AsyncClient) -> Upstream:
 
 
 async def _tool_sources(
-    settings: Settings, tools: ToolRegistry | None
+    settings: Settings, tools: ToolRegistry | None, model: AskModel
 ) -> tuple[ToolRegistry, McpSources | None]:
     """The registry: ``tools`` or the packs of ``TOOL_PACKS``, plus the MCP servers'
-    tools (which are started here)."""
-    registry = tools if tools is not None else load_packs(settings)
+    tools (which are started here). ``model`` is the gateway's own model, for packs whose
+    tools ask it (task_analysis)."""
+    registry = tools if tools is not None else load_packs(settings, model=model)
     servers = load_mcp_config(settings.mcp_config, settings.mcp_servers)
     if not servers:
         return registry, None
@@ -241,8 +244,20 @@ def create_app(
             registry = StreamRegistry(resume_ttl_s=settings.resume_ttl_s)
             # Tool sources (docs/tools.md): the packs of TOOL_PACKS, then the MCP servers'
             # tools, all checked against seed 003's rules; a broken one stops the start-up.
+            model_id, model_upstream = effective.model_id, adapter
+
+            async def ask_model(prompt: str, schema: type[BaseModel]) -> tuple[BaseModel, bool]:
+                answer = await ask_json(
+                    model_upstream,
+                    model=model_id,
+                    prompt=prompt,
+                    schema=schema,
+                    repair_template=repair_template,
+                )
+                return answer.value, answer.degraded
+
             try:
-                tool_registry, mcp_sources = await _tool_sources(settings, tools)
+                tool_registry, mcp_sources = await _tool_sources(settings, tools, ask_model)
             except BaseException:
                 if manager is not None:
                     await manager.aclose()

@@ -43,6 +43,7 @@ from toolforge.errors import ErrorCode, ToolForgeError
 __all__ = [
     "MAX_ARGS_BYTES",
     "MAX_RESULT_BYTES",
+    "AskModel",
     "JsonArgs",
     "PermanentToolError",
     "ToolArgumentsError",
@@ -87,6 +88,13 @@ ToolFn = Callable[[Any], Awaitable[object]]
 
 
 # -- errors -------------------------------------------------------------------------------
+
+
+AskModel = Callable[[str, type[BaseModel]], Awaitable[tuple[BaseModel, bool]]]
+"""How a tool asks the gateway's own model: ``ask(prompt, model_cls)`` returns the answer as a
+valid ``model_cls`` and whether it is degraded (the JSON guarantee's minimal value: the
+model's JSON was unusable even after one repair). Built by the app over its upstream
+(:func:`toolforge.runtime.model_json.ask_json`) and handed to packs that take ``model``."""
 
 
 class ToolError(ToolForgeError):

