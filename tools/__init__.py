@@ -2,15 +2,17 @@
 
 A *pack* is a module ``toolforge.tools.<name>`` (a file ``tools/<name>.py``, or a folder
 ``tools/<name>/``) with one function, ``pack_tools(settings: Settings) -> list[ToolSpec]``,
-returning its tools built from the settings (a pack whose tools ask the gateway's own model
-takes it too: ``pack_tools(settings, *, model)``, see :data:`toolforge.core.tools.AskModel`) (a pack may return fewer tools, or none, when what they need is not
-configured). ``TOOL_PACKS`` (comma-separated, default ``demo``) says which packs the
-gateway serves; :func:`load_packs` builds the registry from them, stamping each tool's
-``source`` as ``pack:<name>``, and checks seed 003's rules (a redaction allowlist, the
-JSON Schema subset): a broken tool stops the start-up with a message naming it.
+returning its tools built from the settings (a pack may return fewer tools, or none, when
+what they need is not configured; a pack whose tools ask the gateway's own model takes it
+too: ``pack_tools(settings, *, model)``, see :data:`toolforge.core.tools.AskModel`).
+``TOOL_PACKS`` (comma-separated, default ``demo``) says which packs the gateway serves;
+:func:`load_packs` builds the registry from them, stamping each tool's ``source`` as
+``pack:<name>``, and checks seed 003's rules (a redaction allowlist, the JSON Schema
+subset): a broken tool stops the start-up with a message naming it.
 
 Packs here: ``demo`` (``places.search``, ``bookings.create``), ``agent`` (``fs.read``,
-``sqlite.query``, ``time.now``) and ``task_analysis`` (seed 002's five tools over a task index). See docs/tools.md §6.
+``sqlite.query``, ``time.now``) and ``task_analysis`` (seed 002's five tools over a task
+index). See docs/tools.md §6.
 
 Fixtures live in ``tools/fixtures/``; the demo tools' input schemas are exported to
 ``schemas/tools/`` by ``python -m toolforge.tools.export_schemas`` (a test fails when

@@ -300,3 +300,55 @@ def test_toolforge_index_embeds_a_folder(tmp_path: Path) -> None:
         check=False,
     )
     assert empty.returncode == 1 and "no *.md task documents" in empty.stderr
+
+
+def test_the_pack_loads_from_tool_packs(indexed: Path, tmp_path: Path) -> None:
+    from toolforge.core.tool_rules import ToolConfigError
+    from toolforge.settings import Settings
+    from toolforge.tools import load_packs
+
+    db = tmp_path / "t.sqlite"
+    shutil.copy(indexed, db)
+    registry = load_packs(Settings(tool_packs="demo,task_analysis", task_db=db))
+    names = registry.names()
+    assert {"semantic-search", "cluster-tasks", "places.search"} <= set(names)
+    assert registry.get("semantic-search").source == "pack:task_analysis"  # type: ignore[union-attr]
+    with pytest.raises(ToolConfigError, match="toolforge index"):
+        load_packs(Settings(tool_packs="task_analysis", task_db=tmp_path / "missing.sqlite"))
+
+
+async def test_detect_dependencies_asks_the_gateways_model_mid_stream(
+    indexed: Path, tmp_path: Path
+) -> None:
+    import contextlib
+
+    from tests.api.conftest import sentinel_reply
+    from tests.api.test_tools import call, tokens
+    from toolforge.eval.loopback import frames, start_gateway
+    from toolforge.eval.scripted_upstream import Script
+
+    db = tmp_path / "t.sqlite"
+    shutil.copy(indexed, db)
+    edges = '{"edges": [{"source": "T-0002", "target": "T-0001", "type": "prerequisite", "confidence": 0.9}]}'  # noqa: E501
+    scripts = [
+        tokens(
+            "Checking. " + call("t1", "detect-dependencies", {"task_ids": ["T-0001", "T-0002"]})
+        ),
+        Script.from_tokens([edges]),  # the tool's own question to the model
+        tokens(sentinel_reply("T-0002 comes first.")),
+    ]
+    async with contextlib.AsyncExitStack() as stack:
+        gw = await start_gateway(
+            stack, tmp_path / "artifacts", scripts, tool_packs="task_analysis", task_db=db
+        )
+        events = await gw.stream({"input": "What depends on what?", "mode": "sentinel"})
+        await gw.settle()
+        asked = gw.upstream.requests[1].json
+    results = [e.data for e in frames(events) if e.event == "tool.result"]
+    assert results and results[0]["ok"], results
+    assert results[0]["result"]["edges"][0]["type"] == "prerequisite"
+    assert results[0]["result"]["degraded"] is False
+    assert "T-0001: Launch a pricing experiment" in asked["messages"][-1]["content"]
+    assert asked["temperature"] == 0.0
+    stored = TaskStore(db).relationships("T-0001", "prerequisite")
+    assert [(r.source, r.origin) for r in stored] == [("T-0002", "model")]
