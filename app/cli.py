@@ -118,6 +118,8 @@ def _demo(args: argparse.Namespace) -> None:
             api_key=args.api_key or os.environ.get("TOOLFORGE_API_KEY"),
         )
     )
+
+
 def _index(args: argparse.Namespace) -> None:
     from toolforge.tools.task_analysis import index_folder
 
