@@ -110,6 +110,8 @@ class ErrorCode(StrEnum):
     # fs.read / sqlite.query refusals (SPEC §11): outside the roots, too large, a write.
     PATH_NOT_ALLOWED = "PATH_NOT_ALLOWED"
     READ_ONLY = "READ_ONLY"
+    # SPEC §7: the prompt is over the context budget and compaction cannot cut enough.
+    CONTEXT_BUDGET_EXCEEDED = "CONTEXT_BUDGET_EXCEEDED"
 
 
 class ToolForgeError(Exception):

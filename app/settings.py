@@ -39,7 +39,7 @@ class Settings(BaseSettings):
     )
     # The upstream's dialect: "llama_server" adds cache_prompt and grammars (constrained
     # mode); "ollama" uses the native /api/chat with an explicit num_ctx.
-    upstream_kind: Literal["openai", "llama_server", "ollama"] = Field(
+    upstream_kind: Literal["openai", "llama_server", "ollama", "anthropic"] = Field(
         "openai", validation_alias="UPSTREAM_KIND"
     )
     model_id: str = Field("default", validation_alias="MODEL_ID")
@@ -116,6 +116,19 @@ class Settings(BaseSettings):
     mcp_servers: str | None = Field(None, validation_alias="MCP_SERVERS")
     # A server's connect + tools/list at start-up; slower is a start-up error.
     mcp_start_timeout_s: float = Field(30.0, gt=0, validation_alias="MCP_START_TIMEOUT_S")
+
+    # -- context compaction (SPEC §7, docs/context.md) ------------------------------------
+    # How /v1/stream keeps a conversation with many tool calls within the context budget:
+    # compacted only over CONTEXT_THRESHOLD of it (compaction defeats the prompt cache).
+    context_compaction: Literal["tiered", "sliding", "none"] = Field(
+        "tiered", validation_alias="CONTEXT_COMPACTION"
+    )
+    context_keep_recent: int = Field(2, ge=0, le=64, validation_alias="CONTEXT_KEEP_RECENT")
+    context_threshold: float = Field(0.75, gt=0, le=1, validation_alias="CONTEXT_THRESHOLD")
+    # UPSTREAM_KIND=anthropic: the Messages API's version header and the reply's max_tokens
+    # when a request sets none (Anthropic requires one).
+    anthropic_version: str = Field("2023-06-01", validation_alias="ANTHROPIC_VERSION")
+    anthropic_max_tokens: int = Field(4096, ge=1, validation_alias="ANTHROPIC_MAX_TOKENS")
 
     # -- storage and ops --------------------------------------------------------------
     artifacts_dir: Path = Field(Path("artifacts"), validation_alias="ARTIFACTS_DIR")

@@ -28,6 +28,7 @@ from toolforge.api.routes import ClientGone, local_command, router
 from toolforge.api.runs import router as runs_router
 from toolforge.api.servers import router as servers_router
 from toolforge.api.web import install_web
+from toolforge.core.context import ContextPolicy
 from toolforge.core.engine.completion import Nudges
 from toolforge.core.schemas import builtin_registry
 from toolforge.core.tools import AskModel, ToolRegistry
@@ -36,6 +37,7 @@ from toolforge.log import BACKEND_SETUP, configure_logging, get_logger
 from toolforge.runtime.artifacts import ArtifactStore
 from toolforge.runtime.backends import Backend, BackendConfig, start_embedded, start_ollama
 from toolforge.runtime.cluster import RedisCluster, RedisGate
+from toolforge.runtime.context import context_policy, reported_n_ctx
 from toolforge.runtime.executor import ToolExecutor
 from toolforge.runtime.mcp import McpSources, load_mcp_config, start_mcp_sources
 from toolforge.runtime.metrics import GatewayMetrics
@@ -45,6 +47,7 @@ from toolforge.runtime.servers import ServerManager
 from toolforge.runtime.streams import StreamRegistry
 from toolforge.settings import Settings
 from toolforge.tools import load_packs
+from toolforge.upstream.anthropic import AnthropicUpstream
 from toolforge.upstream.base import Upstream
 from toolforge.upstream.llama_server import LlamaServerUpstream
 from toolforge.upstream.openai_compat import OpenAICompatUpstream
@@ -131,6 +134,17 @@ def remote_upstream(settings: Settings, client: httpx.AsyncClient) -> Upstream:
     connect_s = settings.upstream_connect_timeout_s
     first_byte_s = settings.upstream_first_byte_timeout_s
     idle_s = settings.upstream_idle_timeout_s
+    if settings.upstream_kind == "anthropic":
+        return AnthropicUpstream(
+            client,
+            url,
+            api_key=settings.upstream_api_key,
+            version=settings.anthropic_version,
+            default_max_tokens=settings.anthropic_max_tokens,
+            connect_s=connect_s,
+            first_byte_s=first_byte_s,
+            idle_s=idle_s,
+        )
     if settings.upstream_kind == "llama_server":
         root = url.rstrip("/").removesuffix("/v1")
         return LlamaServerUpstream(
@@ -180,6 +194,32 @@ def _cluster(settings: Settings) -> RedisCluster | None:
         replica_ttl_s=settings.replica_ttl_s,
         resume_ttl_s=settings.resume_ttl_s,
         max_connections=settings.redis_max_connections,
+    )
+
+
+async def _context_policy(
+    settings: Settings, adapter: Upstream, backend: Backend | None
+) -> ContextPolicy | None:
+    """The context budget and compaction of every stream (SPEC §7, runtime.context): the
+    managed server's decision, else CTX_BUDGET_TOKENS, else the remote llama-server's own
+    n_ctx (read once here)."""
+    reported: int | None = None
+    if (
+        backend is None
+        and settings.budget_tokens is None
+        and isinstance(adapter, LlamaServerUpstream)
+    ):
+        try:
+            reported = reported_n_ctx(await adapter.props())
+        except ToolForgeError as exc:
+            log.warning("context.props_unavailable", code=str(exc.code), error=exc.message)
+    return context_policy(
+        settings.context_compaction,
+        keep_recent=settings.context_keep_recent,
+        threshold=settings.context_threshold,
+        server_budget=backend.decision.to_dict() if backend is not None else None,
+        manual_tokens=settings.budget_tokens if backend is None else None,
+        reported_tokens=reported,
     )
 
 
@@ -292,6 +332,7 @@ def create_app(
                     tools=executor.registry,
                     system_template=system_template,
                     budget=backend.decision.to_dict() if backend is not None else None,
+                    context=await _context_policy(settings, adapter, backend),
                 ),
                 repair_template=repair_template,
                 # SPEC §4: each tool's own redaction list too.

@@ -21,6 +21,7 @@ from typing import Any, Final, Literal, Protocol
 
 import httpx
 
+from toolforge.core.context import ContextPolicy
 from toolforge.core.engine import ConstrainedMode, Mode, mode_named
 from toolforge.core.gbnf import FrameGrammar
 from toolforge.core.native_tools import to_openai_tools
@@ -84,6 +85,9 @@ class StreamPlan:
     # POST /v1/stream's client_tools (SPEC §5): the stream waits at their calls for the
     # client's result; their arguments are checked against these schemas first.
     awaited_tools: Mapping[str, CompiledSchema] = field(default_factory=dict)
+    # Context compaction (SPEC §7): the budget, its source and the strategy; None: no
+    # budget is known, the prompt is never measured.
+    context: ContextPolicy | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,6 +191,8 @@ class StreamPlanner:
     system_template: str
     # The context-budget decision behind the upstream (SPEC §6), when the gateway made one.
     budget: Mapping[str, Any] | None = None
+    # Context compaction for every stream (toolforge.runtime.context.context_policy).
+    context: ContextPolicy | None = None
     # mode=auto: one probe per model, shared by concurrent first requests, then cached.
     modes: dict[str, asyncio.Future[ModeDecision]] = field(default_factory=dict)
     # By (result schema, object schema names, tool names, mode).
@@ -237,6 +243,7 @@ class StreamPlanner:
             max_tool_calls=req.max_tool_calls,
             idempotency_key=idempotency_key,
             awaited_tools=shape.client_schemas,
+            context=self.context,
         )
 
     # -- the mode -------------------------------------------------------------------------

@@ -55,6 +55,7 @@ class RunRecord:
         *,
         queue_max_frames: int,
         budget: Mapping[str, Any] | None,
+        context: Mapping[str, Any] | None = None,
     ) -> dict[str, Any]:
         """metrics.json's body (and what ``done.metrics`` and the logs take from it)."""
         usage = counts.usage
@@ -81,6 +82,7 @@ class RunRecord:
             "turn_ttft_ms": self.turn_ttft_ms,
             "upstream_timings": counts.upstream_timings,
             "guardrails": dict(counts.guardrails),
+            "context": context,
         }
 
     @staticmethod

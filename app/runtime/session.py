@@ -38,6 +38,7 @@ from toolforge.core.engine import (
     CallModel,
     Conversation,
     ConversationConfig,
+    CountTokens,
     Emit,
     Finish,
     ModelReply,
@@ -64,6 +65,7 @@ from toolforge.log import (
     get_logger,
 )
 from toolforge.runtime.artifacts import RunArtifacts
+from toolforge.runtime.context import TokenCounter
 from toolforge.runtime.executor import Approval, ToolExecutor, client_result
 from toolforge.runtime.frame_log import FrameLog
 from toolforge.runtime.metrics import GatewayMetrics
@@ -135,8 +137,11 @@ class StreamSession:
                 repair_template=repair_template,
                 client_tools=plan.client_tools,
                 awaited_tools=plan.awaited_tools,
+                context=plan.context,
             )
         )
+        # Measures the prompt for compaction (SPEC §7): only streams with a budget use it.
+        self._counter = TokenCounter(upstream) if plan.context is not None else None
         self.log = FrameLog(max_pending=limits.queue_max_frames, clock=clock)
         self._task: asyncio.Task[None] | None = None
         self._scope = anyio.CancelScope()
@@ -343,6 +348,9 @@ class StreamSession:
                         result = await self._run_tool(action)  # type: ignore[arg-type]
                     elif kind is RefuseTool:
                         self._refused(action)  # type: ignore[arg-type]
+                    elif kind is CountTokens:
+                        assert self._counter is not None
+                        result = await self._counter.count(action.text)  # type: ignore[attr-defined]
                     elif kind is Finish:
                         return action  # type: ignore[return-value]
                     else:
@@ -544,6 +552,22 @@ class StreamSession:
 
     # -- the end ----------------------------------------------------------------------------
 
+    def _context_record(self) -> dict[str, Any] | None:
+        """metrics.json's ``context``: the budget, its source, how tokens were counted,
+        and each compaction (SPEC §7)."""
+        policy = self.plan.context
+        if policy is None or self._counter is None:
+            return None
+        return {
+            "budget_tokens": policy.budget_tokens,
+            "budget_source": policy.source,
+            "strategy": policy.strategy.name,
+            "threshold": policy.threshold,
+            "token_counting": self._counter.method,
+            "token_counts": self._counter.calls,
+            "compactions": list(self.conversation.stats.compactions),
+        }
+
     async def _finish(self, finished: str, error: ToolForgeError | None) -> None:
         record = self._record
         counts = self.conversation.stats
@@ -561,6 +585,7 @@ class StreamSession:
             self.log,
             queue_max_frames=self._limits.queue_max_frames,
             budget=self.plan.budget,
+            context=self._context_record(),
         )
         self.log.append(record.done(reason, counts, summary))
         self.log.close()

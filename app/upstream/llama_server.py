@@ -84,6 +84,26 @@ class LlamaServerUpstream:
         # The request's own extra wins (a caller may turn cache_prompt off for a benchmark).
         return dataclasses.replace(request, extra={**self._defaults, **request.extra})
 
+    async def tokenize(self, text: str) -> int:
+        """How many tokens ``text`` is for the loaded model (``POST /tokenize``): context
+        compaction measures prompts with it (toolforge.runtime.context)."""
+        try:
+            response = await self._client.post(
+                f"{self.base_url}/tokenize", json={"content": text}, timeout=self._connect_s
+            )
+            response.raise_for_status()
+            tokens = response.json().get("tokens")
+        except (httpx.HTTPError, ValueError, AttributeError) as exc:
+            raise UpstreamError(
+                ErrorCode.UPSTREAM_UNAVAILABLE,
+                f"llama-server at {self.base_url} did not answer /tokenize ({exc!r})",
+            ) from exc
+        if not isinstance(tokens, list):
+            raise UpstreamError(
+                ErrorCode.UPSTREAM_PROTOCOL, f"llama-server /tokenize has no token list: {tokens!r}"
+            )
+        return len(tokens)
+
     async def props(self) -> dict[str, Any]:
         """``GET /props``: per-slot ``n_ctx``, slot count, chat template capabilities."""
         try:

@@ -42,6 +42,7 @@ from typing import Any, Final
 
 import orjson
 
+from toolforge.core.messages import wire_messages
 from toolforge.errors import ErrorCode, UpstreamError
 from toolforge.upstream.base import ChatRequest, ToolCallDelta, UpstreamDelta
 from toolforge.upstream.exchange import RETRYABLE_STATUS, snippet
@@ -355,7 +356,7 @@ def chat_body(
     options["num_ctx"] = num_ctx  # last: the ServerManager's budget always wins
     body: dict[str, Any] = {
         "model": request.model,
-        "messages": _messages(request.messages),
+        "messages": _messages(wire_messages(request.messages)),
         "stream": True,
         "options": options,
     }

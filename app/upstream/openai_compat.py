@@ -32,6 +32,7 @@ import anyio
 import httpx
 import orjson
 
+from toolforge.core.messages import wire_messages
 from toolforge.errors import ErrorCode, UpstreamError
 from toolforge.upstream.base import ChatRequest, ToolCallDelta, UpstreamDelta
 from toolforge.upstream.exchange import (
@@ -252,7 +253,8 @@ class OpenAICompatUpstream:
         """The JSON body sent for ``request`` (public so tests and logs can show it)."""
         body: dict[str, Any] = {
             "model": request.model,
-            "messages": request.messages,
+            # The wire dicts alone: a history's metadata never reaches an upstream.
+            "messages": wire_messages(request.messages),
             "stream": True,
             # Usage arrives in a last chunk only when asked for (OpenAI, vLLM, llama-server).
             "stream_options": {"include_usage": True},

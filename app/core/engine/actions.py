@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from toolforge.core.chat import ChatRequest, UpstreamDelta
+from toolforge.core.context import CountTokens
 from toolforge.core.guarantee import FinalOutcome
 from toolforge.core.protocol.frames import Frame, ToolResult
 from toolforge.core.schemas import CompiledSchema
@@ -42,6 +43,7 @@ __all__ = [
     "Action",
     "AskModel",
     "CallModel",
+    "CountTokens",
     "Emit",
     "Finish",
     "ModelEnd",
@@ -181,5 +183,14 @@ MODEL_END: Final = ModelEnd()
 
 ModelEvent = tuple[UpstreamDelta, float] | ModelEnd
 Action = (
-    Emit | CallModel | ReadModel | StopModel | RepairBody | AskModel | RunTool | RefuseTool | Finish
+    Emit
+    | CallModel
+    | ReadModel
+    | StopModel
+    | RepairBody
+    | AskModel
+    | RunTool
+    | RefuseTool
+    | CountTokens
+    | Finish
 )

@@ -32,11 +32,12 @@ everything here holds in every mode.
 
 from __future__ import annotations
 
-from collections.abc import Generator, Mapping
+from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, cast
 
 from toolforge.core.chat import ChatRequest, UpstreamDelta
+from toolforge.core.context import ContextPolicy, compact
 from toolforge.core.engine.actions import (
     MODEL_END,
     Action,
@@ -65,7 +66,9 @@ from toolforge.core.guarantee import (
     give_up,
     render_repair_prompt,
 )
+from toolforge.core.messages import Message, MessageType, message
 from toolforge.core.protocol.frames import (
+    ContextCompacted,
     Diagnostics,
     Error,
     Frame,
@@ -121,6 +124,13 @@ class ConversationConfig:
     # SPEC §5), with their parameters' schemas: the arguments are checked here first.
     awaited_tools: Mapping[str, CompiledSchema] = field(default_factory=dict)
     max_nudges: int = 1  # turns asked again because the reader's guardrails said so
+    # Context compaction (SPEC §7, toolforge.core.context): before each turn that continues
+    # the conversation, the prompt is measured against the policy's budget and compacted
+    # over its threshold. None: never measured (no budget known, or compaction off).
+    context: ContextPolicy | None = None
+    # The step hint compaction puts in its summary ("[Steps completed: a, b]"); a workflow
+    # passes its StepTracker's. None: the tools whose calls succeeded, in order.
+    step_hint: Callable[[], str] | None = None
 
 
 @dataclass(slots=True)
@@ -139,6 +149,8 @@ class ConversationStats:
     # llama-server's per-call timings (cache_n: prompt tokens reused from the cache), in
     # call order: shows whether a resumed turn hit the prompt cache (SPEC §4).
     upstream_timings: list[dict[str, Any]] = field(default_factory=list)
+    # Each compaction's context.compacted numbers, in order (metrics.json).
+    compactions: list[dict[str, int]] = field(default_factory=list)
 
 
 class Conversation:
@@ -149,6 +161,7 @@ class Conversation:
         self.stats = ConversationStats()
         self._mode = config.mode
         self._seen_ids: set[str] = set()  # frame ids are unique across all turns
+        self._completed: dict[str, None] = {}  # tools whose calls succeeded, in order
 
     def flow(self) -> Flow:
         """The actions of the whole conversation; send each one's result back."""
@@ -159,7 +172,10 @@ class Conversation:
                     stream_id=config.stream_id,
                     model=config.request.model,
                     mode=self._mode.name,
-                    budget_tokens=config.budget_tokens,
+                    budget_tokens=config.budget_tokens
+                    if config.budget_tokens is not None or config.context is None
+                    else config.context.budget_tokens,
+                    budget_source=config.context.source if config.context is not None else None,
                 ),
             )
         )
@@ -175,11 +191,14 @@ class Conversation:
                     # The reader's guardrails refused the turn (no usable call where one
                     # was required, an unknown tool): nothing of it was shown; ask again.
                     self._note("nudge")
+                    step = self.stats.turns
                     messages = [
                         *messages,
-                        {"role": "assistant", "content": turn.text},
-                        {"role": "user", "content": turn.nudge},
+                        message("assistant", turn.text, MessageType.TEXT_RESPONSE, step=step),
+                        message("user", turn.nudge, MessageType.RETRY_NUDGE, step=step),
                     ]
+                    if config.context is not None:
+                        messages = yield from self._fit(messages)
                     continue
                 if turn.frames:
                     yield Emit(turn.frames)
@@ -208,8 +227,16 @@ class Conversation:
                     break
                 envelopes = []
                 for call in turn.calls:
-                    envelopes.append((yield from self._tool(call, call.id in turn.rescued)))
-                messages = self._mode.continuation(messages, turn, envelopes)
+                    envelope = yield from self._tool(call, call.id in turn.rescued)
+                    envelopes.append(envelope)
+                    if envelope.get("ok"):
+                        self._completed[call.name] = None
+                known = len(messages)
+                messages = _stamped(
+                    self._mode.continuation(messages, turn, envelopes), known, self.stats.turns
+                )
+                if config.context is not None:
+                    messages = yield from self._fit(messages)
         except _Reported as exc:  # its error frame is out already (the framer made it)
             yield Finish("error", exc.error)
             return
@@ -218,6 +245,26 @@ class Conversation:
             yield Finish("error", exc)
             return
         yield Finish(self.stats.finish or "stop")
+
+    # -- the context budget (SPEC §7) -----------------------------------------------------
+
+    def _fit(self, messages: Sequence[Mapping[str, Any]]) -> Generator[Action, Any, Any]:
+        """``messages`` measured and, over the threshold, compacted (``context.compacted``);
+        over the budget with nothing left to cut, ``CONTEXT_BUDGET_EXCEEDED``."""
+        policy = self.config.context
+        assert policy is not None
+        if self.config.step_hint is not None:
+            hint = self.config.step_hint()
+        elif self._completed:
+            hint = f"[Steps completed: {', '.join(self._completed)}]"
+        else:
+            hint = ""
+        done = yield from compact(policy, messages, step_hint=hint)
+        if done is None:
+            return messages
+        self.stats.compactions.append(done.to_dict())
+        yield Emit((ContextCompacted(**done.to_dict()),))
+        return done.messages
 
     # -- a turn -------------------------------------------------------------------------
 
@@ -484,6 +531,16 @@ class Conversation:
         error = {"code": str(code), "message": message}
         yield RefuseTool(closed.id, closed.name, error)
         return {"ok": False, "data": None, "warnings": [], "errors": [error]}
+
+
+def _stamped(messages: list[Mapping[str, Any]], known: int, step: int) -> list[Any]:
+    """The continuation's new messages (after the first ``known``) stamped with the turn
+    that made them: compaction keeps or cuts whole iterations."""
+    for index in range(known, len(messages)):
+        item = messages[index]
+        if type(item) is Message and item.meta.step is None:
+            messages[index] = item.with_step(step)
+    return messages
 
 
 class _Reported(ModelBehaviorError):

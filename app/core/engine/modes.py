@@ -31,6 +31,7 @@ from toolforge.core.events import FrameKind
 from toolforge.core.framer import BodyClosed, Framer
 from toolforge.core.gbnf import FrameGrammar
 from toolforge.core.json_validator import StreamingJSONValidator
+from toolforge.core.messages import Message, MessageMeta, MessageType, message
 from toolforge.core.native_tools import (
     AssembledCall,
     ToolCallAssembler,
@@ -208,8 +209,13 @@ class SentinelMode:
         (call,), (envelope,) = turn.calls, envelopes
         return [
             *messages,
-            {"role": "assistant", "content": turn.text},
-            {"role": "user", "content": render_tool_result(call.id, call.name, envelope)},
+            message("assistant", turn.text, MessageType.TOOL_CALL, tools=(call.name,)),
+            message(
+                "user",
+                render_tool_result(call.id, call.name, envelope),
+                MessageType.TOOL_RESULT,
+                tools=(call.name,),
+            ),
         ]
 
     def repair_request(
@@ -277,9 +283,15 @@ class NativeMode:
             return _SENTINEL.continuation(messages, turn, envelopes)
         return [
             *messages,
-            assistant_tool_call_message(turn.native, turn.text),
+            Message(
+                assistant_tool_call_message(turn.native, turn.text),
+                MessageMeta(MessageType.TOOL_CALL, tools=tuple(c.tool_name for c in turn.native)),
+            ),
             *(
-                tool_result_message(call.id, dict(envelope))
+                Message(
+                    tool_result_message(call.id, dict(envelope)),
+                    MessageMeta(MessageType.TOOL_RESULT, tools=(call.name,)),
+                )
                 for call, envelope in zip(turn.native, envelopes, strict=True)
             ),
         ]

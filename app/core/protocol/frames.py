@@ -179,6 +179,9 @@ class StreamBegin(_TypedFrame):
     model: str
     mode: ModeName
     budget_tokens: NonNegativeInt | None
+    # Where budget_tokens came from (SPEC §7): the gateway's decision for the server it
+    # manages, CTX_BUDGET_TOKENS (manual), the upstream's own report, or the workflow's.
+    budget_source: Literal["server_manager", "manual", "upstream", "workflow"] | None = None
 
 
 @dataclass(frozen=True, slots=True)
