@@ -284,6 +284,10 @@ class StreamPlanner:
         config = self.config
         probe = self.modes.get(model)
         if probe is None:  # the first request for this model probes; the others wait for it
+            if config.upstream_kind == "anthropic":  # no OpenAI endpoint to probe
+                return ModeDecision(
+                    "native", "UPSTREAM_KIND=anthropic: the Messages API's tool use"
+                )
             if config.upstream_base_url is None:  # an injected adapter: nothing to ask
                 llama = config.upstream_kind == "llama_server"
                 return ModeDecision(

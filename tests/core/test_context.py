@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import orjson
@@ -173,9 +174,7 @@ def test_step_completion_survives_any_compaction(
 @given(histories(), STRATEGIES, st.integers(0, 4))
 def test_roles_still_alternate_where_they_did(history: list[Message], name: str, keep: int) -> None:
     def pairs(ms: list[Message]) -> int:
-        return sum(
-            1 for a, b in zip(ms, ms[1:], strict=False) if a.role == b.role and a.plain and b.plain
-        )
+        return sum(1 for a, b in itertools.pairwise(ms) if a.role == b.role and a.plain and b.plain)
 
     for phase in _phases(name, keep, history):
         assert pairs(phase) <= pairs(history)
