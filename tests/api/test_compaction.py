@@ -11,6 +11,7 @@ run must compact there, with that phase, and the next request must show it.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -139,9 +140,7 @@ async def _compacting_run(
 
 async def test_phase_1_truncates_old_tool_results(make_gateway: HarnessFactory) -> None:
     sizes = [12_000, 12_000]
-    compacted, real, _ = await _compacting_run(
-        make_gateway, {"input": "Dump twice."}, sizes, want=1, at=2
-    )
+    _, real, _ = await _compacting_run(make_gateway, {"input": "Dump twice."}, sizes, want=1, at=2)
     sent = real[2]
     old_result = sent[-3]["content"]  # the first call's result, before the recent iteration
     assert "truncated:" in old_result and len(old_result) < 300
@@ -150,7 +149,7 @@ async def test_phase_1_truncates_old_tool_results(make_gateway: HarnessFactory) 
 
 async def test_phase_2_stubs_old_tool_results(make_gateway: HarnessFactory) -> None:
     sizes = [600] * 12 + [20_000]
-    compacted, real, _ = await _compacting_run(
+    _, real, _ = await _compacting_run(
         make_gateway, {"input": "Dump a lot.", "max_tool_calls": 20}, sizes, want=2, at=13
     )
     sent = real[13]
@@ -167,7 +166,7 @@ async def test_phase_3_drops_old_text_and_keeps_the_steps(make_gateway: HarnessF
             {"role": "user", "content": "Now dump once."},
         ]
     }
-    compacted, real, _ = await _compacting_run(make_gateway, body, [4_000, 4_000], want=3, at=1)
+    _, real, _ = await _compacting_run(make_gateway, body, [4_000, 4_000], want=3, at=1)
     sent = real[1]
     assert not any("A long earlier answer" in (m.get("content") or "") for m in sent)
     users = [m for m in sent if m["role"] == "user"]
@@ -175,7 +174,7 @@ async def test_phase_3_drops_old_text_and_keeps_the_steps(make_gateway: HarnessF
     assert users[0]["content"].startswith("Earlier question.")
     assert "Now dump once." in users[0]["content"]
     roles = [m["role"] for m in sent[1:]]
-    assert all(a != b for a, b in zip(roles, roles[1:], strict=False))
+    assert all(a != b for a, b in itertools.pairwise(roles))
 
 
 async def test_the_budget_exceeded_ends_the_stream_with_its_code(
@@ -216,7 +215,7 @@ async def test_under_the_threshold_the_prompt_only_grows(make_gateway: HarnessFa
     events = await gw.stream({"input": "Dump thrice."})
     assert not [e for e in frames(events) if e.event == "context.compacted"]
     sent = [r.json["messages"] for r in gw.upstream.requests]
-    for shorter, longer in zip(sent, sent[1:], strict=False):
+    for shorter, longer in itertools.pairwise(sent):
         assert longer[: len(shorter)] == shorter
     metrics = await gw.metrics(frames(events)[0].data["stream_id"])
     assert metrics["context"]["compactions"] == []
