@@ -241,3 +241,52 @@ async def test_metadata_never_reaches_the_upstream(make_gateway: HarnessFactory)
         assert f'"{word}"' not in raw
     for item in last.json["messages"]:
         assert set(item) <= {"role", "content"}
+
+
+def _tokens(n: int) -> Script:
+    return Script(end="status", status=200, body=orjson.dumps({"tokens": list(range(n))}).decode())
+
+
+async def test_a_remote_llama_server_reports_its_budget_and_counts_the_tokens(
+    make_gateway: HarnessFactory,
+) -> None:
+    """No CTX_BUDGET_TOKENS: the budget is llama-server's own /props n_ctx (source
+    "upstream"), and prompts are measured with its /tokenize (metrics.json says so)."""
+    props = Script(
+        end="status",
+        status=200,
+        body=orjson.dumps({"default_generation_settings": {"n_ctx": 3000}}).decode(),
+    )
+    gw = await make_gateway(
+        _scripts([100]),
+        tools=_registry(),
+        routes={"/props": props, "/tokenize": _tokens(2_500)},
+        upstream_kind="llama_server",
+    )
+    events = await gw.stream({"input": "Dump.", "mode": "sentinel"})
+    numbered = frames(events)
+    begin = numbered[0].data
+    assert begin["budget_tokens"] == 3000 and begin["budget_source"] == "upstream"
+    # /tokenize says 2,500 tokens (plus the messages' overhead): over 0.75 × 3,000 with
+    # nothing old enough to cut, but within the budget, so the stream goes on
+    assert not [e for e in numbered if e.event == "context.compacted"]
+    assert numbered[-1].data["reason"] == "stop"
+    tokenized = [r for r in gw.upstream.all_requests if r.path == "/tokenize"]
+    assert len(tokenized) == 1 and "Dump." in tokenized[0].json["content"]
+    metrics = await gw.metrics(begin["stream_id"])
+    assert metrics["context"]["token_counting"] == "llama-server /tokenize"
+
+
+async def test_tokenize_failing_falls_back_to_chars(make_gateway: HarnessFactory) -> None:
+    gw = await make_gateway(
+        _scripts([100]),
+        tools=_registry(),
+        routes={"/tokenize": Script(end="status", status=404, body="{}")},
+        upstream_kind="llama_server",
+        budget_tokens=100_000,
+    )
+    events = await gw.stream({"input": "Dump.", "mode": "sentinel"})
+    begin = frames(events)[0].data
+    assert begin["budget_source"] == "manual"
+    metrics = await gw.metrics(begin["stream_id"])
+    assert metrics["context"]["token_counting"].startswith("chars/4 (/tokenize failed")
