@@ -127,6 +127,7 @@ conformance: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m bench.parse
+	$(BIN)/python -m bench.compaction
 	$(BIN)/python -m bench.gateway
 	$(BIN)/python -m bench.tools
 	$(BIN)/python -m bench.llama
