@@ -444,7 +444,7 @@ def compact(
     phase, best, after = 0, history, before
     for number, candidate in policy.strategy.phases(history, step_hint=step_hint):
         tokens = yield from _measure(candidate)
-        if tokens <= after:  # a phase never makes it longer, whatever the counter says
+        if tokens < after:  # a phase that cuts nothing more is not reported as reached
             phase, best, after = number, candidate, tokens
         if after <= trigger:
             break

@@ -131,6 +131,11 @@ class ConversationConfig:
     # The step hint compaction puts in its summary ("[Steps completed: a, b]"); a workflow
     # passes its StepTracker's. None: the tools whose calls succeeded, in order.
     step_hint: Callable[[], str] | None = None
+    # Measure (and compact) the first turn's prompt too: for a caller that brings a long
+    # history (a workflow's initial_messages). Off for /v1/stream: a measure before the
+    # first request would be time to first token, and the request's own prompt is the
+    # client's to size.
+    fit_first_turn: bool = False
 
 
 @dataclass(slots=True)
@@ -181,6 +186,8 @@ class Conversation:
         )
         try:
             messages = config.request.messages
+            if config.context is not None and config.fit_first_turn:
+                messages = yield from self._fit(messages)
             while True:
                 turn = yield from self._turn(messages)
                 for note in turn.notes:
