@@ -97,6 +97,7 @@ TRUNCATE_CHARS: Final = 200
 """Tiered phase 1 keeps this many characters of an old tool result (seed 001)."""
 
 _STUB: Final = "[result dropped to fit the context]"
+_HINT_MARK: Final = "\n\n[Steps completed:"
 
 StrategyName = Literal["tiered", "sliding", "none"]
 BudgetSource = Literal["server_manager", "manual", "upstream", "workflow"]
@@ -255,10 +256,15 @@ def _with_hint(messages: list[Message], opening: int, hint: str) -> list[Message
     if not hint or opening == 0:
         return messages
     first = messages[opening - 1]
-    if hint in first.content:
+    text = first.content
+    if text.endswith(hint):
         return messages
+    # A later compaction's hint replaces the earlier one's (it lists every step anyway).
+    earlier = text.rfind(_HINT_MARK)
+    if earlier >= 0 and "\n" not in text[earlier + len(_HINT_MARK) :]:
+        text = text[:earlier]
     out = list(messages)
-    out[opening - 1] = first.with_content(f"{first.content}\n\n{hint}")
+    out[opening - 1] = first.with_content(f"{text}\n\n{hint}")
     return out
 
 

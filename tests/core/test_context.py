@@ -350,3 +350,15 @@ def test_metadata_is_not_part_of_the_wire_form() -> None:
     plain = [{"role": "user", "content": "x"}]
     assert wire_messages(plain) is plain
     assert item.meta == MessageMeta(MessageType.STEP_NUDGE, 3)
+
+
+def test_a_later_hint_replaces_the_earlier_one() -> None:
+    history = _long_history()
+    (_, once), *_ = SlidingWindowCompact(keep_recent=4).phases(
+        history, step_hint="[Steps completed: a]"
+    )
+    more = [*once, *_long_history(iterations=9)[len(_long_history(iterations=6)) :]]
+    (_, twice), *_ = SlidingWindowCompact(keep_recent=2).phases(
+        more, step_hint="[Steps completed: a, b]"
+    )
+    assert twice[1].content == f"{FIRST}\n\n[Steps completed: a, b]"
