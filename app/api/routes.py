@@ -379,7 +379,12 @@ async def readyz(gw: GatewayDep) -> Response:
         return JSONResponse({"status": "ready", "upstream": repr(gw.upstream)})
     url = base.rstrip("/") + "/models"
     headers = {}
-    if gw.settings.upstream_api_key:
+    if gw.settings.upstream_kind == "anthropic":  # its own path and key header
+        url = base.rstrip("/").removesuffix("/v1") + "/v1/models"
+        headers["anthropic-version"] = gw.settings.anthropic_version
+        if gw.settings.upstream_api_key:
+            headers["x-api-key"] = gw.settings.upstream_api_key
+    elif gw.settings.upstream_api_key:
         headers["Authorization"] = f"Bearer {gw.settings.upstream_api_key}"
     try:
         response = await gw.client.get(url, headers=headers, timeout=2.0)

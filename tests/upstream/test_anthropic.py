@@ -419,6 +419,11 @@ async def test_a_whole_stream_with_a_tool_call_over_anthropic(tmp_path: Path) ->
         )
         url = await stack.enter_async_context(serve(create_app(settings)))
         client = await stack.enter_async_context(httpx.AsyncClient(timeout=10))
+        ready = await client.get(f"{url}/readyz")
+        assert ready.status_code == 200
+        (probe,) = [r for r in upstream.all_requests if r.path == "/v1/models"]
+        assert probe.headers["x-api-key"] == "sk-ant-loopback"
+        assert "authorization" not in probe.headers
         events: list[Event] = []
         async with client.stream(
             "POST", f"{url}/v1/stream", json={"input": "Pizza near me?", "tools": ["places.search"]}
