@@ -406,7 +406,12 @@ def _anthropic_script(request: Any) -> Script:
 
 async def test_a_whole_stream_with_a_tool_call_over_anthropic(tmp_path: Path) -> None:
     async with contextlib.AsyncExitStack() as stack:
-        upstream = await stack.enter_async_context(ScriptedUpstream(script_for=_anthropic_script))
+        upstream = await stack.enter_async_context(
+            ScriptedUpstream(
+                script_for=_anthropic_script,
+                routes={"/v1/models": Script(end="status", status=200, body='{"data": []}')},
+            )
+        )
         settings = Settings(
             upstream_kind="anthropic",
             upstream_base_url=upstream.base_url,
