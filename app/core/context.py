@@ -8,7 +8,8 @@ the number of tokens of its text (llama-server's ``/tokenize`` when the runtime 
 characters / 4 otherwise: :func:`chars_per_token`) — and compares it with the budget. At
 or under ``threshold × budget`` (0.75) nothing happens. Over it, the policy's strategy
 offers compacted *copies* of the history, one per phase, each cutting more than the last;
-the first that is under the threshold is taken (or the last one). The history then *is*
+the first that is under the threshold is taken (or else the last one that cut anything;
+a phase that cuts nothing more is not reported as reached). The history then *is*
 the compacted one: later turns grow from it, and compaction fires again only when they
 cross the threshold again.
 
