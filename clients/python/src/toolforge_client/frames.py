@@ -96,6 +96,7 @@ ERROR_CODES: tuple[str, ...] = (
     "TOOL_CONFIG_INVALID",
     "PATH_NOT_ALLOWED",
     "READ_ONLY",
+    "CONTEXT_BUDGET_EXCEEDED",
 )
 
 
@@ -278,6 +279,7 @@ class StreamBegin(Frame_):
     model: str
     mode: str
     budget_tokens: int | None
+    budget_source: str | None = None
 
 
 class TextDelta(Frame_):
