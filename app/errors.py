@@ -77,6 +77,11 @@ class ErrorCode(StrEnum):
     IDEMPOTENCY_KEY_REUSED = "IDEMPOTENCY_KEY_REUSED"
     INVALID_SCHEMA = "INVALID_SCHEMA"  # an inline JSON Schema that cannot be used (422)
     UNKNOWN_SCHEMA = "UNKNOWN_SCHEMA"  # a schema name nobody registered (422)
+    # Access (SPEC §11).
+    UNAUTHORIZED = "UNAUTHORIZED"  # no API key, or one the gateway does not know (401)
+    FORBIDDEN = "FORBIDDEN"  # the key may not do this: another key's stream, a tool (403)
+    RATE_LIMITED = "RATE_LIMITED"  # the key's requests per window or streams are spent (429)
+    KEYS_INVALID = "KEYS_INVALID"  # API_KEYS / API_KEYS_FILE cannot be used (start-up)
     # Ours.
     INTERNAL = "INTERNAL"
     # Managed model servers (SPEC §6).

@@ -130,6 +130,21 @@ class Settings(BaseSettings):
     anthropic_version: str = Field("2023-06-01", validation_alias="ANTHROPIC_VERSION")
     anthropic_max_tokens: int = Field(4096, ge=1, validation_alias="ANTHROPIC_MAX_TOKENS")
 
+    # -- access (SPEC §11, docs/deployment.md) -----------------------------------------
+    # Unset (and no file): no authentication, and `toolforge serve` binds 127.0.0.1.
+    # Comma-separated keys, each as given or as "sha256:<hex digest>".
+    api_keys: str | None = Field(None, validation_alias="API_KEYS", repr=False)
+    # JSON or TOML: named keys with their own tool allowlist and rate limit.
+    api_keys_file: Path | None = Field(None, validation_alias="API_KEYS_FILE")
+    # Prometheus scrapers often cannot send a key; off by default all the same.
+    metrics_public: bool = Field(False, validation_alias="METRICS_PUBLIC")
+    # Per key unless its entry says otherwise; 0 = no limit.
+    rate_limit_requests: int = Field(0, ge=0, validation_alias="RATE_LIMIT_REQUESTS")
+    rate_limit_window_s: float = Field(60.0, gt=0, validation_alias="RATE_LIMIT_WINDOW_S")
+    rate_limit_streams: int = Field(0, ge=0, validation_alias="RATE_LIMIT_STREAMS")
+    # Comma-separated origins ("https://app.example.com"); unset: CORS off.
+    cors_origins: str | None = Field(None, validation_alias="CORS_ORIGINS")
+
     # -- storage and ops --------------------------------------------------------------
     artifacts_dir: Path = Field(Path("artifacts"), validation_alias="ARTIFACTS_DIR")
     # The task-analysis pack's SQLite store (``toolforge index`` writes it); default

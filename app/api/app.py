@@ -20,6 +20,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel
 
 from toolforge import __version__
+from toolforge.api.auth import Access, KeyRing, load_keys
 from toolforge.api.deps import Gateway
 from toolforge.api.fastpath import GatewayApp
 from toolforge.api.openapi import install_openapi
@@ -43,6 +44,7 @@ from toolforge.runtime.mcp import McpSources, load_mcp_config, start_mcp_sources
 from toolforge.runtime.metrics import GatewayMetrics
 from toolforge.runtime.model_json import ask_json
 from toolforge.runtime.planner import PlannerConfig, SessionLimits, StreamPlanner
+from toolforge.runtime.ratelimit import MemoryRateLimiter, RateLimiter
 from toolforge.runtime.servers import ServerManager
 from toolforge.runtime.streams import StreamRegistry
 from toolforge.settings import Settings
@@ -229,11 +231,13 @@ def create_app(
     upstream: Upstream | None = None,
     tools: ToolRegistry | None = None,
     on_ready: Callable[[Settings], None] | None = None,
+    limiter: RateLimiter | None = None,
 ) -> FastAPI:
     """Build the gateway. ``upstream`` replaces the OpenAI-compatible adapter and
     ``tools`` the demo tool pack (tests, embedding applications). ``on_ready`` is called
     with the effective settings (the managed server's URL, for the embedded default) once
-    the gateway can serve."""
+    the gateway can serve. ``limiter`` holds the per-key rate limits' state (default: in
+    this process, :class:`~toolforge.runtime.ratelimit.MemoryRateLimiter`)."""
     settings = settings if settings is not None else Settings()
     configure_logging(level=settings.log_level, json=settings.log_json)
     system_template = (PROMPTS_DIR / "system.txt").read_text(encoding="utf-8")
@@ -373,6 +377,14 @@ def create_app(
         summary="A streaming tool-calling gateway: typed SSE frames, tools mid-stream, valid JSON.",
         lifespan=lifespan,
     )
+    keys = load_keys(settings)  # a KEYS_INVALID error here stops the start-up
+    if keys:
+        app.access = Access(
+            KeyRing(keys),
+            limiter if limiter is not None else MemoryRateLimiter(),
+            metrics_public=settings.metrics_public,
+        )
+    app.allow_origins([o.strip() for o in (settings.cors_origins or "").split(",") if o.strip()])
     app.include_router(router)
     app.include_router(servers_router)
     app.include_router(proxy_router)

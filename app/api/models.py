@@ -6,7 +6,7 @@ naming the field, not a silently ignored option.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -244,6 +244,9 @@ class ToolForgeExtension(BaseModel):
         return self
 
 
+_NO_EXTENSION: Final = ToolForgeExtension()
+
+
 class ChatCompletionRequest(BaseModel):
     """``POST /v1/chat/completions``: OpenAI's request body. Parameters the proxy cannot
     honour are refused by name (:data:`REFUSED_PARAMETERS`), unknown ones too."""
@@ -270,7 +273,9 @@ class ChatCompletionRequest(BaseModel):
     user: Annotated[str, Field(max_length=256)] | None = None
     metadata: dict[str, str] | None = None
     reasoning_effort: Literal["minimal", "low", "medium", "high"] | None = None
-    toolforge: ToolForgeExtension = ToolForgeExtension()
+    # A factory returning one shared (frozen) default: pydantic deep-copies a plain default
+    # on every request (14 µs of 23 in validation, bench/RESULTS.md, B1p).
+    toolforge: ToolForgeExtension = Field(default_factory=lambda: _NO_EXTENSION)
 
     @model_validator(mode="before")
     @classmethod

@@ -22,7 +22,8 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 from starlette.types import Receive
 
-from toolforge.api.deps import GatewayDep
+from toolforge.api.auth import ApiKey, allowed_tools, request_key
+from toolforge.api.deps import Gateway, GatewayDep
 from toolforge.api.models import ChatCompletionRequest
 from toolforge.api.routes import read_body
 from toolforge.api.sse import FrameStreamResponse
@@ -32,7 +33,7 @@ from toolforge.runtime.completion_plan import plan_completion
 from toolforge.runtime.frame_log import decode_events
 from toolforge.runtime.session import StreamSession
 
-__all__ = ["router"]
+__all__ = ["complete", "openai_error", "router"]
 
 router = APIRouter(tags=["openai"])
 
@@ -83,11 +84,26 @@ def _parse(body: bytes) -> ChatCompletionRequest:
     response_model=None,
 )
 async def chat_completions(request: Request, gw: GatewayDep) -> Response:
+    """The route as FastAPI documents it. Requests are served by
+    :class:`toolforge.api.fastpath.GatewayApp`, which calls :func:`complete` itself, past
+    FastAPI's stack (bench/RESULTS.md, B1p)."""
+    return await complete(
+        gw, request.receive, request.headers.get("content-length"), request_key(request)
+    )
+
+
+async def complete(
+    gw: Gateway, receive: Receive, declared: str | None, key: ApiKey | None = None
+) -> Response:
+    """``POST /v1/chat/completions``: read the body (``declared``: its Content-Length),
+    parse, plan, start the session; every refusal in OpenAI's error shape. ``key``: the
+    API key admitted (SPEC §11): its tool allowlist bounds ``server_tools``, and it owns
+    the stream."""
     try:
-        body = await read_body(
-            request.receive, request.headers.get("content-length"), gw.settings.max_body_bytes
-        )
+        body = await read_body(receive, declared, gw.settings.max_body_bytes)
         req = _parse(body)
+        if key is not None and req.toolforge.server_tools:
+            allowed_tools(key, req.toolforge.server_tools, ())
         stream_id = "s_" + secrets.token_hex(10)
         plan = await plan_completion(
             gw.planner,
@@ -98,6 +114,8 @@ async def chat_completions(request: Request, gw: GatewayDep) -> Response:
         )
     except ToolForgeError as exc:
         return openai_error(exc)
+    if key is not None:
+        plan.owner = key.name
     session = gw.session(plan)
     completion_id = "chatcmpl-" + stream_id[2:]
     created = int(time.time())
@@ -129,7 +147,7 @@ async def chat_completions(request: Request, gw: GatewayDep) -> Response:
             ping=_COMMENT_PING,
         )
     gw.registry.start(session)
-    await _until_done(session, request.receive)
+    await _until_done(session, receive)
     builder = CompletionBuilder(
         stream_id=stream_id,
         completion_id=completion_id,

@@ -16,6 +16,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 from starlette.types import Receive
 
+from toolforge.api.auth import ApiKey, KeyDep, allowed_tools, check_owner, request_key
 from toolforge.api.deps import Gateway, GatewayDep
 from toolforge.api.models import ApprovalDecision, ClientToolResult, Sampling, StreamRequest
 from toolforge.api.sse import FrameStreamResponse, RemoteStreamResponse
@@ -29,6 +30,8 @@ __all__ = ["ClientGone", "local_command", "read_body", "router", "start_stream"]
 router = APIRouter()
 
 _MAX_KEY_CHARS: Final = 255
+# A forwarded command whose caller's key is not the stream's: check_owner's 403 for it.
+_NOBODY: Final = ApiKey(name="", digest=b"")
 
 
 async def read_body(receive: Receive, declared: str | None, limit: int) -> bytes:
@@ -126,11 +129,16 @@ async def stream(
     :func:`read_body` and :func:`start_stream` itself, past FastAPI."""
     max_bytes = gw.settings.max_body_bytes
     body = await read_body(request.receive, request.headers.get("content-length"), max_bytes)
-    return await start_stream(gw, body, idempotency_key)
+    return await start_stream(gw, body, idempotency_key, request_key(request))
 
 
-async def start_stream(gw: Gateway, body: bytes, idempotency_key: str | None) -> Response:
-    """``POST /v1/stream`` once the body is read: validate, plan, start the session."""
+async def start_stream(
+    gw: Gateway, body: bytes, idempotency_key: str | None, key: ApiKey | None = None
+) -> Response:
+    """``POST /v1/stream`` once the body is read: validate, plan, start the session.
+    ``key``: the API key admitted (SPEC §11): its tool allowlist narrows the request's
+    tools (shown and runnable alike), it owns the stream, and its Idempotency-Keys are its
+    own."""
     if idempotency_key is not None and len(idempotency_key) > _MAX_KEY_CHARS:
         raise RequestError(
             ErrorCode.BAD_REQUEST,
@@ -139,6 +147,12 @@ async def start_stream(gw: Gateway, body: bytes, idempotency_key: str | None) ->
             http_status=422,
         )
     req = _parse(body)
+    if key is not None:
+        if key.tools is not None:
+            tools = allowed_tools(key, req.tools, gw.executor.registry.names())
+            req = req.model_copy(update={"tools": tools})
+        if idempotency_key is not None:  # another key's record is never replayed
+            idempotency_key = f"{key.name}:{idempotency_key}"
     body_hash = ""
     if idempotency_key is not None:
         # The parsed body, keys sorted: the same request sent with other spacing or key
@@ -180,6 +194,8 @@ async def start_stream(gw: Gateway, body: bytes, idempotency_key: str | None) ->
                 f"{holder!r}; resume it with GET /v1/streams/{holder}",
                 http_status=409,
             )
+    if key is not None:
+        plan.owner = key.name
     session = gw.session(plan)
     session.log.attach_primary()  # backpressure from the first frame on
     gw.registry.start(session, idempotency_key=idempotency_key, body_hash=body_hash)
@@ -195,6 +211,7 @@ async def start_stream(gw: Gateway, body: bytes, idempotency_key: str | None) ->
 async def resume(
     stream_id: str,
     gw: GatewayDep,
+    key: KeyDep,
     last_event_id: Annotated[str | None, Header()] = None,
     after: Annotated[
         int | None, Query(ge=0, description="Last-Event-ID for clients that cannot set headers")
@@ -218,12 +235,18 @@ async def resume(
             )
     if session is None:
         session = gw.registry.get(stream_id)  # the 404
+    check_owner(key, session.plan.owner, stream_id)
     return FrameStreamResponse(session, after=cursor, ping_interval_s=gw.settings.ping_interval_s)
 
 
-async def _elsewhere(gw: Gateway, op: str, stream_id: str, payload: dict[str, Any]) -> Any:
+async def _elsewhere(
+    gw: Gateway, op: str, stream_id: str, payload: dict[str, Any], key: ApiKey | None
+) -> Any:
     """``op`` for a stream this replica does not run: done by the replica that does
-    (through Redis), or the registry's 404."""
+    (through Redis), or the registry's 404. The caller's API key name goes with it: the
+    owner replica checks it against the stream's (SPEC §11)."""
+    if key is not None:
+        payload = {**payload, "api_key": key.name}
     if gw.cluster is not None:
         answer = await gw.cluster.route(op, stream_id, payload)
         if answer is not None:
@@ -241,6 +264,10 @@ async def local_command(
     route would give (``toolforge.runtime.cluster.RedisCluster.route``)."""
     try:
         session = gw.registry.get(stream_id)
+        caller = payload.get("api_key")
+        if caller is not None or session.plan.owner is not None:
+            if caller != session.plan.owner:
+                check_owner(_NOBODY, session.plan.owner, stream_id)  # the 403
         if op == "cancel":
             return 200, await _cancel(session)
         if op == "approve":
@@ -258,11 +285,12 @@ async def local_command(
 
 
 @router.post("/v1/streams/{stream_id}/cancel", summary="Stop a running stream")
-async def cancel(stream_id: str, gw: GatewayDep) -> dict[str, Any]:
+async def cancel(stream_id: str, gw: GatewayDep, key: KeyDep) -> dict[str, Any]:
     session = gw.registry.find(stream_id)
     if session is None:
-        answer: dict[str, Any] = await _elsewhere(gw, "cancel", stream_id, {})
+        answer: dict[str, Any] = await _elsewhere(gw, "cancel", stream_id, {}, key)
         return answer
+    check_owner(key, session.plan.owner, stream_id)
     return await _cancel(session)
 
 
@@ -278,13 +306,14 @@ async def _cancel(session: StreamSession) -> dict[str, Any]:
     summary="Approve or deny a tool call that needs confirmation",
 )
 async def approve(
-    stream_id: str, call_id: str, decision: ApprovalDecision, gw: GatewayDep
+    stream_id: str, call_id: str, decision: ApprovalDecision, gw: GatewayDep, key: KeyDep
 ) -> dict[str, Any]:
     session = gw.registry.find(stream_id)
     if session is None:
         payload = {"call_id": call_id, "decision": decision.model_dump(mode="json")}
-        answer: dict[str, Any] = await _elsewhere(gw, "approve", stream_id, payload)
+        answer: dict[str, Any] = await _elsewhere(gw, "approve", stream_id, payload, key)
         return answer
+    check_owner(key, session.plan.owner, stream_id)
     return _approve(session, call_id, decision)
 
 
@@ -306,15 +335,16 @@ def _approve(session: StreamSession, call_id: str, decision: ApprovalDecision) -
     summary="The result of a client-side tool call; the model resumes",
 )
 async def post_tool_result(
-    stream_id: str, call_id: str, result: ClientToolResult, gw: GatewayDep
+    stream_id: str, call_id: str, result: ClientToolResult, gw: GatewayDep, key: KeyDep
 ) -> dict[str, Any]:
     """SPEC §5: ``{"ok": true, "result": ...}`` or ``{"ok": false, "error": {...}}`` for a
     ``tool.call`` whose executor is ``client``. 404: no such call waits; 409: answered."""
     session = gw.registry.find(stream_id)
     if session is None:
         payload = {"call_id": call_id, "result": result.model_dump(mode="json")}
-        answer: dict[str, Any] = await _elsewhere(gw, "tool_result", stream_id, payload)
+        answer: dict[str, Any] = await _elsewhere(gw, "tool_result", stream_id, payload, key)
         return answer
+    check_owner(key, session.plan.owner, stream_id)
     return _tool_result(session, call_id, result)
 
 
@@ -348,18 +378,21 @@ def _tool_result(session: StreamSession, call_id: str, result: ClientToolResult)
 
 
 @router.get("/v1/tools", summary="The tools models may call, with their input schemas")
-async def list_tools(gw: GatewayDep) -> dict[str, Any]:
-    return {"tools": [spec.to_dict() for spec in gw.executor.registry.visible()]}
+async def list_tools(gw: GatewayDep, key: KeyDep) -> dict[str, Any]:
+    """The tools the caller's API key may use (every model-facing tool without keys)."""
+    allow = key.tools if key is not None else None
+    return {"tools": [spec.to_dict() for spec in gw.executor.registry.visible(allow)]}
 
 
 @router.get("/v1/schemas/{name}", summary="A JSON Schema: a frame schema or a tool's input")
-async def get_schema(name: str, gw: GatewayDep) -> dict[str, Any]:
+async def get_schema(name: str, gw: GatewayDep, key: KeyDep) -> dict[str, Any]:
     spec = gw.executor.registry.get(name)
-    if spec is not None and spec.model_facing:
+    if spec is not None and spec.model_facing and (key is None or key.allows(name)):
         return dict(spec.input_schema)
     if name in gw.schemas:
         return dict(gw.schemas.get(name).schema)
-    known = [*gw.schemas.names(), *(s.name for s in gw.executor.registry.visible())]
+    allow = key.tools if key is not None else None
+    known = [*gw.schemas.names(), *(s.name for s in gw.executor.registry.visible(allow))]
     raise RequestError(
         ErrorCode.NOT_FOUND,
         f"no schema or tool {name!r}; known: {', '.join(known)}",

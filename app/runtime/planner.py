@@ -88,6 +88,9 @@ class StreamPlan:
     # Context compaction (SPEC §7): the budget, its source and the strategy; None: no
     # budget is known, the prompt is never measured.
     context: ContextPolicy | None = None
+    # The API key that started the stream (its name; SPEC §11): only it may resume, cancel
+    # or answer the stream. None: the gateway runs without keys.
+    owner: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -47,7 +47,12 @@ DONE_LINE: Final = b"data: [DONE]\n\n"
 # Done.reason -> finish_reason (the engine's own reasons for an ended stream map to "stop";
 # an error has its own chunk before).
 _FINISH: Final = {"stop": "stop", "length": "length", "tool_calls": "tool_calls"}
-_ERROR_TYPES: Final = {400: "invalid_request_error", 401: "authentication_error"}
+_ERROR_TYPES: Final = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    429: "rate_limit_error",
+}
 
 
 def finish_reason(reason: str, handed_calls: bool) -> str:

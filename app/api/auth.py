@@ -1,0 +1,311 @@
+"""API keys, per-key tool allowlists and rate limits (SPEC §11, docs/deployment.md).
+
+One check for every request: :class:`toolforge.api.fastpath.GatewayApp` calls
+:meth:`Access.admit` before it dispatches anything, so the fast paths (``POST
+/v1/stream``, ``POST /v1/chat/completions``) and every FastAPI route pass the same gate,
+and a route added later is covered without a line of its own. The admitted key goes in
+the ASGI scope (:data:`SCOPE_KEY`); routes read it with :func:`request_key` to record a
+stream's owner, narrow the tools and refuse another key's follow-up calls.
+
+Keys are kept as SHA-256 digests only (API keys are long random strings: a plain digest
+is enough, no password hashing needed) and a presented key is compared with every stored
+digest with :func:`hmac.compare_digest`, without stopping at the first match.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import ipaddress
+import json
+import tomllib
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, Final
+
+from fastapi import Depends, Request
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from starlette.types import Scope
+
+from toolforge.errors import ErrorCode, RequestError, ToolForgeError
+from toolforge.runtime.ratelimit import RateLimit, RateLimiter
+from toolforge.settings import Settings
+
+__all__ = [
+    "SCOPE_KEY",
+    "Access",
+    "ApiKey",
+    "KeyDep",
+    "KeyRing",
+    "RateLimited",
+    "allowed_tools",
+    "check_owner",
+    "digest",
+    "is_loopback",
+    "load_keys",
+    "request_key",
+]
+
+SCOPE_KEY: Final = "toolforge.key"  # the admitted ApiKey in the ASGI scope (None: auth off)
+PUBLIC_PATHS: Final = frozenset({"/healthz", "/readyz"})
+_SHA256_PREFIX: Final = "sha256:"
+
+
+NO_LIMIT: Final = RateLimit()
+
+
+def digest(key: str) -> bytes:
+    return hashlib.sha256(key.encode("utf-8")).digest()
+
+
+@dataclass(frozen=True, slots=True)
+class ApiKey:
+    """One configured key: a name (logs, rate-limit state, stream ownership), its
+    digest, the tools it may use (None: every tool) and its limits."""
+
+    name: str
+    digest: bytes
+    tools: frozenset[str] | None = None
+    limit: RateLimit = NO_LIMIT
+
+    def allows(self, tool: str) -> bool:
+        return self.tools is None or tool in self.tools
+
+
+class _FileLimit(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    requests: int | None = Field(None, ge=0)
+    window_s: float | None = Field(None, gt=0)
+    streams: int | None = Field(None, ge=0)
+
+
+class _FileKey(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.\-]+$")]
+    key: Annotated[str, Field(min_length=16)] | None = None
+    sha256: Annotated[str, Field(pattern=r"^[0-9a-fA-F]{64}$")] | None = None
+    tools: list[str] | None = None
+    rate_limit: _FileLimit = _FileLimit()
+
+    @model_validator(mode="after")
+    def _one_secret(self) -> _FileKey:
+        if (self.key is None) == (self.sha256 is None):
+            raise ValueError("give exactly one of 'key' and 'sha256'")
+        return self
+
+
+class _KeysFile(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    keys: list[_FileKey]
+
+
+def _invalid(message: str) -> ToolForgeError:
+    return ToolForgeError(ErrorCode.KEYS_INVALID, message)
+
+
+def load_keys(settings: Settings) -> list[ApiKey]:
+    """The keys of ``API_KEYS`` and ``API_KEYS_FILE`` (both may be given); a typed
+    ``KEYS_INVALID`` error for anything that cannot be used, at start-up."""
+    default = RateLimit(
+        requests=settings.rate_limit_requests,
+        window_s=settings.rate_limit_window_s,
+        streams=settings.rate_limit_streams,
+    )
+    keys: list[ApiKey] = []
+    for entry in (settings.api_keys or "").split(","):
+        entry = entry.strip()
+        if not entry:
+            continue
+        if entry.startswith(_SHA256_PREFIX):
+            hexdigest = entry.removeprefix(_SHA256_PREFIX)
+            try:
+                raw = bytes.fromhex(hexdigest)
+            except ValueError:
+                raw = b""
+            if len(raw) != 32:
+                raise _invalid("API_KEYS: 'sha256:' must be followed by 64 hex digits")
+        else:
+            if len(entry) < 16:
+                raise _invalid("API_KEYS: a key shorter than 16 characters is guessable")
+            raw = digest(entry)
+        keys.append(ApiKey(name=f"key-{raw.hex()[:12]}", digest=raw, limit=default))
+    if settings.api_keys_file is not None:
+        keys.extend(_file_keys(settings.api_keys_file, default))
+    names = [k.name for k in keys]
+    if len(set(names)) != len(names):
+        raise _invalid(f"two keys share a name: {sorted(n for n in names if names.count(n) > 1)}")
+    if len({k.digest for k in keys}) != len(keys):
+        raise _invalid("the same key is configured twice")
+    return keys
+
+
+def _file_keys(path: Path, default: RateLimit) -> Iterable[ApiKey]:
+    try:
+        text = path.read_text(encoding="utf-8")
+        raw: Any = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
+        parsed = _KeysFile.model_validate(raw)
+    except (OSError, ValueError, ValidationError) as exc:
+        raise _invalid(f"API_KEYS_FILE {path}: {exc}") from exc
+    for entry in parsed.keys:
+        secret = bytes.fromhex(entry.sha256) if entry.sha256 else digest(entry.key or "")
+        given = entry.rate_limit
+        yield ApiKey(
+            name=entry.name,
+            digest=secret,
+            tools=frozenset(entry.tools) if entry.tools is not None else None,
+            limit=RateLimit(
+                requests=default.requests if given.requests is None else given.requests,
+                window_s=default.window_s if given.window_s is None else given.window_s,
+                streams=default.streams if given.streams is None else given.streams,
+            ),
+        )
+
+
+class KeyRing:
+    """The configured keys, by digest only."""
+
+    def __init__(self, keys: Sequence[ApiKey]) -> None:
+        self._keys = tuple(keys)
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def match(self, presented: str) -> ApiKey | None:
+        """The key whose digest matches ``presented``'s: every stored digest is compared,
+        each in constant time, so the time taken says nothing about which one matched."""
+        candidate = digest(presented)
+        found: ApiKey | None = None
+        for key in self._keys:
+            if hmac.compare_digest(candidate, key.digest):
+                found = key
+        return found
+
+
+class RateLimited(RequestError):
+    """429 with the seconds to wait (the ``Retry-After`` header)."""
+
+    def __init__(self, message: str, retry_after_s: float) -> None:
+        super().__init__(ErrorCode.RATE_LIMITED, message, http_status=429)
+        self.retry_after = max(1, int(retry_after_s + 0.999))
+
+
+_UNAUTHORIZED: Final = RequestError(
+    ErrorCode.UNAUTHORIZED,
+    "this gateway needs an API key: send 'Authorization: Bearer <key>' "
+    "(docs/deployment.md, API keys)",
+    http_status=401,
+)
+_WRONG_KEY: Final = RequestError(
+    ErrorCode.UNAUTHORIZED,
+    "the API key is not one this gateway knows; check the key you send "
+    "(docs/deployment.md, API keys)",
+    http_status=401,
+)
+
+
+class Access:
+    """The gate every request passes when keys are configured (see the module docstring)."""
+
+    def __init__(self, keys: KeyRing, limiter: RateLimiter, *, metrics_public: bool) -> None:
+        self.keys = keys
+        self.limiter = limiter
+        self.public = PUBLIC_PATHS | ({"/metrics"} if metrics_public else frozenset())
+
+    async def admit(self, scope: Scope) -> ApiKey | None:
+        """The request's key (None for a public path), or a 401 / 429 error."""
+        if scope["path"] in self.public:
+            return None
+        token = None
+        for name, value in scope["headers"]:
+            if name == b"authorization":
+                scheme, _, rest = value.decode("latin-1").partition(" ")
+                if scheme.lower() == "bearer" and rest.strip():
+                    token = rest.strip()
+                break
+        if token is None:
+            raise _UNAUTHORIZED
+        key = self.keys.match(token)
+        if key is None:
+            raise _WRONG_KEY
+        if key.limit.requests:
+            wait = await self.limiter.hit(key.name, key.limit)
+            if wait > 0:
+                raise RateLimited(
+                    f"key {key.name!r} sent more than {key.limit.requests} requests in "
+                    f"{key.limit.window_s:g} s; retry after the Retry-After header's seconds",
+                    wait,
+                )
+        return key
+
+    async def open_stream(self, key: ApiKey) -> None:
+        """Take one of the key's concurrent streams, or a 429."""
+        if key.limit.streams and not await self.limiter.open_stream(key.name, key.limit):
+            raise RateLimited(
+                f"key {key.name!r} has {key.limit.streams} streams open, its limit; "
+                "end one, or retry later",
+                1.0,
+            )
+
+    async def close_stream(self, key: ApiKey) -> None:
+        if key.limit.streams:
+            await self.limiter.close_stream(key.name)
+
+
+def request_key(request: Request) -> ApiKey | None:
+    """The key :class:`Access` admitted for this request (None: auth off)."""
+    key: ApiKey | None = request.scope.get(SCOPE_KEY)
+    return key
+
+
+async def _key(request: Request) -> ApiKey | None:  # async: no thread hop (deps.py)
+    return request_key(request)
+
+
+KeyDep = Annotated[ApiKey | None, Depends(_key)]
+
+
+def allowed_tools(
+    key: ApiKey | None, requested: Sequence[str] | None, known: Iterable[str]
+) -> list[str] | None:
+    """``requested`` (a request's tool names; None: every tool in ``known``, the
+    registry's) narrowed to what ``key`` may use: the model is shown these and only these
+    may run. A name the key may not use is a 403, never silently dropped."""
+    if key is None or key.tools is None:
+        return list(requested) if requested is not None else None
+    if requested is None:
+        return [name for name in known if key.allows(name)]
+    refused = [name for name in requested if not key.allows(name)]
+    if refused:
+        raise RequestError(
+            ErrorCode.FORBIDDEN,
+            f"this API key may not use the tool(s) {', '.join(refused)}; "
+            f"it may use: {', '.join(sorted(key.tools)) or 'none'}",
+            http_status=403,
+        )
+    return list(requested)
+
+
+def check_owner(key: ApiKey | None, owner: str | None, stream_id: str) -> None:
+    """A stream's follow-up calls (resume, cancel, approvals, tool results) come from the
+    key that started it, or get a 403."""
+    if key is not None and owner != key.name:
+        raise RequestError(
+            ErrorCode.FORBIDDEN,
+            f"stream {stream_id!r} was started with another API key; only that key may "
+            "resume it, cancel it or answer its calls",
+            http_status=403,
+        )
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (``--host``) serves this machine only."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
