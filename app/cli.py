@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from toolforge.api.app import create_app
+from toolforge.api.auth import exposure_warning
 from toolforge.api.server import run
 from toolforge.errors import ServerError
 from toolforge.eval.conformance.command import add_conformance_command
@@ -31,6 +32,9 @@ def _serve(args: argparse.Namespace) -> None:
         overrides["model_id"] = args.model
     settings = Settings(**overrides)  # environment first, flags override (SPEC §8)
     host, port = args.host, args.port
+    warning = exposure_warning(host, settings)  # SPEC §11: say so at start-up
+    if warning is not None:
+        print(warning, file=sys.stderr, flush=True)
 
     def ready(effective: Settings) -> None:
         # A human is reading: plain text, and a request they can paste as is.
@@ -137,7 +141,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="toolforge", description="ToolForge gateway")
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="serve the gateway over HTTP")
-    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to bind (default 127.0.0.1: this machine only); beyond it, set API_KEYS",
+    )
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--upstream", help="OpenAI-compatible base URL (UPSTREAM_BASE_URL)")
     serve.add_argument("--model", help="model id sent upstream (MODEL_ID)")

@@ -20,6 +20,10 @@ memory, work with ``REDIS_URL`` pointing at a ``redis-server`` started for the r
 persistence, on loopback): what the shared state of SPEC §9 costs a stream (its resume
 buffer is mirrored to Redis while it runs).
 
+``python -m bench.ab --auth`` likewise: base without API keys, work
+with one key in ``API_KEYS`` and every request sending it (``Authorization: Bearer``): the
+cost of the access check (SPEC §11, docs/deployment.md) as a ratio.
+
 Never writes RESULTS.md.
 """
 
@@ -72,7 +76,8 @@ async def b1(
 ) -> list[str]:
     clients = {name: await Client.open(t.port) for name, t in targets.items()}
     sent = {
-        name: clients[name].request_bytes(t.path, t.body("ttft")) for name, t in targets.items()
+        name: clients[name].request_bytes(t.path, t.body("ttft"), t.auth)
+        for name, t in targets.items()
     }
     ttft: dict[str, list[float]] = {name: [] for name in targets}
     cpu0: dict[str, float] = {}
@@ -133,22 +138,38 @@ async def b2(targets: dict[str, Target], procs: dict[str, Proc], n: int, rounds:
     return lines
 
 
-async def compare(base: Path, args: argparse.Namespace, redis_url: str | None = None) -> list[str]:
+BENCH_KEY = "bench-key-0123456789abcdef"  # --auth: the work gateway's one API key
+
+
+async def compare(
+    base: Path, args: argparse.Namespace, redis_url: str | None = None, auth: bool = False
+) -> list[str]:
+    """``base``: the checkout the base gateway runs; with ``redis_url`` or ``auth``, the
+    work gateway gets ``REDIS_URL`` or ``API_KEYS`` (and its requests the key)."""
     with scratch("toolforge-ab-") as (artifacts, procs):
         up = spawn_upstream()
         procs.append(up)
         url = f"http://127.0.0.1:{up.port}/v1"
+        env: dict[str, str] = {}
+        if redis_url is not None:
+            env["REDIS_URL"] = redis_url
+        if auth:
+            env["API_KEYS"] = BENCH_KEY
         gateways = {
             "base": spawn_gateway(url, artifacts, cwd=base),
-            "work": spawn_gateway(
-                url, artifacts, env=None if redis_url is None else {"REDIS_URL": redis_url}
-            ),
+            "work": spawn_gateway(url, artifacts, env=env or None),
         }
         procs += gateways.values()
         targets = {
             "direct": Target("direct", up.port, "/v1/chat/completions", direct_body),
             **{
-                name: Target(name, p.port, "/v1/stream", gateway_body)
+                name: Target(
+                    name,
+                    p.port,
+                    "/v1/stream",
+                    gateway_body,
+                    auth=BENCH_KEY if auth and name == "work" else None,
+                )
                 for name, p in gateways.items()
             },
         }
@@ -197,6 +218,11 @@ def main() -> None:
         action="store_true",
         help="instead of a revision: the working tree in memory (base) and with REDIS_URL",
     )
+    parser.add_argument(
+        "--auth",
+        action="store_true",
+        help="no REV: the working tree without API keys (base) vs with one (work)",
+    )
     parser.add_argument("--requests", type=int, default=300, help="B1, per side, after warm-up")
     parser.add_argument("--warmup", type=int, default=30, help="B1")
     parser.add_argument("--b2-rounds", type=int, default=5, help="per stream; 0 skips B2")
@@ -209,8 +235,14 @@ def main() -> None:
         print("base = the working tree in memory, work = the working tree with REDIS_URL")
         print("\n".join(lines))
         return
+    if args.auth:
+        _uvloop()
+        lines = asyncio.run(compare(ROOT, args, auth=True))
+        print("base = the working tree without API keys, work = with one (--auth)")
+        print("\n".join(lines))
+        return
     if args.rev is None:
-        parser.error("name a revision, or --redis")
+        parser.error("name a revision, or --redis, or --auth")
     worktree = Path(tempfile.mkdtemp(prefix="toolforge-ab-rev-"))
     subprocess.run(
         ["git", "worktree", "add", "--detach", str(worktree), args.rev],

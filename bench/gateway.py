@@ -220,11 +220,13 @@ class Client:
         _, conn = await loop.create_connection(_Conn, "127.0.0.1", port)
         return cls(port, conn)
 
-    def request_bytes(self, path: str, body: bytes) -> bytes:
+    def request_bytes(self, path: str, body: bytes, auth: str | None = None) -> bytes:
+        """The request; ``auth``: an API key, sent as ``Authorization: Bearer``."""
+        bearer = f"Authorization: Bearer {auth}\r\n" if auth is not None else ""
         return (
             f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{self.port}\r\n"
             "Accept: text/event-stream\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(body)}\r\n\r\n"
+            f"{bearer}Content-Length: {len(body)}\r\n\r\n"
         ).encode() + body
 
     async def stream(self, request: bytes, sink: Sink, timeout_s: float = 60.0) -> tuple[int, int]:
@@ -263,6 +265,7 @@ class Target:
     path: str
     body: Callable[[str], bytes]
     proxy: bool = False
+    auth: str | None = None  # an API key for a gateway started with API_KEYS (bench.ab --auth)
 
     @property
     def direct(self) -> bool:
@@ -548,7 +551,7 @@ async def one_stream(
     client = await Client.open(t.port)
     try:
         sink = Counter(t.direct)
-        request = client.request_bytes(t.path, t.body(model))
+        request = client.request_bytes(t.path, t.body(model), t.auth)
         cpu0, up0, me0 = cpu_seconds(gw.pid), cpu_seconds(up.pid), time.process_time()
         t0, t1 = await client.stream(request, sink, timeout_s=120)
         cpu1, up1, me1 = cpu_seconds(gw.pid), cpu_seconds(up.pid), time.process_time()

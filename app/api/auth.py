@@ -42,6 +42,7 @@ __all__ = [
     "allowed_tools",
     "check_owner",
     "digest",
+    "exposure_warning",
     "is_loopback",
     "load_keys",
     "request_key",
@@ -135,11 +136,11 @@ def load_keys(settings: Settings) -> list[ApiKey]:
         keys.append(ApiKey(name=f"key-{raw.hex()[:12]}", digest=raw, limit=default))
     if settings.api_keys_file is not None:
         keys.extend(_file_keys(settings.api_keys_file, default))
+    if len({k.digest for k in keys}) != len(keys):
+        raise _invalid("the same key is configured twice")
     names = [k.name for k in keys]
     if len(set(names)) != len(names):
         raise _invalid(f"two keys share a name: {sorted(n for n in names if names.count(n) > 1)}")
-    if len({k.digest for k in keys}) != len(keys):
-        raise _invalid("the same key is configured twice")
     return keys
 
 
@@ -299,6 +300,19 @@ def check_owner(key: ApiKey | None, owner: str | None, stream_id: str) -> None:
             "resume it, cancel it or answer its calls",
             http_status=403,
         )
+
+
+def exposure_warning(host: str, settings: Settings) -> str | None:
+    """What ``toolforge serve`` warns at start-up when it serves beyond this machine
+    (``--host``) with no API keys: anyone who reaches the port may run tools and spend
+    the upstream's key. None when keys are set or the host is loopback."""
+    if is_loopback(host) or settings.api_keys or settings.api_keys_file:
+        return None
+    return (
+        f"WARNING: serving on {host} with no API keys: anyone who can reach this port can "
+        "run tools and use the upstream. Set API_KEYS or API_KEYS_FILE "
+        "(docs/deployment.md, API keys), or serve on 127.0.0.1."
+    )
 
 
 def is_loopback(host: str) -> bool:
