@@ -44,6 +44,7 @@ from toolforge.settings import Settings
 from toolforge_client import AsyncToolForge
 
 HEADING = "## llama-server (bench/llama.py)"
+SETTLE_S = 0.25  # before each arm: the last stream's artifacts are written (≈10 ms) by then
 STORY = {
     "input": "Tell me a short story about a lighthouse keeper and a storm.",
     "mode": "sentinel",
@@ -175,6 +176,12 @@ async def same_prompt(
     await asyncio.to_thread(settle_cpu, gateway.pid)
     for i in range(runs):  # every order in turn: who goes first changes
         for side in names[i % 3 :] + names[: i % 3]:
+            # Every arm starts on an idle gateway. Without the pause, /v1/stream followed a
+            # gateway-served stream (the proxy's) in 2 rounds of 3 and the proxy in 1 of 3,
+            # and a stream that starts while the gateway still writes the last one's
+            # artifacts starts later (bench/RESULTS.md, llama-server): that, not the
+            # turn engine, was /v1/stream's TTFT ratio of 1.185 against the proxy's 1.011.
+            await asyncio.sleep(SETTLE_S)
             if side in cpu:
                 now = cpu_ns(gateway.pid)
                 if last is not None:
