@@ -627,3 +627,32 @@ async def test_an_error_after_the_headers_raises_in_the_stream(
                 seen.append(chunk.choices[0].delta.content or "")
     assert "".join(seen) == "Hello"
     assert "UPSTREAM" in str((caught.value.body or {}).get("code"))
+
+
+async def test_the_fast_path_answers_in_openai_shape(
+    make_gateway: HarnessFactory, sdk: SDK, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """POST /v1/chat/completions is served past FastAPI (app/api/fastpath.py): a body over
+    MAX_BODY_BYTES, and a bug of ours before the stream, still come back as OpenAI errors."""
+    gw = await make_gateway(max_body_bytes=2048)
+    client = sdk(gw)
+    with pytest.raises(openai.APIStatusError) as raised:
+        await client.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "x" * 4096}]
+        )
+    assert raised.value.status_code == 413 and raised.value.code == "BODY_TOO_LARGE"
+
+    async def broken(*args: object) -> None:
+        raise KeyError("oops")
+
+    monkeypatch.setattr("toolforge.api.fastpath.complete", broken)
+    with pytest.raises(openai.InternalServerError) as failed:
+        await client.chat.completions.create(model="m", messages=USER)  # type: ignore[arg-type]
+    assert failed.value.code == "INTERNAL"
+    assert failed.value.body == {  # type: ignore[comparison-overlap]
+        "message": "internal error before the stream began",
+        "type": "server_error",
+        "param": None,
+        "code": "INTERNAL",
+    }
+    assert (await gw.client.get(f"{gw.url}/healthz")).status_code == 200  # still serving
