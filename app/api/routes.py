@@ -149,7 +149,8 @@ async def start_stream(
     req = _parse(body)
     if key is not None:
         if key.tools is not None:
-            tools = allowed_tools(key, req.tools, gw.executor.registry.names())
+            visible = (spec.name for spec in gw.executor.registry.visible())
+            tools = allowed_tools(key, req.tools, visible)
             req = req.model_copy(update={"tools": tools})
         if idempotency_key is not None:  # another key's record is never replayed
             idempotency_key = f"{key.name}:{idempotency_key}"

@@ -277,6 +277,19 @@ async def test_a_keys_tool_allowlist_bounds_what_is_shown_and_what_runs(
             )
 
 
+async def test_an_allowlist_naming_a_tool_the_gateway_lacks_still_serves(
+    make_gateway: HarnessFactory, tmp_path: Path
+) -> None:
+    keys = _keys_file(
+        tmp_path, [{"name": "a", "key": KEY_A, "tools": ["places.search", "gone.tool"]}]
+    )
+    gw = await make_gateway([Script.from_tokens([sentinel_reply()])], api_keys_file=keys)
+    events = await gw.stream({"input": "hi"}, headers=bearer(KEY_A))
+    assert_well_formed(events)
+    system = orjson.loads(gw.upstream.requests[0].body)["messages"][0]["content"]
+    assert "- places.search:" in system and "gone.tool" not in system
+
+
 async def test_requests_per_window_get_429_with_retry_after(make_gateway: HarnessFactory) -> None:
     gw = await make_gateway(api_keys=KEY_A, rate_limit_requests=3, rate_limit_window_s=3600)
     statuses = [
