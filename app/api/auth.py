@@ -33,7 +33,10 @@ from toolforge.runtime.ratelimit import RateLimit, RateLimiter
 from toolforge.settings import Settings
 
 __all__ = [
+    "PUBLIC_PATHS",
     "SCOPE_KEY",
+    "UI_PAGES",
+    "UI_PREFIXES",
     "Access",
     "ApiKey",
     "KeyDep",
@@ -50,6 +53,10 @@ __all__ = [
 
 SCOPE_KEY: Final = "toolforge.key"  # the admitted ApiKey in the ASGI scope (None: auth off)
 PUBLIC_PATHS: Final = frozenset({"/healthz", "/readyz"})
+# The web UI's static files (app/api/web.py): a page, scripts and styles, no data. A
+# browser loads them without a header; the UI's API calls carry the key like any client's.
+UI_PAGES: Final = frozenset({"/", "/ui", "/sdk"})
+UI_PREFIXES: Final = ("/ui/", "/sdk/")
 _SHA256_PREFIX: Final = "sha256:"
 
 
@@ -218,7 +225,12 @@ class Access:
 
     async def admit(self, scope: Scope) -> ApiKey | None:
         """The request's key (None for a public path), or a 401 / 429 error."""
-        if scope["path"] in self.public:
+        path = scope["path"]
+        if path in self.public:
+            return None
+        if scope["method"] in ("GET", "HEAD") and (
+            path in UI_PAGES or path.startswith(UI_PREFIXES)
+        ):
             return None
         token = None
         for name, value in scope["headers"]:

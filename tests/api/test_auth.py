@@ -18,7 +18,7 @@ import pytest
 from fastapi.routing import APIRoute
 from httpx_sse import aconnect_sse
 from openai import AsyncOpenAI
-from starlette.routing import BaseRoute, Route
+from starlette.routing import BaseRoute, Mount, Route
 
 from tests.api.conftest import Harness, HarnessFactory, assert_well_formed, sentinel_reply
 from toolforge.api.auth import (
@@ -40,6 +40,7 @@ KEY_A = "tf-key-aaaaaaaaaaaaaaaaaaaa"
 KEY_B = "tf-key-bbbbbbbbbbbbbbbbbbbb"
 WRONG = "tf-key-not-one-of-them-zzzz"
 PUBLIC = {"/healthz", "/readyz"}
+UI = {"/", "/ui/index.html", "/sdk/index.html"}  # static files: a browser sends no header
 OPENAI_PATHS = {"/v1/chat/completions", "/v1/models"}
 
 WEATHER = {
@@ -71,6 +72,8 @@ def every_route(gw: Harness) -> list[tuple[str, str]]:
                 walk(included.routes, prefix + route.include_context.prefix)  # type: ignore[attr-defined]
             elif isinstance(route, APIRoute | Route) and route.methods:
                 out.extend((m, prefix + route.path) for m in sorted(route.methods - {"HEAD"}))
+            elif isinstance(route, Mount):  # static files (the web UI): one file under it
+                out.append(("GET", f"{prefix}{route.path}/index.html"))
             else:
                 raise AssertionError(f"a route this test cannot enumerate: {route!r}")
 
@@ -99,12 +102,19 @@ async def test_every_route_refuses_no_key_and_a_wrong_key(make_gateway: HarnessF
     routes = every_route(gw)
     assert ("POST", "/v1/stream") in routes and ("POST", "/v1/chat/completions") in routes
     assert ("GET", "/metrics") in routes and ("GET", "/openapi.json") in routes
+    assert {p for _, p in routes} >= UI
+    # Outside the UI's files, a path under its mounts is no way around the key.
+    assert (await gw.client.post(f"{gw.url}/ui/index.html")).status_code == 401
+    assert (await gw.client.get(f"{gw.url}/uix/v1/tools")).status_code == 401
     for method, template in routes:
         path = concrete(template, stream_id)
         for headers in ({}, bearer(WRONG), {"Authorization": KEY_A}, {"Authorization": "Basic x"}):
             response = await gw.client.request(method, f"{gw.url}{path}", headers=headers, json={})
             if template in PUBLIC:
                 assert response.status_code == 200, (method, path)
+                continue
+            if template in UI:  # no key needed (whether the SDK is built here or not)
+                assert response.status_code not in (401, 403, 429), (method, path)
                 continue
             assert response.status_code == 401, (method, path, headers, response.text)
             assert response.headers["www-authenticate"] == "Bearer"
