@@ -29,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from starlette.types import Scope
 
 from toolforge.errors import ErrorCode, RequestError, ToolForgeError
+from toolforge.runtime.planner import StreamPlan
 from toolforge.runtime.ratelimit import RateLimit, RateLimiter
 from toolforge.settings import Settings
 
@@ -48,6 +49,7 @@ __all__ = [
     "exposure_warning",
     "is_loopback",
     "load_keys",
+    "own",
     "request_key",
 ]
 
@@ -300,6 +302,14 @@ def allowed_tools(
             http_status=403,
         )
     return list(requested)
+
+
+def own(plan: StreamPlan, key: ApiKey | None) -> None:
+    """Record ``key`` as the owner of ``plan``'s stream: on the plan (follow-up calls) and
+    in its prompt record, so ``prompt.json`` says whose run it is (``GET /v1/runs``)."""
+    if key is not None:
+        plan.owner = key.name
+        plan.prompt_record = {**plan.prompt_record, "owner": key.name}
 
 
 def check_owner(key: ApiKey | None, owner: str | None, stream_id: str) -> None:

@@ -22,7 +22,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 from starlette.types import Receive
 
-from toolforge.api.auth import ApiKey, allowed_tools, request_key
+from toolforge.api.auth import ApiKey, allowed_tools, own, request_key
 from toolforge.api.deps import Gateway, GatewayDep
 from toolforge.api.models import ChatCompletionRequest
 from toolforge.api.routes import read_body
@@ -114,8 +114,7 @@ async def complete(
         )
     except ToolForgeError as exc:
         return openai_error(exc)
-    if key is not None:
-        plan.owner = key.name
+    own(plan, key)
     session = gw.session(plan)
     completion_id = "chatcmpl-" + stream_id[2:]
     created = int(time.time())

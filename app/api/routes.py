@@ -16,7 +16,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 from starlette.types import Receive
 
-from toolforge.api.auth import ApiKey, KeyDep, allowed_tools, check_owner, request_key
+from toolforge.api.auth import ApiKey, KeyDep, allowed_tools, check_owner, own, request_key
 from toolforge.api.deps import Gateway, GatewayDep
 from toolforge.api.models import ApprovalDecision, ClientToolResult, Sampling, StreamRequest
 from toolforge.api.sse import FrameStreamResponse, RemoteStreamResponse
@@ -195,8 +195,7 @@ async def start_stream(
                 f"{holder!r}; resume it with GET /v1/streams/{holder}",
                 http_status=409,
             )
-    if key is not None:
-        plan.owner = key.name
+    own(plan, key)
     session = gw.session(plan)
     session.log.attach_primary()  # backpressure from the first frame on
     gw.registry.start(session, idempotency_key=idempotency_key, body_hash=body_hash)

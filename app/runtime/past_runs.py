@@ -93,6 +93,7 @@ class PastRuns:
             "input": _first_user_input(prompt),
             "frames": _field(metrics, "frames"),
             "duration_ms": _field(metrics, "duration_ms"),
+            "owner": _field(prompt, "owner"),  # the API key's name (SPEC §11), or None
         }
 
     def _get(self, stream_id: str) -> dict[str, Any]:

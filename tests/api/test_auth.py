@@ -188,6 +188,21 @@ async def test_a_client_tool_result_from_another_key_is_refused_and_the_owner_is
     assert result["ok"] is True and result["result"] == {"sky": "clear"}
 
 
+async def test_past_runs_are_the_keys_own(make_gateway: HarnessFactory) -> None:
+    gw = await make_gateway(
+        [Script.from_tokens([sentinel_reply("one")]), Script.from_tokens([sentinel_reply("two")])],
+        api_keys=f"{KEY_A},{KEY_B}",
+    )
+    mine = await started_stream(gw, KEY_A)
+    theirs = await started_stream(gw, KEY_B)
+    listed = await gw.client.get(f"{gw.url}/v1/runs", headers=bearer(KEY_A))
+    assert [r["stream_id"] for r in listed.json()["runs"]] == [mine]
+    own = await gw.client.get(f"{gw.url}/v1/runs/{mine}", headers=bearer(KEY_A))
+    assert own.status_code == 200 and own.json()["prompt"]["owner"].startswith("key-")
+    other = await gw.client.get(f"{gw.url}/v1/runs/{theirs}", headers=bearer(KEY_A))
+    assert other.status_code == 404 and other.json()["error"]["code"] == "NOT_FOUND"
+
+
 async def test_idempotency_keys_are_per_api_key(make_gateway: HarnessFactory) -> None:
     gw = await make_gateway(
         [Script.from_tokens([sentinel_reply("one")]), Script.from_tokens([sentinel_reply("two")])],
