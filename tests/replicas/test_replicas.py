@@ -495,3 +495,46 @@ async def test_redis_state_is_built_only_when_redis_url_is_set() -> None:
         assert cluster.timeout_s == 0.25 and cluster.flush_s == 0.002
     finally:
         await cluster.aclose()
+
+
+KEY_A = "tf-key-aaaaaaaaaaaaaaaaaaaa"
+KEY_B = "tf-key-bbbbbbbbbbbbbbbbbbbb"
+
+
+async def test_a_command_through_b_is_refused_from_another_api_key(
+    replicas: ReplicaFactory, upstream: ScriptedUpstream
+) -> None:
+    """SPEC §11 across replicas: a follow-up call forwarded to the replica that runs the
+    stream carries the caller's key name, and that replica refuses another key's."""
+    a, b = await replicas(API_KEYS=f"{KEY_A},{KEY_B}")
+    seen: list[Event] = []
+    started = asyncio.Event()
+
+    async def on_event(event: Event) -> None:
+        seen.append(event)
+        if int(event.id) >= 5:
+            started.set()
+
+    reader = asyncio.create_task(
+        read_sse(
+            a.client,
+            "POST",
+            f"{a.url}/v1/stream",
+            json=body("slow:2000:5"),
+            headers={"Authorization": f"Bearer {KEY_A}"},
+            on_event=on_event,
+        )
+    )
+    await asyncio.wait_for(started.wait(), 10)
+    stream_id = seen[0].data["stream_id"]
+    cancel = f"{b.url}/v1/streams/{stream_id}/cancel"
+    nobody = await b.client.post(cancel)
+    assert nobody.status_code == 401
+    other = await b.client.post(cancel, headers={"Authorization": f"Bearer {KEY_B}"})
+    assert other.status_code == 403, other.text
+    assert other.json()["error"]["code"] == "FORBIDDEN"
+    own = await b.client.post(cancel, headers={"Authorization": f"Bearer {KEY_A}"})
+    assert own.status_code == 200, own.text
+    assert own.json()["cancelled"] is True
+    whole = await asyncio.wait_for(reader, 5)
+    assert whole[-1].data["reason"] == "cancelled"
