@@ -37,7 +37,7 @@ from toolforge.errors import ErrorCode, RequestError, ServerError, ToolForgeErro
 from toolforge.log import BACKEND_SETUP, configure_logging, get_logger
 from toolforge.runtime.artifacts import ArtifactStore
 from toolforge.runtime.backends import Backend, BackendConfig, start_embedded, start_ollama
-from toolforge.runtime.cluster import RedisCluster, RedisGate
+from toolforge.runtime.cluster import RedisCluster, RedisGate, RedisRateLimiter
 from toolforge.runtime.context import context_policy, reported_n_ctx
 from toolforge.runtime.executor import ToolExecutor
 from toolforge.runtime.mcp import McpSources, load_mcp_config, start_mcp_sources
@@ -308,6 +308,11 @@ def create_app(
                 raise
             app.state.mcp_sources = mcp_sources
             cluster = _cluster(settings)  # None unless REDIS_URL is set (SPEC §9)
+            access = getattr(app, "access", None)
+            if cluster is not None and access is not None and limiter is None:
+                # Per-key limits shared by every replica: Redis counts the windows and
+                # streams (a limiter handed in by the caller is kept as given).
+                access.limiter = RedisRateLimiter(cluster)
             executor = ToolExecutor(
                 tool_registry,
                 concurrency=settings.tool_concurrency,

@@ -538,3 +538,17 @@ async def test_a_command_through_b_is_refused_from_another_api_key(
     assert own.json()["cancelled"] is True
     whole = await asyncio.wait_for(reader, 5)
     assert whole[-1].data["reason"] == "cancelled"
+
+
+async def test_a_keys_rate_limit_is_shared_by_the_replicas(
+    replicas: ReplicaFactory, upstream: ScriptedUpstream
+) -> None:
+    """With REDIS_URL and keys, the per-key request limit counts on Redis: 3 requests in
+    the window, spread over two replicas, and the 4th is refused on either."""
+    a, b = await replicas(API_KEYS=KEY_A, RATE_LIMIT_REQUESTS="3", RATE_LIMIT_WINDOW_S="60")
+    auth = {"Authorization": f"Bearer {KEY_A}"}
+    codes = [(await r.client.get(f"{r.url}/v1/tools", headers=auth)).status_code for r in (a, b, a)]
+    assert codes == [200, 200, 200]
+    refused = await b.client.get(f"{b.url}/v1/tools", headers=auth)
+    assert refused.status_code == 429 and int(refused.headers["Retry-After"]) >= 1
+    assert (await a.client.get(f"{a.url}/v1/tools", headers=auth)).status_code == 429
