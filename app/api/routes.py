@@ -179,7 +179,9 @@ async def start_stream(
     stream_id = "s_" + secrets.token_hex(10)
     plan = await gw.planner.plan(req, stream_id, idempotency_key)
     if idempotency_key is not None and gw.cluster is not None:
-        claimed = await gw.cluster.claim(idempotency_key, body_hash, stream_id)
+        claimed = await gw.cluster.claim(
+            idempotency_key, body_hash, stream_id, None if key is None else key.name
+        )
         if claimed is not None:  # another replica started it since we looked
             held_hash, holder = claimed
             if held_hash != body_hash:
@@ -230,6 +232,7 @@ async def resume(
     if session is None and gw.cluster is not None:  # run by another replica, or was
         remote = await gw.cluster.find(stream_id)
         if remote is not None:
+            check_owner(key, remote.key, stream_id)  # the key is in the stream's record
             return RemoteStreamResponse(
                 remote, after=cursor, ping_interval_s=gw.settings.ping_interval_s
             )

@@ -149,7 +149,8 @@ def _idem_key(key: str) -> str:
 # -- Lua: each one round trip, atomic ------------------------------------------------------
 
 # KEYS: frames, meta[, idem]. ARGV: entry id, first frame id, bytes, final (0/1), ttl ms,
-# owner. A stream another replica declared lost takes no more frames.
+# owner, the API key name that started it ("" for none). A stream another replica declared
+# lost takes no more frames.
 _APPEND: Final = """
 local state = redis.call('HGET', KEYS[2], 'state')
 if state == 'lost' then return 0 end
@@ -159,17 +160,19 @@ if ARGV[4] == '1' then
 elseif not state then
   redis.call('HSET', KEYS[2], 'state', 'running', 'owner', ARGV[6])
 end
+if ARGV[7] ~= '' then redis.call('HSET', KEYS[2], 'key', ARGV[7]) end
 for i = 1, #KEYS do redis.call('PEXPIRE', KEYS[i], ARGV[5]) end
 return 1
 """
 
-# KEYS: idem, meta. ARGV: body hash, stream id, owner, ttl ms. Returns 1 (claimed) or the
-# record already there: {body hash, stream id}.
+# KEYS: idem, meta. ARGV: body hash, stream id, owner, ttl ms, API key name ("" for none).
+# Returns 1 (claimed) or the record already there: {body hash, stream id}.
 _CLAIM: Final = """
 local rec = redis.call('HMGET', KEYS[1], 'h', 's')
 if rec[1] then return rec end
 redis.call('HSET', KEYS[1], 'h', ARGV[1], 's', ARGV[2])
 redis.call('HSET', KEYS[2], 'state', 'running', 'owner', ARGV[3])
+if ARGV[5] ~= '' then redis.call('HSET', KEYS[2], 'key', ARGV[5]) end
 redis.call('PEXPIRE', KEYS[1], ARGV[4])
 redis.call('PEXPIRE', KEYS[2], ARGV[4])
 return 1
@@ -428,6 +431,7 @@ class RedisCluster:
                             int(final),
                             self.ttl_ms,
                             self.replica_id,
+                            session.plan.owner or "",
                         ],
                     ),
                 )
@@ -458,7 +462,14 @@ class RedisCluster:
         meta = await self.call("resuming a stream", self.redis.hgetall(_meta_key(stream_id)))
         if not meta:
             return None
-        return RemoteStream(self, stream_id, meta[b"owner"].decode(), meta[b"state"].decode())
+        key = meta.get(b"key")
+        return RemoteStream(
+            self,
+            stream_id,
+            meta[b"owner"].decode(),
+            meta[b"state"].decode(),
+            key=None if key is None else key.decode(),
+        )
 
     # -- idempotency ----------------------------------------------------------------------
 
@@ -490,14 +501,16 @@ class RedisCluster:
             )
         return stream
 
-    async def claim(self, key: str, body_hash: str, stream_id: str) -> tuple[str, str] | None:
-        """Claim ``key`` for a new stream; the (body hash, stream id) holding it already,
-        if any."""
+    async def claim(
+        self, key: str, body_hash: str, stream_id: str, api_key: str | None = None
+    ) -> tuple[str, str] | None:
+        """Claim ``key`` for a new stream (started with ``api_key``, a key name); the
+        (body hash, stream id) holding it already, if any."""
         result = await self.call(
             "an Idempotency-Key",
             self._claim(
                 keys=[_idem_key(key), _meta_key(stream_id)],
-                args=[body_hash, stream_id, self.replica_id, self.ttl_ms],
+                args=[body_hash, stream_id, self.replica_id, self.ttl_ms, api_key or ""],
             ),
         )
         if result == 1:
@@ -679,11 +692,20 @@ class RemoteStream:
     """A stream known to Redis, read from its resume buffer (another replica runs it, or
     ran it)."""
 
-    def __init__(self, cluster: RedisCluster, stream_id: str, owner: str, state: str) -> None:
+    def __init__(
+        self,
+        cluster: RedisCluster,
+        stream_id: str,
+        owner: str,
+        state: str,
+        *,
+        key: str | None = None,
+    ) -> None:
         self.cluster = cluster
         self.id = stream_id
-        self.owner = owner
+        self.owner = owner  # the replica that runs (ran) it
         self.state = state
+        self.key = key  # the API key name that started it (SPEC §11), None without keys
 
     async def follow(self, after: int = 0) -> AsyncIterator[bytes]:
         """The frames after id ``after``, in batches, until ``done``; ``b""`` whenever

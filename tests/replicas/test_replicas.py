@@ -533,11 +533,18 @@ async def test_a_command_through_b_is_refused_from_another_api_key(
     other = await b.client.post(cancel, headers={"Authorization": f"Bearer {KEY_B}"})
     assert other.status_code == 403, other.text
     assert other.json()["error"]["code"] == "FORBIDDEN"
+    # A resume on B reads the stream's buffer in Redis: only the key that started it.
+    resume = f"{b.url}/v1/streams/{stream_id}"
+    stolen = await b.client.get(resume, headers={"Authorization": f"Bearer {KEY_B}"})
+    assert stolen.status_code == 403, stolen.text
+    assert stolen.json()["error"]["code"] == "FORBIDDEN"
     own = await b.client.post(cancel, headers={"Authorization": f"Bearer {KEY_A}"})
     assert own.status_code == 200, own.text
     assert own.json()["cancelled"] is True
     whole = await asyncio.wait_for(reader, 5)
     assert whole[-1].data["reason"] == "cancelled"
+    replayed = await read_sse(b.client, "GET", resume, headers={"Authorization": f"Bearer {KEY_A}"})
+    assert [e.id for e in replayed] == [e.id for e in whole]  # the owner's key reads it all
 
 
 async def test_a_keys_rate_limit_is_shared_by_the_replicas(
