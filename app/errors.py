@@ -13,6 +13,7 @@ the boundary where they occur (``raise Ours(...) from exc``), so callers only ev
     │   └── JSONError             strict RFC 8259 syntax, depth and size limits
     ├── UpstreamError             the upstream is unreachable, slow or speaks bad SSE
     ├── ServerError               a managed model server could not be built, started or kept up
+    ├── WorkflowError             a workflow ran out of a budget (SPEC §7), with its context
     └── RequestError              the caller misused us (4xx): bad body, too large, ...
 
 The split between "the model misbehaved" and "the caller misused us" follows
@@ -33,6 +34,7 @@ __all__ = [
     "ServerError",
     "ToolForgeError",
     "UpstreamError",
+    "WorkflowError",
 ]
 
 
@@ -117,6 +119,21 @@ class ErrorCode(StrEnum):
     READ_ONLY = "READ_ONLY"
     # SPEC §7: the prompt is over the context budget and compaction cannot cut enough.
     CONTEXT_BUDGET_EXCEEDED = "CONTEXT_BUDGET_EXCEEDED"
+    # Workflows (SPEC §7, docs/workflows.md). A definition that cannot be used, and one
+    # nobody registered: the caller's (422, 404).
+    WORKFLOW_INVALID = "WORKFLOW_INVALID"
+    WORKFLOW_NOT_FOUND = "WORKFLOW_NOT_FOUND"
+    # A refused call's tool.result error (the model gets a step.nudge with it).
+    STEP_REQUIRED = "STEP_REQUIRED"  # a terminal tool before every required step
+    PREREQUISITE_MISSING = "PREREQUISITE_MISSING"  # a tool before its prerequisites
+    # How a workflow fails: each ends the stream with error + done (done.workflow says
+    # the completed and pending steps, the iterations and the last model text).
+    STEP_ENFORCEMENT_EXHAUSTED = "STEP_ENFORCEMENT_EXHAUSTED"
+    PREREQUISITE_EXHAUSTED = "PREREQUISITE_EXHAUSTED"
+    RETRIES_EXHAUSTED = "RETRIES_EXHAUSTED"
+    TOOL_ERRORS_EXHAUSTED = "TOOL_ERRORS_EXHAUSTED"
+    MAX_ITERATIONS = "MAX_ITERATIONS"
+    WORKFLOW_CANCELLED = "WORKFLOW_CANCELLED"  # the Python API's (a stream says done: cancelled)
 
 
 class ToolForgeError(Exception):
@@ -205,6 +222,27 @@ class ServerError(ToolForgeError):
 
     http_status = 503
     retryable = True
+
+
+class WorkflowError(ToolForgeError):
+    """A workflow that cannot go on (SPEC §7): a budget ran out (steps, prerequisites,
+    retries, tool errors, iterations) or it was cancelled. ``context`` is what seed 001
+    asks a failure to carry: the completed and pending steps, the iteration count and the
+    last raw model text (redacted), and the counter that ran out."""
+
+    http_status = 422
+    retryable = False
+
+    def __init__(self, code: ErrorCode, message: str, *, context: dict[str, object]) -> None:
+        details = [{k: _detail(v) for k, v in context.items()}]
+        super().__init__(code, message, details=details)
+        self.context = context
+
+
+def _detail(value: object) -> str:
+    if isinstance(value, list | tuple):
+        return ", ".join(str(v) for v in value)
+    return "" if value is None else str(value)
 
 
 class RequestError(ToolForgeError):

@@ -150,6 +150,9 @@ class Settings(BaseSettings):
     # The task-analysis pack's SQLite store (``toolforge index`` writes it); default
     # <ARTIFACTS_DIR>/tasks.sqlite.
     task_db: Path | None = Field(None, validation_alias="TASK_DB")
+    # Workflow definitions (SPEC §7): every *.json / *.yaml there, validated at start-up.
+    # None: the bundled demo workflows (workflows/ of the package).
+    workflows_dir: Path | None = Field(None, validation_alias="WORKFLOWS_DIR")
     redis_url: str | None = Field(None, validation_alias="REDIS_URL")
     # Every Redis call is bounded by this: a Redis that does not answer is a typed 503 for
     # what needs it, never a hang (docs/deployment.md). Loopback/LAN answers in < 1 ms.

@@ -32,6 +32,7 @@ from toolforge.api.web import install_web
 from toolforge.core.context import ContextPolicy
 from toolforge.core.engine.completion import Nudges
 from toolforge.core.schemas import builtin_registry
+from toolforge.core.steps import WorkflowNudges
 from toolforge.core.tools import AskModel, ToolRegistry
 from toolforge.errors import ErrorCode, RequestError, ServerError, ToolForgeError
 from toolforge.log import BACKEND_SETUP, configure_logging, get_logger
@@ -47,6 +48,7 @@ from toolforge.runtime.planner import PlannerConfig, SessionLimits, StreamPlanne
 from toolforge.runtime.ratelimit import MemoryRateLimiter, RateLimiter
 from toolforge.runtime.servers import ServerManager
 from toolforge.runtime.streams import StreamRegistry
+from toolforge.runtime.workflows import bundled_workflows_dir, load_workflows
 from toolforge.settings import Settings
 from toolforge.tools import load_packs
 from toolforge.upstream.anthropic import AnthropicUpstream
@@ -225,6 +227,27 @@ async def _context_policy(
     )
 
 
+def load_workflow_nudges() -> WorkflowNudges:
+    """The workflow runner's corrections (SPEC §7): the step tiers and prerequisites from
+    ``prompts/workflow_nudge_*.txt``, the retry and unknown-tool ones shared with the
+    proxy (``prompts/proxy_nudge_required.txt``, ``proxy_nudge_unknown.txt``)."""
+
+    def text(name: str) -> str:
+        return (PROMPTS_DIR / f"{name}.txt").read_text(encoding="utf-8").strip()
+
+    return WorkflowNudges(
+        step=(
+            text("workflow_nudge_step_1"),
+            text("workflow_nudge_step_2"),
+            text("workflow_nudge_step_3"),
+        ),
+        prerequisite=text("workflow_nudge_prerequisite"),
+        matched=text("workflow_nudge_matched"),
+        retry=text("proxy_nudge_required"),
+        unknown=text("proxy_nudge_unknown"),
+    )
+
+
 def create_app(
     settings: Settings | None = None,
     *,
@@ -243,6 +266,8 @@ def create_app(
     system_template = (PROMPTS_DIR / "system.txt").read_text(encoding="utf-8")
     repair_template = (PROMPTS_DIR / "repair.txt").read_text(encoding="utf-8")
     proxy_tools_template = (PROMPTS_DIR / "proxy_tools.txt").read_text(encoding="utf-8")
+    workflow_template = (PROMPTS_DIR / "workflow.txt").read_text(encoding="utf-8")
+    workflow_nudges = load_workflow_nudges()
     proxy_nudges = Nudges(
         **{
             kind: (PROMPTS_DIR / f"proxy_nudge_{kind}.txt").read_text(encoding="utf-8").strip()
@@ -342,6 +367,12 @@ def create_app(
                     system_template=system_template,
                     budget=backend.decision.to_dict() if backend is not None else None,
                     context=await _context_policy(settings, adapter, backend),
+                    workflows=load_workflows(
+                        settings.workflows_dir or bundled_workflows_dir(),
+                        known_tools=executor.registry.names(),
+                    ),
+                    workflow_nudges=workflow_nudges,
+                    workflow_template=workflow_template,
                 ),
                 repair_template=repair_template,
                 # SPEC §4: each tool's own redaction list too.

@@ -109,6 +109,9 @@ class StreamRequest(BaseModel):
     profile: Literal["demo"] | None = None
     model: Annotated[str, Field(min_length=1, max_length=256)] | None = None
     max_tool_calls: Annotated[int, Field(ge=0, le=64)] = 8
+    # SPEC §7: a registered workflow's name (GET /v1/workflows) or an inline definition
+    # (checked when the stream is planned: WORKFLOW_INVALID, 422).
+    workflow: Annotated[str, Field(min_length=1, max_length=64)] | dict[str, Any] | None = None
     # Ours, beyond SPEC §2 (docs/protocol.md): what a client disconnect means. "cancel"
     # (the default) stops the model within 50 ms; "continue" lets the stream run to its
     # end so the client can pick it up with GET /v1/streams/{id} and Last-Event-ID.

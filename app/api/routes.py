@@ -387,6 +387,11 @@ async def list_tools(gw: GatewayDep, key: KeyDep) -> dict[str, Any]:
     return {"tools": [spec.to_dict() for spec in gw.executor.registry.visible(allow)]}
 
 
+@router.get("/v1/workflows", summary="The registered workflows (SPEC §7), as their definitions")
+async def list_workflows(gw: GatewayDep) -> dict[str, Any]:
+    return {"workflows": [w.to_dict() for w in gw.planner.workflows.values()]}
+
+
 @router.get("/v1/schemas/{name}", summary="A JSON Schema: a frame schema or a tool's input")
 async def get_schema(name: str, gw: GatewayDep, key: KeyDep) -> dict[str, Any]:
     spec = gw.executor.registry.get(name)

@@ -250,15 +250,41 @@ class FrameGrammar:
         self._objects = [(name, body("schema", name, s)) for name, s in (objects or {}).items()]
         self._text = _repeat(_TEXT_CLASS, 0, max_text_chars)
 
-    def for_turn(self, ids: TurnIds, *, allow_tools: bool = True) -> str:
-        """The GBNF of one turn using ``ids``; ``allow_tools=False`` leaves only the result."""
-        rules = dict(self._rules.rules)
+    def for_turn(
+        self,
+        ids: TurnIds,
+        *,
+        allow_tools: bool = True,
+        narrowed: Mapping[str, Mapping[str, Any] | None] | None = None,
+        allow_result: bool = True,
+    ) -> str:
+        """The GBNF of one turn using ``ids``; ``allow_tools=False`` leaves only the result.
+
+        ``narrowed`` (a workflow's argument-matched prerequisites, SPEC §7): tool -> the
+        input schema to use this turn instead of its own (an argument reduced to an
+        ``enum`` of the values earlier results hold), or None to leave the tool out.
+        ``allow_result=False`` leaves the RESULT frame out while a call is possible (a
+        workflow ends with its terminal tool, not a RESULT frame).
+        """
+        turn_rules = self._rules.fork() if narrowed else self._rules
+        rules = turn_rules.rules if narrowed else dict(self._rules.rules)
         text = "text " if self._text else ""
         if self._text:
             rules["text"] = self._text
         choices: list[str] = []
         if allow_tools:
-            for i, (name, args) in enumerate(self._tools, start=1):
+            tools = self._tools
+            if narrowed:
+                tools = []
+                for name, args in self._tools:
+                    if name not in narrowed:
+                        tools.append((name, args))
+                        continue
+                    schema = narrowed[name]
+                    if schema is not None:
+                        converter = _Converter(turn_rules, schema)
+                        tools.append((name, converter.root(f"turn-{name}")))
+            for i, (name, args) in enumerate(tools, start=1):
                 rules[f"call-{i}"] = (
                     f"{_lit(sentinels.begin(FrameKind.TOOL_CALL, ids.call, name))} "
                     f"{args} {_lit(sentinels.end(FrameKind.TOOL_CALL, ids.call))}"
@@ -282,7 +308,8 @@ class FrameGrammar:
             f"{_lit(sentinels.begin(FrameKind.RESULT, ids.result, name))} "
             f"{value} {_lit(sentinels.end(FrameKind.RESULT, ids.result))}"
         )
-        choices.append(f"{objects}result")
+        if allow_result or not choices:
+            choices.append(f"{objects}result")
         rules["root"] = f"{text}( {' | '.join(choices)} )"
         return _render(rules)
 
@@ -292,10 +319,19 @@ class FrameGrammar:
         rules.rules["root"] = _Converter(rules, schema).root("value")
         return _render(rules.rules)
 
-    def next_turn(self, seen_ids: Collection[str], *, allow_tools: bool = True) -> str:
+    def next_turn(
+        self,
+        seen_ids: Collection[str],
+        *,
+        allow_tools: bool = True,
+        narrowed: Mapping[str, Mapping[str, Any] | None] | None = None,
+        allow_result: bool = True,
+    ) -> str:
         """The grammar of the turn after the ids in ``seen_ids`` (see :func:`next_turn_ids`)."""
         ids = next_turn_ids(seen_ids, max_objects=self.max_objects)
-        return self.for_turn(ids, allow_tools=allow_tools)
+        return self.for_turn(
+            ids, allow_tools=allow_tools, narrowed=narrowed, allow_result=allow_result
+        )
 
 
 def frame_grammar(
@@ -362,6 +398,15 @@ class _Rules:
             self.rules["string"] = f'"\\"" {_repeat("char", 0, limits.max_chars)} "\\""'
         self._taken = set(self.rules) | set(reserved)
         self._pending: set[str] = set()  # reserved names whose body is still being built
+
+    def fork(self) -> _Rules:
+        """A copy to add one turn's rules to, leaving these as they are."""
+        other = _Rules.__new__(_Rules)
+        other.limits = self.limits
+        other.rules = dict(self.rules)
+        other._taken = set(self._taken)
+        other._pending = set(self._pending)
+        return other
 
     def reserve(self, hint: str) -> str:
         """A new name for a rule defined later (a ``$ref`` target, which may recur)."""

@@ -13,7 +13,14 @@ from typing import Any
 
 import orjson
 
-__all__ = ["build_messages", "render_system_prompt", "render_tool_result"]
+from toolforge.core.workflow import WorkflowDef
+
+__all__ = [
+    "build_messages",
+    "render_system_prompt",
+    "render_tool_result",
+    "render_workflow_prompt",
+]
 
 
 def render_system_prompt(
@@ -43,6 +50,17 @@ def render_system_prompt(
         result_schema=result_schema,
         schemas_section=schemas_section,
         tools_section=tools_section,
+    )
+
+
+def render_workflow_prompt(template: str, workflow: WorkflowDef) -> str:
+    """The workflow's part of the system prompt (``prompts/workflow.txt``): its steps, how
+    it ends, its instructions."""
+    return Template(template).safe_substitute(
+        name=workflow.name,
+        instructions=workflow.instructions or workflow.description,
+        steps=", ".join(workflow.required_steps) or "(none)",
+        terminal=" or ".join(sorted(workflow.terminal_tools)),
     )
 
 

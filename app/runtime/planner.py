@@ -25,9 +25,11 @@ from toolforge.core.context import ContextPolicy
 from toolforge.core.engine import ConstrainedMode, Mode, mode_named
 from toolforge.core.gbnf import FrameGrammar
 from toolforge.core.native_tools import to_openai_tools
-from toolforge.core.prompt import build_messages, render_system_prompt
+from toolforge.core.prompt import build_messages, render_system_prompt, render_workflow_prompt
 from toolforge.core.schemas import ANY, CompiledSchema, SchemaRegistry, compile_schema
+from toolforge.core.steps import WorkflowNudges, WorkflowPolicy
 from toolforge.core.tools import ToolRegistry, ToolSpec
+from toolforge.core.workflow import RESPOND, RESPOND_TOOL, WorkflowDef, parse_workflow
 from toolforge.errors import ErrorCode, RequestError
 from toolforge.log import MODE_SELECTED, get_logger
 from toolforge.upstream.base import PROFILES, ChatRequest
@@ -91,6 +93,8 @@ class StreamPlan:
     # The API key that started the stream (its name; SPEC §11): only it may resume, cancel
     # or answer the stream. None: the gateway runs without keys.
     owner: str | None = None
+    # A workflow run (SPEC §7): its policy, fresh for this stream (it counts steps).
+    workflow: WorkflowPolicy | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,6 +154,8 @@ class StreamAsk(Protocol):
     def max_tool_calls(self) -> int: ...
     @property
     def on_disconnect(self) -> Literal["cancel", "continue"]: ...
+    @property
+    def workflow(self) -> str | Mapping[str, Any] | None: ...
     def chat_messages(self) -> list[dict[str, Any]]: ...
 
 
@@ -200,12 +206,17 @@ class StreamPlanner:
     modes: dict[str, asyncio.Future[ModeDecision]] = field(default_factory=dict)
     # By (result schema, object schema names, tool names, mode).
     shapes: dict[tuple[object, ...], PlanShape] = field(default_factory=dict)
+    # The registered workflows (workflows/, SPEC §7) and the corrections they send.
+    workflows: Mapping[str, WorkflowDef] = field(default_factory=dict)
+    workflow_nudges: WorkflowNudges = field(default_factory=WorkflowNudges)
+    workflow_template: str = ""  # prompts/workflow.txt: the workflow's part of the prompt
 
     async def plan(self, req: StreamAsk, stream_id: str, idempotency_key: str | None) -> StreamPlan:
         """The plan of one stream: its mode decided, then everything else."""
+        workflow = self.workflow_for(req.workflow)
         decision = await self.decide_mode(req)
         mode = decision.mode
-        shape = self._shape(req, mode)
+        shape = self._shape(req, mode, workflow)
         messages = build_messages(shape.system, req.chat_messages())
         chat = ChatRequest(
             model=req.model or self.config.model_id, messages=messages, extra=shape.extra
@@ -231,6 +242,17 @@ class StreamPlanner:
             "tools": shape.tool_dicts,
             "max_tool_calls": req.max_tool_calls,
         }
+        max_tool_calls = req.max_tool_calls
+        policy: WorkflowPolicy | None = None
+        if workflow is not None:
+            prompt_record["workflow"] = workflow.to_dict()
+            # The workflow's own budgets bound it; the stream's call limit must not cut in.
+            max_tool_calls = max(max_tool_calls, 4 * workflow.max_iterations)
+            policy = WorkflowPolicy(
+                workflow,
+                schemas={t["name"]: t["input_schema"] for t in shape.tool_dicts},
+                nudges=self.workflow_nudges,
+            )
         return StreamPlan(
             stream_id=stream_id,
             chat=chat,
@@ -243,11 +265,30 @@ class StreamPlanner:
             registered=shape.registered,
             tools_allow=tuple(t.name for t in shape.visible),
             approval_tools=shape.approval_tools,
-            max_tool_calls=req.max_tool_calls,
+            max_tool_calls=max_tool_calls,
             idempotency_key=idempotency_key,
             awaited_tools=shape.client_schemas,
             context=self.context,
+            workflow=policy,
         )
+
+    def workflow_for(self, asked: str | Mapping[str, Any] | None) -> WorkflowDef | None:
+        """The request's ``workflow``: a registered name, or an inline definition (checked
+        like a file: WORKFLOW_INVALID, 422); an unknown name is WORKFLOW_NOT_FOUND (404)."""
+        if asked is None:
+            return None
+        if isinstance(asked, str):
+            found = self.workflows.get(asked)
+            if found is None:
+                known = ", ".join(sorted(self.workflows)) or "(none)"
+                raise RequestError(
+                    ErrorCode.WORKFLOW_NOT_FOUND,
+                    f"no workflow named {asked!r}; registered: {known} (GET /v1/workflows), "
+                    "or send the definition inline",
+                    http_status=404,
+                )
+            return found
+        return parse_workflow(asked, known_tools=self.tools.names(), source="request")
 
     # -- the mode -------------------------------------------------------------------------
 
@@ -334,13 +375,21 @@ class StreamPlanner:
 
     # -- the shape ------------------------------------------------------------------------
 
-    def _shape(self, req: StreamAsk, mode: str) -> PlanShape:
+    def _shape(self, req: StreamAsk, mode: str, workflow: WorkflowDef | None = None) -> PlanShape:
         """The request's :class:`PlanShape`: cached unless it has inline schemas (those are
-        the caller's own, checked and compiled per request)."""
+        the caller's own, checked and compiled per request). A workflow's tools are the
+        ones shown, ``respond`` included, and its instructions follow the system prompt."""
         key: tuple[object, ...] | None = None
+        asked_tools = req.tools
+        if workflow is not None:
+            asked_tools = [t for t in workflow.tools if t != RESPOND]
         if not req.client_tools and all(isinstance(item, str) for item in req.object_schemas):
-            tools_named = tuple(req.tools) if req.tools is not None else None
-            key = (req.result_schema, tuple(req.object_schemas), tools_named, mode)
+            tools_named = tuple(asked_tools) if asked_tools is not None else None
+            named = None if workflow is None else workflow.name
+            key = (req.result_schema, tuple(req.object_schemas), tools_named, mode, named)
+            if workflow is not None and workflow.source == "request":
+                key = None  # an inline definition: the caller's own, shaped per request
+        if key is not None:
             cached = self.shapes.get(key)
             if cached is not None:
                 return cached
@@ -356,10 +405,12 @@ class StreamPlanner:
                 schemas[item.name] = registry.register_inline(item.name, item.schema_)
         # Tools: what the model is shown is what may run (SPEC §5).
         tools = self.tools
-        for name in req.tools or ():
+        for name in asked_tools or ():
             tools.check_allowed(name)  # unknown or internal tool names are the caller's error
-        visible = tools.visible(req.tools)
+        visible = tools.visible(asked_tools)
         tool_dicts = [t.to_dict() for t in visible]
+        if workflow is not None and workflow.uses_respond:
+            tool_dicts.append(dict(RESPOND_TOOL))
         # Client-side tools are shown like the registry's (SPEC §5), under their own names.
         client_schemas: dict[str, CompiledSchema] = {}
         for tool in req.client_tools:
@@ -383,22 +434,25 @@ class StreamPlanner:
         extra: dict[str, Any] = {}
         if mode == "native" and visible:  # the upstream's own function calling (SPEC §4)
             extra = {"tools": to_openai_tools(tool_dicts), "tool_choice": "auto"}
+        system = render_system_prompt(
+            self.system_template,
+            result_schema=req.result_schema,
+            schemas={name: c.schema for name, c in schemas.items() if name != ANY},
+            tools=[
+                {
+                    "name": t["name"],
+                    "description": t["description"],
+                    "input_schema": t["input_schema"],
+                }
+                for t in tool_dicts
+            ],
+        )
+        if workflow is not None:
+            system += render_workflow_prompt(self.workflow_template, workflow)
         shape = PlanShape(
             schemas=schemas,
             visible=visible,
-            system=render_system_prompt(
-                self.system_template,
-                result_schema=req.result_schema,
-                schemas={name: c.schema for name, c in schemas.items() if name != ANY},
-                tools=[
-                    {
-                        "name": t["name"],
-                        "description": t["description"],
-                        "input_schema": t["input_schema"],
-                    }
-                    for t in tool_dicts
-                ],
-            ),
+            system=system,
             extra=extra,
             registered=registry.all(),
             # Any registered tool's call waits for approval if its spec says so, visible or

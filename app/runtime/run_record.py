@@ -100,6 +100,7 @@ class RunRecord:
             usage=usage,
             metrics=metrics,
             guardrails=dict(counts.guardrails) if counts.guardrails else None,
+            workflow=counts.workflow.summary() if counts.workflow is not None else None,
         )
 
     async def write(

@@ -138,6 +138,9 @@ class StreamSession:
                 client_tools=plan.client_tools,
                 awaited_tools=plan.awaited_tools,
                 context=plan.context,
+                workflow=plan.workflow,
+                # Compaction's summary says what the workflow's tracker knows (SPEC §7).
+                step_hint=plan.workflow.steps.summary_hint if plan.workflow is not None else None,
             )
         )
         # Measures the prompt for compaction (SPEC §7): only streams with a budget use it.

@@ -61,6 +61,7 @@ from toolforge.core.protocol.frames import Frame, ModeName, ReasoningDelta, Text
 from toolforge.core.reasoning import ReasoningSplitter
 from toolforge.core.rescue import canonical_tool_name, find_unknown_call, rescue_tool_calls
 from toolforge.core.schemas import CompiledSchema
+from toolforge.core.steps import TurnHints
 from toolforge.errors import JSONError
 
 __all__ = [
@@ -180,7 +181,13 @@ class CompletionMode:
         return bool(self.tools) or self.answer is not None
 
     def turn_request(
-        self, base: ChatRequest, messages: Messages, *, seen_ids: set[str], tools_left: bool
+        self,
+        base: ChatRequest,
+        messages: Messages,
+        *,
+        seen_ids: set[str],
+        tools_left: bool,
+        hints: TurnHints | None = None,
     ) -> ChatRequest:
         extra = self.extra if tools_left else self.final_extra
         if not extra and messages is base.messages:

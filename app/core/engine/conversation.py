@@ -32,9 +32,12 @@ everything here holds in every mode.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, cast
+
+import orjson
 
 from toolforge.core.chat import ChatRequest, UpstreamDelta
 from toolforge.core.context import ContextPolicy, compact
@@ -56,6 +59,7 @@ from toolforge.core.engine.actions import (
 from toolforge.core.engine.modes import Mode, ReaderLimits, Turn
 from toolforge.core.events import FrameKind
 from toolforge.core.framer import BodyClosed
+from toolforge.core.gbnf import next_turn_ids
 from toolforge.core.guarantee import (
     Degraded,
     FinalOutcome,
@@ -73,12 +77,18 @@ from toolforge.core.protocol.frames import (
     Error,
     Frame,
     JsonEnd,
+    ResultBegin,
+    ResultDelta,
     ResultEnd,
+    StepNudge,
     StreamBegin,
     ToolCall,
     ToolResult,
 )
+from toolforge.core.rescue import RescuedCall
 from toolforge.core.schemas import CompiledSchema
+from toolforge.core.steps import Nudge, WorkflowPolicy
+from toolforge.core.workflow import RESPOND
 from toolforge.errors import ErrorCode, ModelBehaviorError, ToolForgeError
 
 __all__ = ["Conversation", "ConversationConfig", "ConversationStats", "Flow"]
@@ -136,6 +146,9 @@ class ConversationConfig:
     # first request would be time to first token, and the request's own prompt is the
     # client's to size.
     fit_first_turn: bool = False
+    # A workflow run (SPEC §7): the policy that checks every turn and call, outside the
+    # message history (toolforge.core.steps). None: a plain stream.
+    workflow: WorkflowPolicy | None = None
 
 
 @dataclass(slots=True)
@@ -156,6 +169,8 @@ class ConversationStats:
     upstream_timings: list[dict[str, Any]] = field(default_factory=list)
     # Each compaction's context.compacted numbers, in order (metrics.json).
     compactions: list[dict[str, int]] = field(default_factory=list)
+    # The workflow's policy, when the stream runs one: done.workflow is its summary.
+    workflow: WorkflowPolicy | None = None
 
 
 class Conversation:
@@ -167,6 +182,9 @@ class Conversation:
         self._mode = config.mode
         self._seen_ids: set[str] = set()  # frame ids are unique across all turns
         self._completed: dict[str, None] = {}  # tools whose calls succeeded, in order
+        self._policy = config.workflow
+        self.stats.workflow = config.workflow
+        self.last_text = ""  # the last turn's text, as the model wrote it
 
     def flow(self) -> Flow:
         """The actions of the whole conversation; send each one's result back."""
@@ -188,7 +206,10 @@ class Conversation:
             messages = config.request.messages
             if config.context is not None and config.fit_first_turn:
                 messages = yield from self._fit(messages)
+            policy = self._policy
             while True:
+                if policy is not None:
+                    policy.begin_turn()  # MAX_ITERATIONS
                 turn = yield from self._turn(messages)
                 for note in turn.notes:
                     self._note(note)
@@ -211,6 +232,19 @@ class Conversation:
                     yield Emit(turn.frames)
                 for body in turn.bodies:
                     yield from self._decide(body)
+                if policy is not None and not turn.calls:
+                    # No call where a workflow needs one: rescue one from the text, or nudge.
+                    decided = policy.no_call(self.last_text)
+                    if isinstance(decided, Nudge):
+                        self._note("nudge")
+                        yield Emit((_nudge_frame(decided, None),))
+                        messages = [
+                            *messages,
+                            {"role": "assistant", "content": self.last_text},
+                            {"role": "user", "content": decided.message},
+                        ]
+                        continue
+                    turn = self._rescued_turn(decided)
                 if not turn.calls:
                     if self.stats.finish == "tool_calls":  # a call that was the answer
                         self.stats.finish = "stop"
@@ -238,6 +272,12 @@ class Conversation:
                     envelopes.append(envelope)
                     if envelope.get("ok"):
                         self._completed[call.name] = None
+                if policy is not None:
+                    ended = policy.end_batch()  # TOOL_ERRORS_EXHAUSTED
+                    if ended is not None:  # a terminal tool succeeded: its result is the answer
+                        yield Emit(self._terminal_result(*ended))
+                        self.stats.finish = "stop"
+                        break
                 known = len(messages)
                 messages = _stamped(
                     self._mode.continuation(messages, turn, envelopes), known, self.stats.turns
@@ -281,11 +321,17 @@ class Conversation:
         config = self.config
         stats.turns += 1
         reader = self._mode.reader(config.limits, self._seen_ids, stats.turns)
+        policy = self._policy
+        hints = None
+        if policy is not None:
+            messages = policy.prepare(messages)
+            hints = policy.hints()
         request = self._mode.turn_request(
             config.request,
             messages,
             seen_ids=self._seen_ids,
             tools_left=stats.tool_calls < config.max_tool_calls,
+            hints=hints,
         )
         frame_timeout = config.frame_timeout_s
         framer = reader.framer  # read per token: its attributes, not the reader's properties
@@ -321,7 +367,8 @@ class Conversation:
                         if item.kind is FrameKind.TOOL_CALL:
                             for trailing in (yield StopModel(self._mode.drains_after_call)):
                                 self._account(trailing)
-                            return reader.ended_at(item, "".join(raw))
+                            self.last_text = "".join(raw)
+                            return reader.ended_at(item, self.last_text)
                         yield from self._decide(item)
                     frames = items[start:]
                 if framer.error is not None:
@@ -358,7 +405,8 @@ class Conversation:
             yield Emit(tail)  # type: ignore[arg-type]
         if framer.error is not None:
             raise _Reported(framer.error)
-        return reader.finished("".join(raw))
+        self.last_text = "".join(raw)
+        return reader.finished(self.last_text)
 
     def _note(self, kind: str) -> None:
         guardrails = self.stats.guardrails
@@ -449,8 +497,16 @@ class Conversation:
         self, closed: BodyClosed, rescued: bool = False
     ) -> Generator[Action, Any, Mapping[str, object]]:
         """Run one tool call, or refuse it; return the envelope that goes back to the model."""
-        config = self.config
         self.stats.tool_calls += 1
+        policy = self._policy
+        if policy is not None:
+            return (yield from self._workflow_tool(policy, closed, rescued))
+        return (yield from self._checked_tool(closed, rescued))
+
+    def _checked_tool(
+        self, closed: BodyClosed, rescued: bool = False
+    ) -> Generator[Action, Any, Mapping[str, object]]:
+        config = self.config
         if closed.error is not None:
             return (
                 yield from self._refuse(
@@ -490,6 +546,93 @@ class Conversation:
         outcome: ToolOutcome = yield RunTool(closed.id, closed.name, closed.value, needs_approval)
         yield Emit((outcome.frame,))
         return outcome.envelope
+
+    # -- workflows (SPEC §7) -------------------------------------------------------------------
+
+    def _workflow_tool(
+        self, policy: WorkflowPolicy, closed: BodyClosed, rescued: bool
+    ) -> Generator[Action, Any, Mapping[str, object]]:
+        """A call in a workflow: checked against its steps and prerequisites first. A
+        refused call gets its ``tool.result`` error and a ``step.nudge``; nothing restarts."""
+        name = policy.canonical(closed.name)
+        if name is not None and name != closed.name:
+            closed = dataclasses.replace(closed, name=name)
+        if closed.error is None:
+            refusal = policy.check_call(closed.name, closed.value)
+            if refusal is not None:
+                self._note("nudge")
+                envelope = yield from self._refuse(closed, refusal.code, refusal.nudge.message)
+                yield Emit((_nudge_frame(refusal.nudge, closed.id),))
+                if refusal.fatal is not None:
+                    raise refusal.fatal
+                return envelope
+            if closed.name == RESPOND:  # the built-in answer tool: nothing to run
+                envelope = yield from self._respond(policy, closed, rescued)
+                policy.record(closed.name, closed.value, envelope)
+                return envelope
+        envelope = yield from self._checked_tool(closed, rescued)
+        policy.record(closed.name, closed.value, envelope)
+        return envelope
+
+    def _respond(
+        self, policy: WorkflowPolicy, closed: BodyClosed, rescued: bool
+    ) -> Generator[Action, Any, Mapping[str, object]]:
+        data = policy.respond_data(closed.value)
+        yield Emit(
+            (
+                ToolCall(
+                    id=closed.id,
+                    name=closed.name,
+                    args=closed.value,
+                    rescued=True if rescued else None,
+                ),
+                ToolResult(
+                    id=closed.id,
+                    name=closed.name,
+                    ok=True,
+                    result=data,
+                    duration_ms=0.0,
+                    attempts=1,
+                    cached=False,
+                    performance_warning=False,
+                ),
+            )
+        )
+        return {"ok": True, "data": data, "warnings": [], "errors": []}
+
+    def _rescued_turn(self, found: list[RescuedCall]) -> Turn:
+        """Calls rescued from a turn's text, as the engine's calls (ids the stream has not
+        used); the turn's text is what the model said."""
+        self._note("rescued")
+        calls: list[BodyClosed] = []
+        for call in found:
+            frame_id = next_turn_ids(self._seen_ids, max_objects=0).call
+            self._seen_ids.add(frame_id)
+            text = orjson.dumps(call.arguments).decode()
+            calls.append(
+                BodyClosed(
+                    FrameKind.TOOL_CALL,
+                    frame_id,
+                    call.name,
+                    text,
+                    call.arguments,
+                    None,
+                    len(text.encode("utf-8")),
+                )
+            )
+        return Turn(calls, self.last_text, rescued=frozenset(c.id for c in calls))
+
+    def _terminal_result(self, name: str, data: object) -> tuple[Frame, ...]:
+        """The successful terminal tool's result as the stream's RESULT frame."""
+        frame_id = next_turn_ids(self._seen_ids, max_objects=0).result
+        self._seen_ids.add(frame_id)
+        text = orjson.dumps(data).decode()
+        length = len(text.encode("utf-8"))
+        return (
+            ResultBegin(id=frame_id, schema=name),
+            ResultDelta(id=frame_id, chunk=text),
+            ResultEnd(id=frame_id, length=length, value=data, repaired=False, degraded=False),
+        )
 
     def _client_tool(
         self, closed: BodyClosed, schema: CompiledSchema, rescued: bool
@@ -548,6 +691,10 @@ def _stamped(messages: list[Mapping[str, Any]], known: int, step: int) -> list[A
         if type(item) is Message and item.meta.step is None:
             messages[index] = item.with_step(step)
     return messages
+
+
+def _nudge_frame(nudge: Nudge, call_id: str | None) -> StepNudge:
+    return StepNudge(kind=nudge.kind, tier=nudge.tier, message=nudge.message, call_id=call_id)
 
 
 class _Reported(ModelBehaviorError):

@@ -42,6 +42,7 @@ from toolforge.core.prompt import render_tool_result
 from toolforge.core.protocol import sentinels
 from toolforge.core.protocol.frames import Frame, ModeName
 from toolforge.core.schemas import CompiledSchema
+from toolforge.core.steps import TurnHints
 from toolforge.errors import JSONError
 
 __all__ = [
@@ -162,9 +163,16 @@ class Mode(Protocol):
         ...
 
     def turn_request(
-        self, base: ChatRequest, messages: Messages, *, seen_ids: set[str], tools_left: bool
+        self,
+        base: ChatRequest,
+        messages: Messages,
+        *,
+        seen_ids: set[str],
+        tools_left: bool,
+        hints: TurnHints | None = None,
     ) -> ChatRequest:
-        """The next turn's request: ``base`` with ``messages``."""
+        """The next turn's request: ``base`` with ``messages``; ``hints``: a workflow's
+        constraints on the turn (constrained mode's grammar honours them)."""
         ...
 
     def reader(self, limits: ReaderLimits, seen_ids: set[str], turn: int) -> TurnReader:
@@ -192,7 +200,13 @@ class SentinelMode:
     drains_after_call: bool = False
 
     def turn_request(
-        self, base: ChatRequest, messages: Messages, *, seen_ids: set[str], tools_left: bool
+        self,
+        base: ChatRequest,
+        messages: Messages,
+        *,
+        seen_ids: set[str],
+        tools_left: bool,
+        hints: TurnHints | None = None,
     ) -> ChatRequest:
         if messages is base.messages:
             return base
@@ -240,10 +254,24 @@ class ConstrainedMode:
     drains_after_call: bool = True
 
     def turn_request(
-        self, base: ChatRequest, messages: Messages, *, seen_ids: set[str], tools_left: bool
+        self,
+        base: ChatRequest,
+        messages: Messages,
+        *,
+        seen_ids: set[str],
+        tools_left: bool,
+        hints: TurnHints | None = None,
     ) -> ChatRequest:
         request = _SENTINEL.turn_request(base, messages, seen_ids=seen_ids, tools_left=tools_left)
-        return _with_grammar(request, self.grammar.next_turn(seen_ids, allow_tools=tools_left))
+        if hints is None:
+            return _with_grammar(request, self.grammar.next_turn(seen_ids, allow_tools=tools_left))
+        grammar = self.grammar.next_turn(
+            seen_ids,
+            allow_tools=tools_left,
+            narrowed=hints.narrowed,
+            allow_result=hints.allow_result,
+        )
+        return _with_grammar(request, grammar)
 
     def reader(self, limits: ReaderLimits, seen_ids: set[str], turn: int) -> TurnReader:
         return TurnReader(limits, seen_ids)
@@ -269,7 +297,13 @@ class NativeMode:
     drains_after_call: bool = False
 
     def turn_request(
-        self, base: ChatRequest, messages: Messages, *, seen_ids: set[str], tools_left: bool
+        self,
+        base: ChatRequest,
+        messages: Messages,
+        *,
+        seen_ids: set[str],
+        tools_left: bool,
+        hints: TurnHints | None = None,
     ) -> ChatRequest:
         return _SENTINEL.turn_request(base, messages, seen_ids=seen_ids, tools_left=tools_left)
 

@@ -1,0 +1,507 @@
+"""The workflow runner's rules (SPEC §7, seed 001), outside the message history. No I/O.
+
+The turn engine (:class:`~toolforge.core.engine.Conversation`) runs a workflow by asking
+a :class:`WorkflowPolicy` at four points; the policy owns every counter and never sees a
+socket, a clock or the message list's wire format:
+
+    when                              the engine asks                  the policy answers
+    --------------------------------  -------------------------------  -----------------------
+    before each model turn            begin_turn()                     MAX_ITERATIONS past
+                                                                       max_iterations turns
+    building the turn's request       hints()                          constrained mode: the
+                                                                       arguments narrowed to
+                                                                       earlier results
+    a turn with no tool call          no_call(text)                    calls rescued from the
+                                                                       text, or a retry nudge;
+                                                                       RETRIES_EXHAUSTED
+    before running each call          check_call(name, args)           run it, or refuse it
+                                                                       with a step.nudge
+                                                                       (premature terminal,
+                                                                       prerequisite, unknown
+                                                                       tool); *_EXHAUSTED
+    after each call                   record(name, args, envelope)     steps and tool errors
+    after the turn's calls            end_batch()                      the terminal result, or
+                                                                       TOOL_ERRORS_EXHAUSTED
+
+The pieces are seed 001's, each usable alone: :class:`StepTracker` (required steps done),
+:class:`StepEnforcer` (premature terminal calls, tiers 1-3, and prerequisites, by name or
+argument-matched), :class:`ErrorTracker` (the retry and tool-error budgets, each reset on
+progress). Every budget allows ``max`` in a row and fails on the next one: a terminal tool
+called early is nudged at tiers 1, 2 and 3 and refused for good the fourth time.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from toolforge.core.redact import redact_text
+from toolforge.core.rescue import RescuedCall, canonical_tool_name, rescue_tool_calls
+from toolforge.core.workflow import RESPOND, Prerequisite, WorkflowDef
+from toolforge.errors import ErrorCode, WorkflowError
+
+__all__ = [
+    "ErrorTracker",
+    "Nudge",
+    "Refusal",
+    "StepEnforcer",
+    "StepTracker",
+    "TurnHints",
+    "WorkflowNudges",
+    "WorkflowPolicy",
+]
+
+_MAX_VALUES: Final = 64  # narrowed argument values per prerequisite (the grammar's enum)
+_LAST_TEXT_CHARS: Final = 2000
+
+
+@dataclass(frozen=True, slots=True)
+class WorkflowNudges:
+    """The corrections the model gets (``prompts/workflow_nudge_*.txt`` and the proxy's
+    ``proxy_nudge_required``/``proxy_nudge_unknown``). Placeholders: ``{tool}`` the refused
+    tool, ``{pending}`` the steps left, ``{next}`` the first of them, ``{missing}`` the
+    prerequisite, ``{arg}``/``{values}`` an argument-matched one's, ``{name}``/``{tools}``
+    an unknown tool and the known ones."""
+
+    step: tuple[str, str, str] = (
+        "{tool} ends the task, but these steps come first: {pending}. Call {next} now.",
+        "Not yet: call {next} before {tool}. Steps still to do: {pending}.",
+        "Last warning: {tool} is refused until {pending} is done. Call {next} now.",
+    )
+    prerequisite: str = "{tool} needs {missing} first. Call {missing} now."
+    matched: str = (
+        "'{arg}' of {tool} must be a value {missing} returned: {values}. Call {tool} again "
+        "with one of them, or call {missing} first."
+    )
+    retry: str = "Answer by calling one of these functions: {tools}."
+    unknown: str = "There is no function named '{name}'. Call one of: {tools}."
+
+
+@dataclass(frozen=True, slots=True)
+class Nudge:
+    """A correction for the model: the ``step.nudge`` frame's ``kind``, ``tier``, ``message``."""
+
+    kind: str  # "step", "prerequisite", "retry", "unknown_tool"
+    tier: int
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """A call not run: its ``tool.result`` error ``code``, the nudge that answers it, and,
+    when a budget ran out, the error that ends the workflow once the refusal is out."""
+
+    code: ErrorCode
+    nudge: Nudge
+    fatal: WorkflowError | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TurnHints:
+    """What a workflow asks of the next turn's request (constrained mode's grammar):
+    ``narrowed``: tool -> its input schema with argument-matched arguments reduced to the
+    values earlier results hold (None: no such value yet, the tool is left out);
+    ``allow_result``: whether the turn may end with a RESULT frame instead of a call."""
+
+    narrowed: Mapping[str, Mapping[str, Any] | None] = field(default_factory=dict)
+    allow_result: bool = True
+
+
+# -- seed 001's pieces ------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class StepTracker:
+    """Which required steps are done: control flow, not memory (seed 001, P0-1)."""
+
+    required_steps: Sequence[str]
+    completed_steps: dict[str, None] = field(default_factory=dict)
+
+    def record(self, tool_name: str) -> None:
+        self.completed_steps[tool_name] = None
+
+    def is_satisfied(self) -> bool:
+        return all(step in self.completed_steps for step in self.required_steps)
+
+    def pending(self) -> list[str]:
+        return [step for step in self.required_steps if step not in self.completed_steps]
+
+    def summary_hint(self) -> str:
+        """The hint a compacted history carries (``[Steps completed: a, b]``)."""
+        if not self.completed_steps:
+            return "[No steps completed yet]"
+        return f"[Steps completed: {', '.join(self.completed_steps)}]"
+
+
+class StepEnforcer:
+    """Premature terminal calls (escalating tiers) and prerequisites, over a
+    :class:`StepTracker`; it also remembers what each successful call produced, for
+    argument-matched prerequisites."""
+
+    def __init__(
+        self,
+        required_steps: Sequence[str],
+        terminal_tools: Collection[str],
+        prerequisites: Mapping[str, Sequence[Prerequisite]] | None = None,
+        *,
+        max_premature_attempts: int = 3,
+        max_prereq_violations: int = 2,
+    ) -> None:
+        self.tracker = StepTracker(list(required_steps))
+        self.terminal_tools = frozenset(terminal_tools)
+        self.prerequisites = dict(prerequisites or {})
+        self.max_premature_attempts = max_premature_attempts
+        self.max_prereq_violations = max_prereq_violations
+        self.premature_attempts = 0
+        self.prereq_violations = 0
+        # Per tool: the arguments and the result data of each successful call.
+        self._done: dict[str, list[tuple[object, object]]] = {}
+
+    @property
+    def completed_steps(self) -> dict[str, None]:
+        return self.tracker.completed_steps
+
+    def pending(self) -> list[str]:
+        return self.tracker.pending()
+
+    def is_premature(self, name: str) -> bool:
+        """A terminal tool while required steps are pending."""
+        return name in self.terminal_tools and not self.tracker.is_satisfied()
+
+    def premature(self) -> int:
+        """Count a premature terminal call; its tier (1-3), or 0 once exhausted."""
+        self.premature_attempts += 1
+        if self.premature_attempts > self.max_premature_attempts:
+            return 0
+        return min(self.premature_attempts, 3)
+
+    def unmet(self, name: str, args: object) -> Prerequisite | None:
+        """The first prerequisite of calling ``name`` with ``args`` that is not met."""
+        for prereq in self.prerequisites.get(name, ()):
+            if prereq.tool not in self._done:
+                return prereq
+            if prereq.match_arg is not None:
+                value = args.get(prereq.match_arg) if isinstance(args, Mapping) else None
+                if value not in self.values(prereq):
+                    return prereq
+        return None
+
+    def violation(self) -> bool:
+        """Count a prerequisite violation; False once exhausted."""
+        self.prereq_violations += 1
+        return self.prereq_violations <= self.max_prereq_violations
+
+    def record(self, name: str, args: object, data: object) -> None:
+        """A successful call: a step done, its arguments and result remembered."""
+        self.tracker.record(name)
+        self._done.setdefault(name, []).append((args, data))
+
+    def progress(self) -> None:
+        """A batch of calls succeeded: the escalation starts over."""
+        self.premature_attempts = 0
+        self.prereq_violations = 0
+
+    def values(self, prereq: Prerequisite) -> list[object]:
+        """The values an argument-matched prerequisite allows, in order, distinct."""
+        out: list[object] = []
+        for args, data in self._done.get(prereq.tool, ()):
+            if prereq.result_key is not None:
+                found: Iterator[object] = _values_under(data, prereq.result_key)
+            elif isinstance(args, Mapping) and prereq.match_arg in args:
+                found = iter((args[prereq.match_arg],))
+            else:
+                continue
+            for value in found:
+                if value not in out and len(out) < _MAX_VALUES:
+                    out.append(value)
+        return out
+
+    def summary_hint(self) -> str:
+        return self.tracker.summary_hint()
+
+
+def _values_under(data: object, key: str, depth: int = 0) -> Iterator[object]:
+    """Scalar values stored under ``key`` anywhere in ``data`` (JSON-like)."""
+    if depth > 16:
+        return
+    if isinstance(data, Mapping):
+        for k, v in data.items():
+            if k == key and isinstance(v, str | int) and not isinstance(v, bool):
+                yield v
+            elif isinstance(v, Mapping | list):
+                yield from _values_under(v, key, depth + 1)
+    elif isinstance(data, list):
+        for item in data:
+            yield from _values_under(item, key, depth + 1)
+
+
+@dataclass(slots=True)
+class ErrorTracker:
+    """Consecutive retries (no usable call) and tool errors, against their budgets."""
+
+    max_retries: int = 3
+    max_tool_errors: int = 2
+    retries: int = 0
+    tool_errors: int = 0
+
+    def record_retry(self) -> None:
+        self.retries += 1
+
+    def reset_retries(self) -> None:
+        self.retries = 0
+
+    def record_result(self, success: bool) -> None:
+        self.tool_errors = 0 if success else self.tool_errors + 1
+
+    @property
+    def retries_exhausted(self) -> bool:
+        return self.retries > self.max_retries
+
+    @property
+    def tool_errors_exhausted(self) -> bool:
+        return self.tool_errors > self.max_tool_errors
+
+
+# -- the policy the engine consults -----------------------------------------------------------
+
+Compactor = Callable[[list[Mapping[str, Any]], str], Any]
+"""Where context compaction plugs in (``toolforge.core.compaction``): given the messages
+about to be sent and the step hint, it returns them (compacted or not)."""
+
+
+class WorkflowPolicy:
+    """One run of a workflow: see the module docstring.
+
+    ``tools``: the tools the model may call by name (the workflow's, ``respond``
+    included); ``schemas``: their input schemas (for narrowing); ``compactor``: the hook
+    for context compaction, called with the messages before each turn (None: none).
+    """
+
+    def __init__(
+        self,
+        workflow: WorkflowDef,
+        *,
+        schemas: Mapping[str, Mapping[str, Any]] | None = None,
+        nudges: WorkflowNudges | None = None,
+        compactor: Compactor | None = None,
+    ) -> None:
+        self.workflow = workflow
+        self.nudges = nudges or WorkflowNudges()
+        self.compactor = compactor
+        self._schemas = schemas or {}
+        self.steps = StepEnforcer(
+            workflow.required_steps, workflow.terminal_tools, workflow.prerequisites
+        )
+        self.errors = ErrorTracker(workflow.max_retries_per_step, workflow.max_tool_errors)
+        self.iterations = 0
+        self.nudge_count = 0
+        self.rescued = 0
+        self.last_text = ""
+        self.result: object = None
+        self.finished = False
+        self._batch: list[bool] = []  # this turn's calls: ran successfully or not
+        self._terminal: tuple[str, object] | None = None
+
+    # -- before a turn ------------------------------------------------------------------------
+
+    def begin_turn(self) -> None:
+        """One more model turn, or MAX_ITERATIONS."""
+        if self.iterations >= self.workflow.max_iterations:
+            raise self.fail(
+                ErrorCode.MAX_ITERATIONS,
+                f"the workflow made {self.iterations} model turns (max_iterations) without "
+                f"a successful terminal tool ({self._terminals()})",
+            )
+        self.iterations += 1
+        self._batch = []
+
+    def prepare(self, messages: list[Mapping[str, Any]]) -> Any:
+        """The messages to send this turn: compacted by the hook, if one is plugged in."""
+        if self.compactor is None:
+            return messages
+        return self.compactor(messages, self.steps.summary_hint())
+
+    def hints(self) -> TurnHints:
+        """Argument-matched prerequisites as grammar constraints (``narrow``)."""
+        narrowed: dict[str, Mapping[str, Any] | None] = {}
+        if self.workflow.narrow:
+            for tool, prereqs in self.workflow.prerequisites.items():
+                schema = self._schemas.get(tool)
+                for prereq in prereqs:
+                    if prereq.match_arg is None or schema is None:
+                        continue
+                    props = schema.get("properties")
+                    if not isinstance(props, Mapping) or prereq.match_arg not in props:
+                        continue
+                    values = self.steps.values(prereq)
+                    if not values:
+                        narrowed[tool] = None
+                        break
+                    base = narrowed.get(tool) or schema
+                    changed = copy.deepcopy(dict(base))
+                    changed["properties"][prereq.match_arg] = {"enum": values}
+                    narrowed[tool] = changed
+                    schema = changed
+        return TurnHints(narrowed=narrowed, allow_result=False)
+
+    # -- a turn without a call -----------------------------------------------------------------
+
+    def no_call(self, text: str) -> list[RescuedCall] | Nudge:
+        """Calls rescued from ``text`` (``rescue``), else a retry nudge; RETRIES_EXHAUSTED
+        after ``max_retries_per_step`` in a row."""
+        self.last_text = text
+        if self.workflow.rescue and text:
+            found = rescue_tool_calls(text, self.workflow.tools)
+            if found:
+                self.rescued += len(found)
+                return found
+        return self._retry("retry", self.nudges.retry.format(tools=self._listed()))
+
+    def _retry(self, kind: str, message: str) -> Nudge:
+        self.errors.record_retry()
+        if self.errors.retries_exhausted:
+            raise self.fail(
+                ErrorCode.RETRIES_EXHAUSTED,
+                f"the model made no usable tool call {self.errors.retries} turns in a row "
+                f"(max_retries_per_step {self.workflow.max_retries_per_step})",
+            )
+        self.nudge_count += 1
+        return Nudge(kind, min(self.errors.retries, 3), message)
+
+    # -- each call ------------------------------------------------------------------------------
+
+    def canonical(self, name: str) -> str | None:
+        """The workflow's tool that ``name`` means (case, ``_`` for ``.``), or None."""
+        if name in self.workflow.tools:
+            return name
+        return canonical_tool_name(name, self.workflow.tools)
+
+    def check_call(self, name: str, args: object) -> Refusal | None:
+        """Run the call (None), or refuse it with a nudge (and maybe end the workflow)."""
+        if name not in self.workflow.tools:
+            nudge = self._retry_or_fatal(
+                "unknown_tool", self.nudges.unknown.format(name=name, tools=self._listed())
+            )
+            return Refusal(ErrorCode.TOOL_NOT_FOUND, *nudge)
+        self.errors.reset_retries()  # a known tool: the model is calling again
+        steps = self.steps
+        if steps.is_premature(name):
+            tier = steps.premature()
+            pending = steps.pending()
+            fatal = None
+            if tier == 0:
+                tier = 3
+                fatal = self.fail(
+                    ErrorCode.STEP_ENFORCEMENT_EXHAUSTED,
+                    f"the model called terminal tool {name} before the required steps "
+                    f"{steps.premature_attempts} times; pending: {', '.join(pending)}",
+                )
+            message = self.nudges.step[tier - 1].format(
+                tool=name, pending=", ".join(pending), next=pending[0]
+            )
+            self.nudge_count += 1
+            return Refusal(ErrorCode.STEP_REQUIRED, Nudge("step", tier, message), fatal)
+        unmet = steps.unmet(name, args)
+        if unmet is not None:
+            ok = steps.violation()
+            if unmet.match_arg is not None and unmet.tool in steps.completed_steps:
+                shown = ", ".join(str(v) for v in steps.values(unmet)[:16]) or "(none)"
+                message = self.nudges.matched.format(
+                    tool=name, missing=unmet.tool, arg=unmet.match_arg, values=shown
+                )
+            else:
+                message = self.nudges.prerequisite.format(tool=name, missing=unmet.tool)
+            fatal = None
+            if not ok:
+                fatal = self.fail(
+                    ErrorCode.PREREQUISITE_EXHAUSTED,
+                    f"the model called {name} without its prerequisite {unmet.tool} "
+                    f"{steps.prereq_violations} times in a row",
+                )
+            self.nudge_count += 1
+            tier = min(steps.prereq_violations, 3)
+            return Refusal(
+                ErrorCode.PREREQUISITE_MISSING, Nudge("prerequisite", tier, message), fatal
+            )
+        return None
+
+    def _retry_or_fatal(self, kind: str, message: str) -> tuple[Nudge, WorkflowError | None]:
+        try:
+            return self._retry(kind, message), None
+        except WorkflowError as exc:
+            return Nudge(kind, 3, message), exc
+
+    def record(self, name: str, args: object, envelope: Mapping[str, object]) -> None:
+        """A call ran (or the engine refused it: bad JSON, over the call limit)."""
+        ok = bool(envelope.get("ok"))
+        self._batch.append(ok)
+        if not ok:
+            return
+        data = envelope.get("data")
+        self.steps.record(name, args, data)
+        if name in self.workflow.terminal_tools and self._terminal is None:
+            self._terminal = (name, data)
+
+    def end_batch(self) -> tuple[str, object] | None:
+        """After the turn's calls: the terminal tool and its result if one succeeded;
+        TOOL_ERRORS_EXHAUSTED after ``max_tool_errors`` failing turns in a row."""
+        if self._terminal is not None:
+            self.finished = True
+            self.result = self._terminal[1]
+            return self._terminal
+        if not self._batch:  # every call was refused: the refusals have their own budgets
+            return None
+        success = all(self._batch)
+        self.errors.record_result(success)
+        if success:
+            self.steps.progress()
+        elif self.errors.tool_errors_exhausted:
+            raise self.fail(
+                ErrorCode.TOOL_ERRORS_EXHAUSTED,
+                f"tool calls failed {self.errors.tool_errors} turns in a row "
+                f"(max_tool_errors {self.workflow.max_tool_errors})",
+            )
+        return None
+
+    # -- reporting ---------------------------------------------------------------------------
+
+    def summary(self) -> dict[str, object]:
+        """``done.workflow``: the steps completed and pending, iterations, nudges."""
+        return {
+            "name": self.workflow.name,
+            "completed_steps": list(self.steps.completed_steps),
+            "pending_steps": self.steps.pending(),
+            "iterations": self.iterations,
+            "nudges": self.nudge_count,
+            "rescued": self.rescued,
+            "finished": self.finished,
+        }
+
+    def fail(self, code: ErrorCode, message: str) -> WorkflowError:
+        """A failure with the context seed 001 asks for."""
+        context: dict[str, object] = {
+            "workflow": self.workflow.name,
+            "completed_steps": list(self.steps.completed_steps),
+            "pending_steps": self.steps.pending(),
+            "iterations": self.iterations,
+            "last_text": redact_text(self.last_text[-_LAST_TEXT_CHARS:]),
+        }
+        return WorkflowError(code, f"workflow {self.workflow.name!r}: {message}", context=context)
+
+    def _terminals(self) -> str:
+        return ", ".join(sorted(self.workflow.terminal_tools))
+
+    def _listed(self) -> str:
+        return ", ".join(self.workflow.tools)
+
+    @staticmethod
+    def respond_data(args: object) -> dict[str, object]:
+        """The built-in ``respond`` tool's result: the answer it carries."""
+        content = args.get("content") if isinstance(args, Mapping) else None
+        return {"content": content if isinstance(content, str) else ""}
+
+    @property
+    def responds(self) -> bool:
+        return RESPOND in self.workflow.tools

@@ -1,0 +1,241 @@
+"""Workflow definitions (SPEC §7, seed 001): data, parsed and validated. No I/O.
+
+A workflow is a document (a file in ``workflows/``, or inline in ``POST /v1/stream``)::
+
+    {"name": "book_a_table",
+     "tools": ["places.search", "bookings.create"],
+     "required_steps": ["places.search"],
+     "terminal_tools": ["bookings.create"],
+     "prerequisites": {"bookings.create": [{"tool": "places.search",
+                                            "match_arg": "place_id", "result_key": "id"}]},
+     "max_iterations": 10, "max_retries_per_step": 3, "max_tool_errors": 2,
+     "compaction": "tiered", "keep_recent": 2, "rescue": true, "narrow": true}
+
+:func:`parse_workflow` checks its shape (unknown keys are refused) and the rules of seed
+001: every tool exists; required steps and terminal tools are among the workflow's tools;
+a terminal tool is not a required step; prerequisites name the workflow's tools. A bad
+definition is a :class:`~toolforge.errors.RequestError` ``WORKFLOW_INVALID`` that says
+what is wrong and where (the file, or ``request``).
+
+A prerequisite is a tool name (``"places.search"``: called successfully before) or an
+argument-matched one, ``{"tool", "match_arg", "result_key"?}``: the call's argument
+``match_arg`` must be a value the earlier tool produced, found under ``result_key``
+anywhere in that tool's successful results (``"id"``: the search's place ids), or, without
+``result_key``, the same argument of an earlier successful call of that tool.
+
+``respond`` (:data:`RESPOND`) is a built-in tool a workflow may list: the model's answer
+as a call, ``{"content": "..."}``; make it a terminal tool for a conversational workflow.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
+from typing import Annotated, Any, Final, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from toolforge.errors import ErrorCode, RequestError
+
+__all__ = [
+    "RESPOND",
+    "RESPOND_TOOL",
+    "Prerequisite",
+    "WorkflowDef",
+    "parse_workflow",
+]
+
+RESPOND: Final = "respond"
+RESPOND_TOOL: Final[Mapping[str, Any]] = {
+    "name": RESPOND,
+    "description": "Answer the user in words. Call it when no other tool is needed.",
+    "input_schema": {
+        "type": "object",
+        "properties": {"content": {"type": "string", "minLength": 1, "maxLength": 4000}},
+        "required": ["content"],
+        "additionalProperties": False,
+    },
+}
+"""The built-in ``respond`` tool's description (seed 001's synthetic respond tool)."""
+
+_NAME = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.\-]+$")]
+
+
+class _MatchedDoc(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    tool: _NAME
+    match_arg: Annotated[str, Field(min_length=1, max_length=64)]
+    result_key: Annotated[str, Field(min_length=1, max_length=64)] | None = None
+
+
+class _WorkflowDoc(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: _NAME
+    description: Annotated[str, Field(max_length=4000)] = ""
+    tools: Annotated[list[_NAME], Field(min_length=1, max_length=64)]
+    required_steps: list[_NAME] = Field(default_factory=list, max_length=64)
+    terminal_tools: Annotated[list[_NAME], Field(min_length=1, max_length=64)]
+    prerequisites: dict[_NAME, list[_NAME | _MatchedDoc]] = Field(default_factory=dict)
+    max_iterations: Annotated[int, Field(ge=1, le=100)] = 10
+    max_retries_per_step: Annotated[int, Field(ge=0, le=20)] = 3
+    max_tool_errors: Annotated[int, Field(ge=0, le=20)] = 2
+    compaction: Literal["tiered", "sliding", "none"] = "tiered"
+    keep_recent: Annotated[int, Field(ge=0, le=100)] = 2
+    budget_tokens: Annotated[int, Field(ge=256)] | None = None
+    rescue: bool = True
+    narrow: bool = True  # argument-matched prerequisites narrow the constrained grammar
+    instructions: Annotated[str, Field(max_length=8000)] = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Prerequisite:
+    """Before calling a tool, ``tool`` must have succeeded; with ``match_arg``, the call's
+    argument of that name must be a value ``tool`` produced (see the module docstring)."""
+
+    tool: str
+    match_arg: str | None = None
+    result_key: str | None = None
+
+    def to_dict(self) -> str | dict[str, str]:
+        if self.match_arg is None:
+            return self.tool
+        out = {"tool": self.tool, "match_arg": self.match_arg}
+        if self.result_key is not None:
+            out["result_key"] = self.result_key
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class WorkflowDef:
+    """A validated workflow (:func:`parse_workflow`)."""
+
+    name: str
+    tools: tuple[str, ...]
+    terminal_tools: frozenset[str]
+    required_steps: tuple[str, ...] = ()
+    prerequisites: Mapping[str, tuple[Prerequisite, ...]] = field(default_factory=dict)
+    description: str = ""
+    max_iterations: int = 10
+    max_retries_per_step: int = 3
+    max_tool_errors: int = 2
+    compaction: str = "tiered"
+    keep_recent: int = 2
+    budget_tokens: int | None = None
+    rescue: bool = True
+    narrow: bool = True
+    instructions: str = ""
+    source: str = "request"
+
+    @property
+    def uses_respond(self) -> bool:
+        return RESPOND in self.tools
+
+    def to_dict(self) -> dict[str, Any]:
+        """The definition as a document (``GET /v1/workflows``)."""
+        return {
+            "name": self.name,
+            "description": self.description,
+            "tools": list(self.tools),
+            "required_steps": list(self.required_steps),
+            "terminal_tools": sorted(self.terminal_tools),
+            "prerequisites": {
+                tool: [p.to_dict() for p in prereqs] for tool, prereqs in self.prerequisites.items()
+            },
+            "max_iterations": self.max_iterations,
+            "max_retries_per_step": self.max_retries_per_step,
+            "max_tool_errors": self.max_tool_errors,
+            "compaction": self.compaction,
+            "keep_recent": self.keep_recent,
+            "budget_tokens": self.budget_tokens,
+            "rescue": self.rescue,
+            "narrow": self.narrow,
+            "instructions": self.instructions,
+            "source": self.source,
+        }
+
+
+def _invalid(source: str, problem: str) -> RequestError:
+    return RequestError(
+        ErrorCode.WORKFLOW_INVALID,
+        f"workflow in {source}: {problem}",
+        http_status=422,
+    )
+
+
+def parse_workflow(
+    doc: object, *, known_tools: Collection[str], source: str = "request"
+) -> WorkflowDef:
+    """``doc`` as a :class:`WorkflowDef`, or ``WORKFLOW_INVALID`` naming the problem.
+
+    ``known_tools``: the tools that exist (the registry's, plus the caller's own for the
+    Python API); ``respond`` always exists.
+    """
+    try:
+        parsed = _WorkflowDoc.model_validate(doc)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "(document)"
+        raise _invalid(source, f"{where}: {first['msg']}") from None
+    name = f"{parsed.name!r} ({source})"
+    exists = {*known_tools, RESPOND}
+    tools = parsed.tools
+    if len(set(tools)) != len(tools):
+        raise _invalid(source, f"{name}: 'tools' names a tool twice")
+    for tool in tools:
+        if tool not in exists:
+            raise _invalid(
+                source,
+                f"{name}: tool {tool!r} does not exist; known tools: {', '.join(sorted(exists))}",
+            )
+    listed = set(tools)
+    for key in ("required_steps", "terminal_tools"):
+        for tool in getattr(parsed, key):
+            if tool not in listed:
+                raise _invalid(source, f"{name}: {key} names {tool!r}, which is not in 'tools'")
+    for tool in parsed.terminal_tools:
+        if tool in parsed.required_steps:
+            raise _invalid(
+                source,
+                f"{name}: terminal tool {tool!r} is also a required step; a terminal tool "
+                "ends the workflow, so it cannot be a step before the end",
+            )
+    prerequisites: dict[str, tuple[Prerequisite, ...]] = {}
+    for tool, items in parsed.prerequisites.items():
+        if tool not in listed:
+            raise _invalid(source, f"{name}: prerequisites of {tool!r}, which is not in 'tools'")
+        prereqs: list[Prerequisite] = []
+        for item in items:
+            prereq = (
+                Prerequisite(item)
+                if isinstance(item, str)
+                else Prerequisite(item.tool, item.match_arg, item.result_key)
+            )
+            if prereq.tool not in listed:
+                raise _invalid(
+                    source,
+                    f"{name}: {tool!r} has prerequisite {prereq.tool!r}, which is not in 'tools'",
+                )
+            if prereq.tool == tool:
+                raise _invalid(source, f"{name}: {tool!r} cannot be its own prerequisite")
+            prereqs.append(prereq)
+        prerequisites[tool] = tuple(prereqs)
+    return WorkflowDef(
+        name=parsed.name,
+        tools=tuple(tools),
+        terminal_tools=frozenset(parsed.terminal_tools),
+        required_steps=tuple(parsed.required_steps),
+        prerequisites=prerequisites,
+        description=parsed.description,
+        max_iterations=parsed.max_iterations,
+        max_retries_per_step=parsed.max_retries_per_step,
+        max_tool_errors=parsed.max_tool_errors,
+        compaction=parsed.compaction,
+        keep_recent=parsed.keep_recent,
+        budget_tokens=parsed.budget_tokens,
+        rescue=parsed.rescue,
+        narrow=parsed.narrow,
+        instructions=parsed.instructions,
+        source=source,
+    )
