@@ -257,6 +257,7 @@ class FrameGrammar:
         allow_tools: bool = True,
         narrowed: Mapping[str, Mapping[str, Any] | None] | None = None,
         allow_result: bool = True,
+        free_text: bool = True,
     ) -> str:
         """The GBNF of one turn using ``ids``; ``allow_tools=False`` leaves only the result.
 
@@ -264,7 +265,8 @@ class FrameGrammar:
         input schema to use this turn instead of its own (an argument reduced to an
         ``enum`` of the values earlier results hold), or None to leave the tool out.
         ``allow_result=False`` leaves the RESULT frame out while a call is possible (a
-        workflow ends with its terminal tool, not a RESULT frame).
+        workflow ends with its terminal tool, not a RESULT frame); ``free_text=False``
+        leaves out the free text before a call (a small model spends its tokens there).
         """
         turn_rules = self._rules.fork() if narrowed else self._rules
         rules = turn_rules.rules if narrowed else dict(self._rules.rules)
@@ -272,6 +274,7 @@ class FrameGrammar:
         if self._text:
             rules["text"] = self._text
         choices: list[str] = []
+        lead = text
         if allow_tools:
             tools = self._tools
             if narrowed:
@@ -310,7 +313,9 @@ class FrameGrammar:
         )
         if allow_result or not choices:
             choices.append(f"{objects}result")
-        rules["root"] = f"{text}( {' | '.join(choices)} )"
+        elif not free_text:
+            lead = ""
+        rules["root"] = f"{lead}( {' | '.join(choices)} )"
         return _render(rules)
 
     def json_value(self, schema: Mapping[str, Any] | bool) -> str:
@@ -326,11 +331,16 @@ class FrameGrammar:
         allow_tools: bool = True,
         narrowed: Mapping[str, Mapping[str, Any] | None] | None = None,
         allow_result: bool = True,
+        free_text: bool = True,
     ) -> str:
         """The grammar of the turn after the ids in ``seen_ids`` (see :func:`next_turn_ids`)."""
         ids = next_turn_ids(seen_ids, max_objects=self.max_objects)
         return self.for_turn(
-            ids, allow_tools=allow_tools, narrowed=narrowed, allow_result=allow_result
+            ids,
+            allow_tools=allow_tools,
+            narrowed=narrowed,
+            allow_result=allow_result,
+            free_text=free_text,
         )
 
 

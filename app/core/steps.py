@@ -103,10 +103,12 @@ class TurnHints:
     """What a workflow asks of the next turn's request (constrained mode's grammar):
     ``narrowed``: tool -> its input schema with argument-matched arguments reduced to the
     values earlier results hold (None: no such value yet, the tool is left out);
-    ``allow_result``: whether the turn may end with a RESULT frame instead of a call."""
+    ``allow_result``: whether the turn may end with a RESULT frame instead of a call;
+    ``free_text``: whether text may come before the call."""
 
     narrowed: Mapping[str, Mapping[str, Any] | None] = field(default_factory=dict)
     allow_result: bool = True
+    free_text: bool = True
 
 
 # -- seed 001's pieces ------------------------------------------------------------------------
@@ -344,7 +346,15 @@ class WorkflowPolicy:
                     changed["properties"][prereq.match_arg] = {"enum": values}
                     narrowed[tool] = changed
                     schema = changed
-        return TurnHints(narrowed=narrowed, allow_result=False)
+            if self.steps.tracker.is_satisfied() and any(
+                narrowed.get(t, True) is not None for t in self.workflow.terminal_tools
+            ):
+                # Every required step is done and a terminal tool can be called: the steps
+                # already done are not offered again (a small model repeats its last call).
+                for tool in self.steps.completed_steps:
+                    if tool not in self.workflow.terminal_tools:
+                        narrowed[tool] = None
+        return TurnHints(narrowed=narrowed, allow_result=False, free_text=False)
 
     # -- a turn without a call -----------------------------------------------------------------
 

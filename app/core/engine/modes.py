@@ -270,6 +270,7 @@ class ConstrainedMode:
             allow_tools=tools_left,
             narrowed=hints.narrowed,
             allow_result=hints.allow_result,
+            free_text=hints.free_text,
         )
         return _with_grammar(request, grammar)
 

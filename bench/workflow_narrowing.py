@@ -1,0 +1,155 @@
+"""Workflow narrowing: does SmolLM2-135M book a place the search returned?
+
+Issue 17's target (SPEC §7): on the embedded model, the booking workflow
+(``workflows/book_a_table.json``) books an id that ``places.search`` returned in ≥ 90 % of
+20 runs when its argument-matched prerequisite narrows constrained mode's grammar
+(``place_id`` reduced to the ids the search's results hold).
+
+Run with ``python -m bench.workflow_narrowing`` (``--runs N``, ``--arms narrow,wide``).
+One gateway, the embedded default (``toolforge obtain``'s llama-server and model, started
+by the ServerManager), in this process; each run is the README's demo request with
+``"workflow": "book_a_table"``, ``mode: constrained``, temperature 0.7 and seed = the run's
+number, so the two arms see the same seeds:
+
+* ``narrow``: the workflow as shipped (``narrow: true``);
+* ``wide``: the same workflow inline with ``narrow: false``: the grammar keeps the
+  schema's own ``place_id`` (a slug pattern), the runner still refuses a made-up id with a
+  ``step.nudge`` and the model may try again.
+
+Per run: the first booking attempt's ``place_id`` (was it an id the search returned?), and
+whether the workflow ended with a booking of such an id (``done.reason`` stop). Prints
+the rates and a Markdown section for bench/RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import platform
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from toolforge.api.app import create_app
+from toolforge.eval.loopback import Event, Served, serve
+from toolforge.settings import Settings
+
+__all__ = ["main", "run_arm"]
+
+PROMPT = "Find pizza near me; book a table for 2 at 7pm if open."
+
+
+def _request(arm: str, seed: int, workflow: dict[str, Any]) -> dict[str, Any]:
+    flow: object = "book_a_table"
+    if arm == "wide":
+        flow = {k: v for k, v in workflow.items() if k != "source"} | {"narrow": False}
+    return {
+        "input": PROMPT,
+        "workflow": flow,
+        "mode": "constrained",
+        "sampling": {"temperature": 0.7, "seed": seed, "max_tokens": 256},
+    }
+
+
+def _judge(events: list[Event]) -> dict[str, Any]:
+    ids: set[str] = set()
+    first: str | None = None
+    booked: str | None = None
+    calls: dict[str, dict[str, Any]] = {}
+    for event in events:
+        if event.event == "tool.call":
+            calls[event.data["id"]] = event.data
+        if (
+            event.event == "tool.result"
+            and event.data["ok"]
+            and event.data["name"] == "places.search"
+        ):
+            ids |= {p["id"] for p in event.data["result"]["places"]}
+        if event.event == "tool.result" and event.data["name"] == "bookings.create":
+            call = calls.get(event.data["id"])
+            place = call["args"].get("place_id") if call is not None else None
+            if first is None:
+                first = place if place is not None else "(refused before running)"
+        if event.event == "step.nudge" and first is None and event.data["kind"] == "prerequisite":
+            first = "(made up: refused)"
+        if event.event == "result.end":
+            booked = event.data["value"].get("place_id")
+    done = next(e.data for e in events if e.event == "done")
+    return {
+        "first": first,
+        "first_ok": first in ids,
+        "booked": booked,
+        "ok": done["reason"] == "stop" and booked in ids,
+        "reason": done["reason"],
+        "iterations": (done.get("workflow") or {}).get("iterations"),
+        "nudges": (done.get("workflow") or {}).get("nudges"),
+    }
+
+
+async def run_arm(served: Served, arm: str, runs: int) -> list[dict[str, Any]]:
+    listed = (await served.client.get(f"{served.url}/v1/workflows")).json()["workflows"]
+    workflow = next(w for w in listed if w["name"] == "book_a_table")
+    out = []
+    for seed in range(1, runs + 1):
+        started = time.perf_counter()
+        events = await served.stream(_request(arm, seed, workflow))
+        verdict = _judge([e for e in events if e.event != "ping"])
+        verdict["seconds"] = round(time.perf_counter() - started, 1)
+        print(arm, seed, verdict, flush=True)
+        out.append(verdict)
+    return out
+
+
+async def _main(runs: int, arms: list[str]) -> None:
+    for name in ("UPSTREAM_BASE_URL", "MODEL_ID", "UPSTREAM_KIND"):
+        os.environ.pop(name, None)
+    with tempfile.TemporaryDirectory() as tmp:
+        # FRAME_TIMEOUT_MS: a loaded 2-CPU machine generates a few tokens a second, and a
+        # call's arguments take longer than the default 15 s.
+        settings = Settings(
+            artifacts_dir=Path(tmp), log_level="WARNING", log_json=False, frame_timeout_ms=600_000
+        )
+        app = create_app(settings)
+        async with serve(app) as url, httpx.AsyncClient(timeout=300) as client:
+            served = Served(url, app, client, Path(tmp))
+            results = {arm: await run_arm(served, arm, runs) for arm in arms}
+    print()
+    print(
+        f"### Booking workflow on SmolLM2-135M ({runs} runs per arm, {time.strftime('%Y-%m-%d')})"
+    )
+    print()
+    print(
+        f"`python -m bench.workflow_narrowing --runs {runs}` on {platform.machine()}, "
+        f"{os.cpu_count()} CPUs; constrained mode, temperature 0.7, seeds 1..{runs}."
+    )
+    print()
+    print(
+        "| arm | first booking uses a searched id | workflow ends with a searched id "
+        "| median iterations | nudges |"
+    )
+    print("|---|---|---|---|---|")
+    for arm, rows in results.items():
+        first = sum(r["first_ok"] for r in rows)
+        ok = sum(r["ok"] for r in rows)
+        its = sorted(r["iterations"] or 0 for r in rows)
+        nudges = sum(r["nudges"] or 0 for r in rows)
+        print(
+            f"| {arm} | {first}/{runs} ({100 * first / runs:.0f} %) | {ok}/{runs} "
+            f"({100 * ok / runs:.0f} %) | {its[len(its) // 2]} | {nudges} |"
+        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=20)
+    parser.add_argument("--arms", default="narrow,wide")
+    args = parser.parse_args()
+    asyncio.run(_main(args.runs, args.arms.split(",")))
+
+
+if __name__ == "__main__":
+    main()
