@@ -5,7 +5,7 @@ Issue 17's target (SPEC §7): on the embedded model, the booking workflow
 20 runs when its argument-matched prerequisite narrows constrained mode's grammar
 (``place_id`` reduced to the ids the search's results hold).
 
-Run with ``python -m bench.workflow_narrowing`` (``--runs N``, ``--arms narrow,wide``).
+Run with ``python -m bench.workflow_narrowing`` (``--runs N``, ``--wide-runs N``, ``--arms``).
 One gateway, the embedded default (``toolforge obtain``'s llama-server and model, started
 by the ServerManager), in this process; each run is the README's demo request with
 ``"workflow": "book_a_table"``, ``mode: constrained``, temperature 0.7 and seed = the run's
@@ -104,51 +104,55 @@ async def run_arm(served: Served, arm: str, runs: int) -> list[dict[str, Any]]:
     return out
 
 
-async def _main(runs: int, arms: list[str]) -> None:
+async def _main(runs: dict[str, int], arms: list[str]) -> None:
     for name in ("UPSTREAM_BASE_URL", "MODEL_ID", "UPSTREAM_KIND"):
         os.environ.pop(name, None)
     with tempfile.TemporaryDirectory() as tmp:
         # FRAME_TIMEOUT_MS: a loaded 2-CPU machine generates a few tokens a second, and a
-        # call's arguments take longer than the default 15 s.
+        # call's arguments can take longer than the default 15 s (the token limit still
+        # ends a turn).
         settings = Settings(
             artifacts_dir=Path(tmp), log_level="WARNING", log_json=False, frame_timeout_ms=600_000
         )
         app = create_app(settings)
-        async with serve(app) as url, httpx.AsyncClient(timeout=300) as client:
+        async with serve(app) as url, httpx.AsyncClient(timeout=600) as client:
             served = Served(url, app, client, Path(tmp))
-            results = {arm: await run_arm(served, arm, runs) for arm in arms}
+            results = {arm: await run_arm(served, arm, runs[arm]) for arm in arms}
+    day = time.strftime("%Y-%m-%d")
+    print()
+    print(f"### Booking workflow on SmolLM2-135M ({day})")
     print()
     print(
-        f"### Booking workflow on SmolLM2-135M ({runs} runs per arm, {time.strftime('%Y-%m-%d')})"
+        f"`python -m bench.workflow_narrowing --runs {runs['narrow']} --wide-runs "
+        f"{runs['wide']}` on {platform.machine()}, {os.cpu_count()} CPUs; constrained mode, "
+        "temperature 0.7, seeds 1..N."
     )
     print()
     print(
-        f"`python -m bench.workflow_narrowing --runs {runs}` on {platform.machine()}, "
-        f"{os.cpu_count()} CPUs; constrained mode, temperature 0.7, seeds 1..{runs}."
-    )
-    print()
-    print(
-        "| arm | first booking uses a searched id | workflow ends with a searched id "
+        "| arm | runs | first booking uses a searched id | workflow ends with a searched id "
         "| median iterations | nudges |"
     )
-    print("|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|")
     for arm, rows in results.items():
+        n = len(rows)
         first = sum(r["first_ok"] for r in rows)
         ok = sum(r["ok"] for r in rows)
         its = sorted(r["iterations"] or 0 for r in rows)
         nudges = sum(r["nudges"] or 0 for r in rows)
         print(
-            f"| {arm} | {first}/{runs} ({100 * first / runs:.0f} %) | {ok}/{runs} "
-            f"({100 * ok / runs:.0f} %) | {its[len(its) // 2]} | {nudges} |"
+            f"| {arm} | {n} | {first}/{n} ({100 * first / n:.0f} %) | {ok}/{n} "
+            f"({100 * ok / n:.0f} %) | {its[len(its) // 2]} | {nudges} |"
         )
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=20)
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--runs", type=int, default=20, help="runs of the narrow arm")
+    parser.add_argument("--wide-runs", type=int, default=20, help="runs of the wide arm")
     parser.add_argument("--arms", default="narrow,wide")
     args = parser.parse_args()
-    asyncio.run(_main(args.runs, args.arms.split(",")))
+    runs = {"narrow": args.runs, "wide": args.wide_runs}
+    asyncio.run(_main(runs, args.arms.split(",")))
 
 
 if __name__ == "__main__":
