@@ -28,13 +28,20 @@ from enum import StrEnum
 __all__ = [
     "ErrorCode",
     "JSONError",
+    "MaxIterationsError",
     "ModelBehaviorError",
+    "PrerequisiteError",
     "RequestError",
     "SentinelError",
     "ServerError",
+    "StepEnforcementError",
+    "ToolCallError",
+    "ToolExecutionError",
     "ToolForgeError",
     "UpstreamError",
+    "WorkflowCancelledError",
     "WorkflowError",
+    "workflow_error",
 ]
 
 
@@ -237,6 +244,45 @@ class WorkflowError(ToolForgeError):
         details = [{k: _detail(v) for k, v in context.items()}]
         super().__init__(code, message, details=details)
         self.context = context
+
+
+class StepEnforcementError(WorkflowError):
+    """The model kept calling a terminal tool before the required steps (seed 001)."""
+
+
+class PrerequisiteError(WorkflowError):
+    """The model kept calling a tool without its prerequisites."""
+
+
+class ToolCallError(WorkflowError):
+    """The model made no usable tool call ``max_retries_per_step`` turns in a row."""
+
+
+class ToolExecutionError(WorkflowError):
+    """Tools failed ``max_tool_errors`` turns in a row and the model did not recover."""
+
+
+class MaxIterationsError(WorkflowError):
+    """``max_iterations`` model turns without a successful terminal tool."""
+
+
+class WorkflowCancelledError(WorkflowError):
+    """The run was cancelled (the Python API's ``cancel_event``) before it finished."""
+
+
+_WORKFLOW_ERRORS: dict[ErrorCode, type[WorkflowError]] = {
+    ErrorCode.STEP_ENFORCEMENT_EXHAUSTED: StepEnforcementError,
+    ErrorCode.PREREQUISITE_EXHAUSTED: PrerequisiteError,
+    ErrorCode.RETRIES_EXHAUSTED: ToolCallError,
+    ErrorCode.TOOL_ERRORS_EXHAUSTED: ToolExecutionError,
+    ErrorCode.MAX_ITERATIONS: MaxIterationsError,
+    ErrorCode.WORKFLOW_CANCELLED: WorkflowCancelledError,
+}
+
+
+def workflow_error(code: ErrorCode, message: str, *, context: dict[str, object]) -> WorkflowError:
+    """The typed :class:`WorkflowError` for ``code`` (its subclass, for the Python API)."""
+    return _WORKFLOW_ERRORS.get(code, WorkflowError)(code, message, context=context)
 
 
 def _detail(value: object) -> str:

@@ -40,7 +40,7 @@ from typing import Any, Final
 from toolforge.core.redact import redact_text
 from toolforge.core.rescue import RescuedCall, canonical_tool_name, rescue_tool_calls
 from toolforge.core.workflow import RESPOND, Prerequisite, WorkflowDef
-from toolforge.errors import ErrorCode, WorkflowError
+from toolforge.errors import ErrorCode, WorkflowError, workflow_error
 
 __all__ = [
     "ErrorTracker",
@@ -302,7 +302,10 @@ class WorkflowPolicy:
         self.rescued = 0
         self.last_text = ""
         self.result: object = None
+        self.result_tool: str | None = None  # the terminal tool that ended the run
         self.finished = False
+        self.failure: WorkflowError | None = None  # the error that ended the run, if one did
+        self.history: list[Mapping[str, Any]] = []  # the messages of the last turn sent
         self._batch: list[bool] = []  # this turn's calls: ran successfully or not
         self._terminal: tuple[str, object] | None = None
 
@@ -321,6 +324,7 @@ class WorkflowPolicy:
 
     def prepare(self, messages: list[Mapping[str, Any]]) -> Any:
         """The messages to send this turn: compacted by the hook, if one is plugged in."""
+        self.history = messages
         if self.compactor is None:
             return messages
         return self.compactor(messages, self.steps.summary_hint())
@@ -459,7 +463,7 @@ class WorkflowPolicy:
         TOOL_ERRORS_EXHAUSTED after ``max_tool_errors`` failing turns in a row."""
         if self._terminal is not None:
             self.finished = True
-            self.result = self._terminal[1]
+            self.result_tool, self.result = self._terminal
             return self._terminal
         if not self._batch:  # every call was refused: the refusals have their own budgets
             return None
@@ -498,7 +502,9 @@ class WorkflowPolicy:
             "iterations": self.iterations,
             "last_text": redact_text(self.last_text[-_LAST_TEXT_CHARS:]),
         }
-        return WorkflowError(code, f"workflow {self.workflow.name!r}: {message}", context=context)
+        error = workflow_error(code, f"workflow {self.workflow.name!r}: {message}", context=context)
+        self.failure = error
+        return error
 
     def _terminals(self) -> str:
         return ", ".join(sorted(self.workflow.terminal_tools))
