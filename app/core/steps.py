@@ -32,7 +32,6 @@ called early is nudged at tiers 1, 2 and 3 and refused for good the fourth time.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -160,6 +159,7 @@ class StepEnforcer:
         self.prereq_violations = 0
         # Per tool: the arguments and the result data of each successful call.
         self._done: dict[str, list[tuple[object, object]]] = {}
+        self._values: dict[Prerequisite, list[object]] = {}  # values(), until the next record
 
     @property
     def completed_steps(self) -> dict[str, None]:
@@ -199,6 +199,7 @@ class StepEnforcer:
         """A successful call: a step done, its arguments and result remembered."""
         self.tracker.record(name)
         self._done.setdefault(name, []).append((args, data))
+        self._values.clear()
 
     def progress(self) -> None:
         """A batch of calls succeeded: the escalation starts over."""
@@ -207,6 +208,9 @@ class StepEnforcer:
 
     def values(self, prereq: Prerequisite) -> list[object]:
         """The values an argument-matched prerequisite allows, in order, distinct."""
+        cached = self._values.get(prereq)
+        if cached is not None:
+            return cached
         out: list[object] = []
         for args, data in self._done.get(prereq.tool, ()):
             if prereq.result_key is not None:
@@ -218,6 +222,7 @@ class StepEnforcer:
             for value in found:
                 if value not in out and len(out) < _MAX_VALUES:
                     out.append(value)
+        self._values[prereq] = out
         return out
 
     def summary_hint(self) -> str:
@@ -345,9 +350,9 @@ class WorkflowPolicy:
                     if not values:
                         narrowed[tool] = None
                         break
-                    base = narrowed.get(tool) or schema
-                    changed = copy.deepcopy(dict(base))
-                    changed["properties"][prereq.match_arg] = {"enum": values}
+                    # Only the argument changes: the rest of the schema is shared, not copied.
+                    changed = dict(schema)
+                    changed["properties"] = {**props, prereq.match_arg: {"enum": values}}
                     narrowed[tool] = changed
                     schema = changed
             if self.steps.tracker.is_satisfied() and any(

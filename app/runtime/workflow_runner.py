@@ -406,6 +406,6 @@ def _outcome(
         iterations=policy.iterations,
         nudges=policy.nudge_count,
         frames=frames,
-        messages=list(policy.history),
+        messages=list(policy.history[1:]),
         usage=_usage(done),
     )
