@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import orjson
 
 from toolforge.api.app import create_app
 from toolforge.eval.loopback import Event, Served, serve
@@ -90,18 +91,25 @@ def _judge(events: list[Event]) -> dict[str, Any]:
     }
 
 
-async def run_arm(served: Served, arm: str, runs: int) -> list[dict[str, Any]]:
+async def run_arm(
+    served: Served, arm: str, runs: int, concurrency: int = 2
+) -> list[dict[str, Any]]:
+    """``runs`` runs of ``arm``, ``concurrency`` at a time (llama-server's slots)."""
     listed = (await served.client.get(f"{served.url}/v1/workflows")).json()["workflows"]
     workflow = next(w for w in listed if w["name"] == "book_a_table")
-    out = []
-    for seed in range(1, runs + 1):
-        started = time.perf_counter()
-        events = await served.stream(_request(arm, seed, workflow))
-        verdict = _judge([e for e in events if e.event != "ping"])
-        verdict["seconds"] = round(time.perf_counter() - started, 1)
-        print(arm, seed, verdict, flush=True)
-        out.append(verdict)
-    return out
+    gate = asyncio.Semaphore(concurrency)
+
+    async def one(seed: int) -> dict[str, Any]:
+        async with gate:
+            started = time.perf_counter()
+            events = await served.stream(_request(arm, seed, workflow))
+            verdict = _judge([e for e in events if e.event != "ping"])
+            verdict["seed"] = seed
+            verdict["seconds"] = round(time.perf_counter() - started, 1)
+            print(arm, orjson.dumps(verdict).decode(), flush=True)
+            return verdict
+
+    return list(await asyncio.gather(*(one(seed) for seed in range(1, runs + 1))))
 
 
 async def _main(runs: dict[str, int], arms: list[str]) -> None:
