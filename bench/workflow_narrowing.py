@@ -123,7 +123,7 @@ async def _main(runs: dict[str, int], arms: list[str]) -> None:
             artifacts_dir=Path(tmp), log_level="WARNING", log_json=False, frame_timeout_ms=600_000
         )
         app = create_app(settings)
-        async with serve(app) as url, httpx.AsyncClient(timeout=600) as client:
+        async with serve(app, start_timeout_s=300) as url, httpx.AsyncClient(timeout=600) as client:
             served = Served(url, app, client, Path(tmp))
             results = {arm: await run_arm(served, arm, runs[arm]) for arm in arms}
     day = time.strftime("%Y-%m-%d")

@@ -120,12 +120,13 @@ class Harness(Served):
 
 
 @contextlib.asynccontextmanager
-async def serve(app: FastAPI) -> AsyncIterator[str]:
-    """Serve ``app`` with uvicorn on an ephemeral loopback port; yield its base URL."""
+async def serve(app: FastAPI, *, start_timeout_s: float = 10.0) -> AsyncIterator[str]:
+    """Serve ``app`` with uvicorn on an ephemeral loopback port; yield its base URL.
+    ``start_timeout_s``: how long its start-up may take (a managed model server's too)."""
     config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on")
     server = GatewayServer(config, app)
     task = asyncio.create_task(server.serve())
-    async with asyncio.timeout(10):
+    async with asyncio.timeout(start_timeout_s):
         while not server.started:
             if task.done():
                 task.result()
