@@ -80,7 +80,9 @@ def _judge(events: list[Event]) -> dict[str, Any]:
         if event.event == "result.end":
             booked = event.data["value"].get("place_id")
     done = next(e.data for e in events if e.event == "done")
+    errors = [e.data["code"] for e in events if e.event == "error"]
     return {
+        "error": errors[0] if errors else None,
         "first": first,
         "first_ok": first in ids,
         "booked": booked,
@@ -116,11 +118,16 @@ async def _main(runs: dict[str, int], arms: list[str]) -> None:
     for name in ("UPSTREAM_BASE_URL", "MODEL_ID", "UPSTREAM_KIND"):
         os.environ.pop(name, None)
     with tempfile.TemporaryDirectory() as tmp:
-        # FRAME_TIMEOUT_MS: a loaded 2-CPU machine generates a few tokens a second, and a
-        # call's arguments can take longer than the default 15 s (the token limit still
-        # ends a turn).
+        # The timeouts: a loaded 2-CPU machine (other jobs beside) reads a prompt in minutes
+        # and generates a few tokens a second; a call's arguments can take longer than
+        # FRAME_TIMEOUT_MS's default 15 s (the token limit still ends a turn).
         settings = Settings(
-            artifacts_dir=Path(tmp), log_level="WARNING", log_json=False, frame_timeout_ms=600_000
+            artifacts_dir=Path(tmp),
+            log_level="WARNING",
+            log_json=False,
+            frame_timeout_ms=600_000,
+            upstream_first_byte_timeout_s=900,
+            upstream_idle_timeout_s=300,
         )
         app = create_app(settings)
         async with serve(app, start_timeout_s=300) as url, httpx.AsyncClient(timeout=600) as client:
