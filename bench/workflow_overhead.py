@@ -10,7 +10,8 @@ of ``book_a_table`` (steps, the argument-matched prerequisite, budgets, hints, t
 summary), and in constrained mode the turn's grammar with the workflow's hints (the
 booking's ``place_id`` narrowed to the searched ids) against the plain grammar. For
 scale, the whole workflow turn driven through the engine. Each figure is the median of
-``--repeats`` batches of ``--rounds``, after a warm-up, in microseconds per turn.
+``--repeats`` batches of ``--rounds``, after a warm-up, in microseconds of the process's
+CPU time (``time.process_time``, so a shared machine's load does not count) per turn.
 """
 
 from __future__ import annotations
@@ -173,10 +174,10 @@ def _timed(fn: Any, rounds: int, repeats: int, per: int) -> float:
     gc.disable()
     try:
         for _ in range(repeats):
-            started = time.perf_counter()
+            started = time.process_time()  # CPU time: the machine may be shared
             for _ in range(rounds):
                 fn()
-            samples.append((time.perf_counter() - started) / (rounds * per) * 1e6)
+            samples.append((time.process_time() - started) / (rounds * per) * 1e6)
     finally:
         gc.enable()
     return statistics.median(samples)
@@ -210,7 +211,8 @@ def main() -> None:
     print(
         f"`python -m bench.workflow_overhead --rounds {args.rounds} --repeats {args.repeats}` "
         f"on {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()} "
-        "(median of the batches; µs of CPU per model turn, the model and tools excluded)."
+        "(median of the batches; µs of this process's CPU time per model turn, the model and "
+        "tools excluded)."
     )
     print()
     r = measure(args.rounds, args.repeats)
