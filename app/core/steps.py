@@ -374,8 +374,8 @@ class WorkflowPolicy:
         if self.workflow.rescue and text:
             found = rescue_tool_calls(text, self.workflow.tools)
             if found:
-                self.rescued += len(found)
-                return found
+                self.rescued += 1
+                return found[:1]  # one call per turn, as the model was taught
         return self._retry("retry", self.nudges.retry.format(tools=self._listed()))
 
     def _retry(self, kind: str, message: str) -> Nudge:

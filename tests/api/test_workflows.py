@@ -183,6 +183,33 @@ async def test_a_call_written_as_text_is_rescued(make_gateway: HarnessFactory) -
     assert done["guardrails"]["rescued"] == 2
 
 
+async def test_two_calls_in_one_text_rescue_the_first(make_gateway: HarnessFactory) -> None:
+    both = (
+        '[{"name": "places.search", "arguments": {"query": "italian"}}, '
+        '{"name": "bookings.create", "arguments": {"place_id": "trattoria-roma", '
+        '"time": "20:00", "party_size": 2}}]'
+    )
+    gw = await make_gateway([text(both), call("t2", "bookings.create", BOOK)])
+    events = await gw.stream(body())
+    assert_well_formed(events)
+    assert [c["name"] for c in of(events, "tool.call")] == ["places.search", "bookings.create"]
+    assert of(events, "done")[0]["reason"] == "stop"
+
+
+async def test_a_rescued_call_in_native_mode(make_gateway: HarnessFactory) -> None:
+    gw = await make_gateway(
+        [
+            text('<tool_call>{"name": "places.search", "arguments": {"query": "x"}}</tool_call>'),
+            text('places.search(query="italian")'),
+            text('bookings.create(place_id="trattoria-roma", time="20:00", party_size=2)'),
+        ]
+    )
+    events = await gw.stream(body(mode="native"))
+    assert_well_formed(events)
+    assert [c["rescued"] for c in of(events, "tool.call")] == [True, True, True]
+    assert of(events, "done")[0]["reason"] == "stop"
+
+
 async def test_a_turn_without_a_call_gets_a_retry_nudge_then_succeeds(
     make_gateway: HarnessFactory,
 ) -> None:

@@ -601,11 +601,12 @@ class Conversation:
         return {"ok": True, "data": data, "warnings": [], "errors": []}
 
     def _rescued_turn(self, found: list[RescuedCall]) -> Turn:
-        """Calls rescued from a turn's text, as the engine's calls (ids the stream has not
-        used); the turn's text is what the model said."""
+        """The first call rescued from a turn's text, as the engine's call (an id the
+        stream has not used); the turn's text is what the model said. One call, as a
+        sentinel turn has: the continuation answers it with one result."""
         self._note("rescued")
         calls: list[BodyClosed] = []
-        for call in found:
+        for call in found[:1]:
             frame_id = next_turn_ids(self._seen_ids, max_objects=0).call
             self._seen_ids.add(frame_id)
             text = orjson.dumps(call.arguments).decode()
