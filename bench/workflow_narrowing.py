@@ -128,6 +128,7 @@ async def _main(runs: dict[str, int], arms: list[str]) -> None:
             frame_timeout_ms=600_000,
             upstream_first_byte_timeout_s=900,
             upstream_idle_timeout_s=300,
+            llama_nice=0,  # not below the other jobs of a shared machine: it is the bench
         )
         app = create_app(settings)
         async with serve(app, start_timeout_s=300) as url, httpx.AsyncClient(timeout=600) as client:
