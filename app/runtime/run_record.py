@@ -83,6 +83,8 @@ class RunRecord:
             "upstream_timings": counts.upstream_timings,
             "guardrails": dict(counts.guardrails),
             "context": context,
+            # SPEC §7: the workflow's steps, iterations and nudges (None: no workflow).
+            "workflow": counts.workflow.summary() if counts.workflow is not None else None,
         }
 
     @staticmethod

@@ -87,6 +87,8 @@ async def test_the_booking_workflow_completes_and_its_result_is_the_booking(
         "rescued": 0,
         "finished": True,
     }
+    metrics = await gw.metrics(of(events, "stream.begin")[0]["stream_id"])
+    assert metrics["workflow"] == done["workflow"]
     # The model was told the workflow and shown only its tools.
     system = orjson.loads(gw.upstream.requests[0].body)["messages"][0]["content"]
     assert 'workflow "book_a_table"' in system and "bookings.create" in system
