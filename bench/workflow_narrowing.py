@@ -8,8 +8,8 @@ Issue 17's target (SPEC §7): on the embedded model, the booking workflow
 Run with ``python -m bench.workflow_narrowing`` (``--runs N``, ``--wide-runs N``, ``--arms``).
 One gateway, the embedded default (``toolforge obtain``'s llama-server and model, started
 by the ServerManager), in this process; each run is the README's demo request with
-``"workflow": "book_a_table"``, ``mode: constrained``, temperature 0.7 and seed = the run's
-number, so the two arms see the same seeds:
+``"workflow": "book_a_table"``, ``mode: constrained``, the ``demo`` profile (temperature
+0.2, max_tokens 384) and seed = the run's number, so the two arms see the same seeds:
 
 * ``narrow``: the workflow as shipped (``narrow: true``);
 * ``wide``: the same workflow inline with ``narrow: false``: the grammar keeps the
@@ -52,7 +52,8 @@ def _request(arm: str, seed: int, workflow: dict[str, Any]) -> dict[str, Any]:
         "input": PROMPT,
         "workflow": flow,
         "mode": "constrained",
-        "sampling": {"temperature": 0.7, "seed": seed, "max_tokens": 256},
+        "profile": "demo",  # temperature 0.2, max_tokens 384, as the README's request
+        "sampling": {"seed": seed},
     }
 
 
@@ -141,7 +142,7 @@ async def _main(runs: dict[str, int], arms: list[str]) -> None:
     print(
         f"`python -m bench.workflow_narrowing --runs {runs['narrow']} --wide-runs "
         f"{runs['wide']}` on {platform.machine()}, {os.cpu_count()} CPUs; constrained mode, "
-        "temperature 0.7, seeds 1..N."
+        "the demo profile (temperature 0.2), seeds 1..N."
     )
     print()
     print(

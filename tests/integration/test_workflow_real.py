@@ -17,7 +17,7 @@ BODY: dict[str, Any] = {
     "input": "Find pizza near me; book a table for 2 at 7pm if open.",
     "workflow": "book_a_table",
     "mode": "constrained",
-    "sampling": {"temperature": 0.7, "seed": 1, "max_tokens": 256},
+    "profile": "demo",
 }
 
 
