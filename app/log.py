@@ -64,6 +64,7 @@ __all__ = [
     "TOOL_FINISHED",
     "TOOL_QUEUED",
     "UPSTREAM_ERROR",
+    "WORKFLOW_SKIPPED",
     "configure_logging",
     "get_logger",
 ]
@@ -72,6 +73,7 @@ __all__ = [
 # Event names: ``subject.what_happened``, stable, because dashboards and alerts match on
 # them. ``log.info(STREAM_STARTED, stream_id=...)``.
 STREAM_STARTED: Final = "stream.started"
+WORKFLOW_SKIPPED: Final = "workflow.skipped"  # a bundled workflow whose tools are absent
 STREAM_FINISHED: Final = "stream.finished"
 STREAM_CANCELLED: Final = "stream.cancelled"
 STREAM_INTERNAL_ERROR: Final = "stream.internal_error"
@@ -95,6 +97,7 @@ ARTIFACTS_WRITE_FAILED: Final = "artifacts.write_failed"
 EVENT_NAMES: Final = frozenset(
     {
         STREAM_STARTED,
+        WORKFLOW_SKIPPED,
         STREAM_FINISHED,
         STREAM_CANCELLED,
         STREAM_INTERNAL_ERROR,

@@ -370,6 +370,7 @@ def create_app(
                     workflows=load_workflows(
                         settings.workflows_dir or bundled_workflows_dir(),
                         known_tools=executor.registry.names(),
+                        skip_unavailable=settings.workflows_dir is None,
                     ),
                     workflow_nudges=workflow_nudges,
                     workflow_template=workflow_template,

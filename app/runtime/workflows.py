@@ -17,8 +17,11 @@ from pathlib import Path
 import orjson
 import yaml
 
-from toolforge.core.workflow import WorkflowDef, parse_workflow
+from toolforge.core.workflow import RESPOND, WorkflowDef, parse_workflow
 from toolforge.errors import ErrorCode, RequestError
+from toolforge.log import WORKFLOW_SKIPPED, get_logger
+
+log = get_logger(__name__)
 
 __all__ = ["bundled_workflows_dir", "load_workflows"]
 
@@ -38,9 +41,17 @@ def _entries(folder: Path | Traversable) -> Iterable[Path | Traversable]:
 
 
 def load_workflows(
-    folder: Path | Traversable, *, known_tools: Collection[str]
+    folder: Path | Traversable,
+    *,
+    known_tools: Collection[str],
+    skip_unavailable: bool = False,
 ) -> dict[str, WorkflowDef]:
-    """Every definition in ``folder`` by name; ``WORKFLOW_INVALID`` on the first bad one."""
+    """Every definition in ``folder`` by name; ``WORKFLOW_INVALID`` on the first bad one.
+
+    ``skip_unavailable``: leave out (and log) a definition whose tools this gateway does
+    not have, instead of refusing to start: the bundled demo workflows need the demo
+    tools, which a gateway built with other tools lacks. A configured ``WORKFLOWS_DIR`` is
+    strict."""
     if isinstance(folder, Path) and not folder.is_dir():
         raise RequestError(
             ErrorCode.WORKFLOW_INVALID,
@@ -61,6 +72,11 @@ def load_workflows(
                 f"({str(exc).splitlines()[0]})",
                 http_status=422,
             ) from None
+        if skip_unavailable and isinstance(doc, dict) and isinstance(doc.get("tools"), list):
+            missing = [t for t in doc["tools"] if t not in known_tools and t != RESPOND]
+            if missing:
+                log.info(WORKFLOW_SKIPPED, source=source, missing_tools=missing)
+                continue
         workflow = parse_workflow(doc, known_tools=known_tools, source=source)
         if workflow.name in found:
             raise RequestError(
