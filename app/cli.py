@@ -17,7 +17,8 @@ from toolforge.api.auth import exposure_warning
 from toolforge.api.server import run
 from toolforge.errors import ServerError
 from toolforge.eval.conformance.command import add_conformance_command
-from toolforge.runtime.local_backend import LocalBackend, cache_root
+from toolforge.eval.qualify.command import add_eval_command
+from toolforge.runtime.local_backend import LOCAL_MODELS, LocalBackend, cache_root
 from toolforge.settings import Settings
 from toolforge.timeline import DEMO_BODY, run_demo, use_color
 
@@ -59,7 +60,7 @@ def _obtain(args: argparse.Namespace) -> None:
     backend = LocalBackend(cache_root(), progress=lambda line: print(f"toolforge: {line}"))
     try:
         binary = settings.llama_server_bin or backend.llama_server()
-        model = settings.local_model_path or backend.model()
+        model = settings.local_model_path or backend.model(LOCAL_MODELS[settings.local_model])
     except ServerError as exc:
         print(f"toolforge: {exc.code}: {exc.message}", file=sys.stderr)
         raise SystemExit(1) from exc
@@ -151,6 +152,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     serve.add_argument("--model", help="model id sent upstream (MODEL_ID)")
     serve.set_defaults(func=_serve)
     add_conformance_command(sub)
+    add_eval_command(sub)
     obtain = sub.add_parser(
         "obtain",
         help="build llama-server and fetch the default model into the cache (first run: minutes)",

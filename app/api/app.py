@@ -42,6 +42,7 @@ from toolforge.runtime.cluster import RedisCluster, RedisGate, RedisRateLimiter
 from toolforge.runtime.context import context_policy, reported_n_ctx
 from toolforge.runtime.executor import ToolExecutor
 from toolforge.runtime.mcp import McpSources, load_mcp_config, start_mcp_sources
+from toolforge.runtime.local_backend import LOCAL_MODELS
 from toolforge.runtime.metrics import GatewayMetrics
 from toolforge.runtime.model_json import ask_json
 from toolforge.runtime.planner import PlannerConfig, SessionLimits, StreamPlanner
@@ -119,6 +120,7 @@ def _backend_config(settings: Settings) -> BackendConfig:
         cache_prompt=settings.llama_cache_prompt,
         server_bin=settings.llama_server_bin,
         model_path=settings.local_model_path,
+        local_model=LOCAL_MODELS[settings.local_model],
         model_name=None if settings.model_id == "default" else settings.model_id,
         connect_s=settings.upstream_connect_timeout_s,
         first_byte_s=settings.upstream_first_byte_timeout_s,

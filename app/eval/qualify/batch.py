@@ -105,14 +105,27 @@ async def run_batch(
     concurrency: int = 1,
     progress: Progress | None = None,
 ) -> list[RunResult]:
-    """Run ``jobs`` at most ``concurrency`` at a time; append each result as it comes."""
+    """Run ``jobs`` at most ``concurrency`` at a time; append each result as it comes.
+
+    An exception with a true ``fatal`` attribute (a setup error: every run would fail the
+    same way) stops the batch: nothing new starts, the runs in flight finish and are kept,
+    then it is raised. Any other exception is a bug and propagates at once."""
     results.repair_tail()
     gate = asyncio.Semaphore(max(1, concurrency))
     out: list[RunResult] = []
+    fatal: list[Exception] = []
 
     async def one(job: Job) -> None:
         async with gate:
-            result = await run(job)
+            if fatal:
+                return  # the batch is stopping: start nothing new
+            try:
+                result = await run(job)
+            except Exception as exc:
+                if not getattr(exc, "fatal", False):
+                    raise
+                fatal.append(exc)
+                return
         results.append([result])
         out.append(result)
         if progress is not None:
@@ -121,4 +134,6 @@ async def run_batch(
     async with asyncio.TaskGroup() as tg:
         for job in jobs:
             tg.create_task(one(job))
+    if fatal:
+        raise fatal[0]  # the runs in flight finished and were kept
     return out

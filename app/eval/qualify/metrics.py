@@ -52,6 +52,7 @@ class RunResult:
     degraded: int = 0
     tool_errors: int = 0
     error_code: str | None = None
+    error_message: str | None = None  # the error frame's message, cut to 300 characters
     terminal: str | None = None
     config: Mapping[str, Any] = field(default_factory=dict)
 
