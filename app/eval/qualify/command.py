@@ -125,7 +125,7 @@ def eval_command(args: argparse.Namespace) -> None:
         ablations = [preset(a) for a in args.ablation]
     except KeyError as exc:
         print(f"toolforge eval: {exc.args[0]}", file=sys.stderr)
-        raise SystemExit(2)
+        raise SystemExit(2) from None
     if not scenarios:
         print(f"toolforge eval: no scenario has the tags {args.tags}", file=sys.stderr)
         raise SystemExit(2)
