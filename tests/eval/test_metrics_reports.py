@@ -79,7 +79,7 @@ def test_cell_metrics_arithmetic() -> None:
     assert (c.runs, c.correct, c.completed) == (4, 2, 3)
     assert c.score == 0.5 and c.completeness == 0.75
     assert c.accuracy == pytest.approx(2 / 3)
-    assert c.efficiency == pytest.approx((2 / 2 + 2 / 4 + 2 / 3) / 3)
+    assert c.efficiency == pytest.approx((2 / 2 + 2 / 3) / 2)  # the correct runs
     assert c.wasted_calls == pytest.approx((0 + 3 + 7 + 1) / 4)
     assert (c.latency_p50, c.latency_p95) == (2.0, 9.0)
     assert c.prompt_tokens == 100.0

@@ -409,7 +409,11 @@ ARGUMENT_FIDELITY: Final = Scenario(
     build_tools=_entity_tools,
     required_steps=("find_entity", "get_entity_details"),
     terminal_tools=("submit_report",),
-    prerequisites={"submit_report": ({"tool": "find_entity", "match_arg": "entity_id"},)},
+    prerequisites={
+        "submit_report": (
+            {"tool": "find_entity", "match_arg": "entity_id", "result_key": "entity_id"},
+        )
+    },
     ideal_path=(
         ("find_entity", {"name": "Acme Robotics"}),
         ("get_entity_details", {"entity_id": 42}),

@@ -167,5 +167,8 @@ def eval_command(args: argparse.Namespace) -> None:
             except EvalSetupError as exc:
                 print(f"toolforge eval: stopped: {exc}", file=sys.stderr)
                 raise SystemExit(1) from None
+            except ValueError as exc:  # a backend or model that does not exist
+                print(f"toolforge eval: {exc}", file=sys.stderr)
+                raise SystemExit(2) from None
     print(write_reports(out, prov))
     print(f"\nreports: {out}/report.md, {out}/report.html, {out}/summary.json")

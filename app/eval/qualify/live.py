@@ -138,7 +138,15 @@ async def run_once(job: Job, backend: Backend, artifacts: Path) -> RunResult:
     if backend.scripted_model is not None:
         upstream = scripted(backend.scripted_model, scenario, native=mode == "native")
         mode = "sentinel" if mode in ("auto", "constrained") else mode
-    settings = Settings(artifacts_dir=artifacts, log_level="WARNING", **backend.settings)
+    # The scenario's workflow comes inline: no bundled workflow (they name demo tools).
+    no_workflows = artifacts / "no-workflows"
+    no_workflows.mkdir(exist_ok=True)
+    settings = Settings(
+        artifacts_dir=artifacts,
+        log_level="WARNING",
+        workflows_dir=no_workflows,
+        **backend.settings,
+    )
     app = create_app(settings, upstream=upstream, tools=tools)
     body: dict[str, Any] = {
         "input": scenario.prompt,

@@ -8,8 +8,9 @@ and every number in them can be recomputed from it. Definitions (seed 001, SPEC 
 * **completeness** = completed / total: runs that reached a terminal tool.
 * **accuracy** = correct / completed: of the runs that finished, how many got it right
   (``None`` when none finished).
-* **efficiency** = mean of ideal ÷ actual iterations over completed runs (1.0 = the ideal
-  path; ``None`` when none finished).
+* **efficiency** = mean of ideal ÷ actual iterations over *correct* runs (1.0 = the ideal
+  path; ``None`` when none was correct). Over correct runs only: a run that called the
+  terminal tool at once with made-up arguments is fast, not efficient.
 * **wasted calls** = mean of max(0, calls − ideal) over all runs.
 * **latency** p50/p95 of wall-clock seconds per run (nearest-rank percentiles).
 * **Wilson 95 % interval** on the score: honest for small N, never outside [0, 1].
@@ -150,6 +151,7 @@ def _cell(key: CellKey, runs: Sequence[RunResult]) -> CellMetrics:
     total = len(runs)
     correct = sum(r.correct for r in runs)
     completed = [r for r in runs if r.completed]
+    right = [r for r in runs if r.correct]
     low, high = wilson(correct, total)
     errors: dict[str, int] = {}
     for r in runs:
@@ -166,8 +168,8 @@ def _cell(key: CellKey, runs: Sequence[RunResult]) -> CellMetrics:
         completeness=len(completed) / total,
         accuracy=(correct / len(completed)) if completed else None,
         efficiency=(
-            sum(r.ideal_iterations / max(r.iterations, 1) for r in completed) / len(completed)
-            if completed
+            sum(r.ideal_iterations / max(r.iterations, 1) for r in right) / len(right)
+            if right
             else None
         ),
         wasted_calls=sum(max(0, r.tool_calls - r.ideal_iterations) for r in runs) / total,

@@ -1,0 +1,125 @@
+"""The offline eval: scripted models through a real gateway on loopback (the same path as a
+live run). Every scenario's ideal path scores; each ablation really turns its guardrail off,
+proven by a scripted model that needs it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+import pytest
+
+from toolforge.eval.qualify.ablation import preset
+from toolforge.eval.qualify.batch import Job, plan_jobs, run_batch
+from toolforge.eval.qualify.catalog import ALL_SCENARIOS, CORE, by_name
+from toolforge.eval.qualify.live import make_run
+from toolforge.eval.qualify.metrics import RunResult, aggregate
+from toolforge.eval.qualify.results import ResultsFile
+
+
+async def run(model: str, scenario: str, ablation: str, mode: str = "sentinel") -> RunResult:
+    async with make_run(f"scripted:{model}", None) as go:
+        return await go(Job(by_name(scenario), model, mode, preset(ablation), 0, 42))
+
+
+@pytest.mark.parametrize("mode", ["sentinel", "native"])
+async def test_the_perfect_model_scores_every_core_scenario(mode: str, tmp_path: Path) -> None:
+    results = ResultsFile(tmp_path / "results.jsonl")
+    jobs = plan_jobs(
+        CORE,
+        model="perfect",
+        modes=[mode],
+        ablations=[preset("reforged")],
+        runs=1,
+        seed=1,
+        done=set(),
+    )
+    async with make_run("scripted:perfect", None) as go:
+        await run_batch(jobs, go, results, concurrency=2)
+    cells = aggregate(results.read())
+    assert len(cells) == len(CORE)
+    failed = {c.scenario: c.errors for c in cells if c.score != 1.0}
+    assert not failed
+    assert all(c.efficiency == 1.0 for c in cells)  # the ideal path, nothing wasted
+
+
+@pytest.mark.parametrize("scenario", [s.name for s in ALL_SCENARIOS if s not in CORE], ids=str)
+async def test_the_perfect_model_scores_the_other_scenarios(scenario: str) -> None:
+    result = await run("perfect", scenario, "reforged")
+    assert result.correct, (result.error_code, result.error_message)
+
+
+@pytest.mark.parametrize(
+    ("model", "ablation", "failure"),
+    [
+        ("needs_rescue", "no_rescue", "RETRIES_EXHAUSTED"),
+        ("needs_nudge", "no_nudge", "RETRIES_EXHAUSTED"),
+        ("needs_recovery", "no_recovery", "TOOL_ERRORS_EXHAUSTED"),
+        ("needs_steps", "no_steps", None),  # the premature terminal call runs: wrong answer
+    ],
+)
+async def test_each_ablation_turns_its_guardrail_off(
+    model: str, ablation: str, failure: str | None
+) -> None:
+    helped = await run(model, "sequential_3step", "reforged")
+    assert helped.correct, (helped.error_code, helped.error_message)
+    alone = await run(model, "sequential_3step", ablation)
+    assert not alone.correct
+    assert alone.error_code == failure
+    if model == "needs_rescue":
+        assert helped.rescues == 1 and alone.rescues == 0
+    if model == "needs_steps":
+        assert helped.nudges == {"step:1": 1}
+        assert alone.completed and alone.terminal == "close_ticket"  # ran, with made-up args
+    bare = await run(model, "sequential_3step", "bare")
+    assert not bare.correct
+
+
+async def test_no_grammar_asks_for_sentinel_frames_without_a_grammar() -> None:
+    result = await run("perfect", "basic_2step", "no_grammar", mode="constrained")
+    assert result.correct and result.config["mode_sent"] == "sentinel"
+
+
+def test_the_cli_runs_resumes_and_reports(tmp_path: Path) -> None:
+    out = tmp_path / "eval"
+    argv = [
+        sys.executable,
+        "-m",
+        "toolforge.cli",
+        "eval",
+        "--backend",
+        "scripted:perfect",
+        "--scenario",
+        "basic_2step",
+        "error_recovery",
+        "--runs",
+        "2",
+        "--out",
+        str(out),
+    ]
+    first = subprocess.run(argv, capture_output=True, text=True, check=False, cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    assert "basic_2step" in first.stdout and "100%" in first.stdout
+    lines = (out / "results.jsonl").read_text().splitlines()
+    assert len(lines) == 4
+    again = subprocess.run(argv, capture_output=True, text=True, check=False, cwd=tmp_path)
+    assert again.returncode == 0 and "4 runs already done" in again.stderr
+    assert len((out / "results.jsonl").read_text().splitlines()) == 4
+    summary = orjson.loads((out / "summary.json").read_bytes())
+    assert summary["totals"]["scripted:perfect | auto | reforged"]["score"] == 1.0
+    assert summary["provenance"]["backend"] == "scripted:perfect"
+    assert (out / "report.md").read_text().startswith("# ToolForge eval")
+    assert "eval-data" in (out / "report.html").read_text()
+
+
+def test_a_refused_request_stops_the_cli_with_a_message(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "toolforge.cli", "eval", "--backend", "scripted:nobody"],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=tmp_path,
+    )
+    assert done.returncode != 0 and "no scripted model 'nobody'" in done.stderr
