@@ -90,8 +90,8 @@ def _parse_backend(backend: str, model: str | None) -> dict[str, Any]:
 
 @contextlib.asynccontextmanager
 async def _embedded(model: str | None) -> AsyncIterator[dict[str, Any]]:
-    """The managed llama-server for the whole batch: one gateway starts it and serves no
-    run; each run's gateway talks to it directly."""
+    """The managed llama-server for the whole batch: one gateway's lifespan starts it (and
+    stops it after); each run's gateway talks to it directly."""
     key = model or "smollm2-135m"
     if key not in LOCAL_MODELS:
         raise ValueError(f"no embedded model {key!r}; known: {', '.join(LOCAL_MODELS)}")
@@ -99,7 +99,8 @@ async def _embedded(model: str | None) -> AsyncIterator[dict[str, Any]]:
         host = create_app(
             Settings(artifacts_dir=Path(tmp), local_model=key, log_level="WARNING"),
         )
-        async with serve(host):
+        # Its lifespan only (no HTTP): starting llama-server can take a minute.
+        async with host.router.lifespan_context(host):
             effective: Settings = host.state.gateway.settings
             yield {
                 "upstream_base_url": effective.upstream_base_url,
