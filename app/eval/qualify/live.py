@@ -17,6 +17,7 @@ OpenAI-compatible server (``llama:URL`` for a llama-server, with grammars); ``ol
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import tempfile
 import time
@@ -42,6 +43,7 @@ from toolforge.upstream.base import Upstream
 __all__ = ["Backend", "EvalSetupError", "make_run", "model_label", "read_run", "run_once"]
 
 RUN_TIMEOUT_S = 600.0
+MAX_TOKENS_PER_TURN = 384
 
 
 class EvalSetupError(Exception):
@@ -153,13 +155,30 @@ async def run_once(job: Job, backend: Backend, artifacts: Path) -> RunResult:
         "input": scenario.prompt,
         "mode": mode,
         "workflow": job.ablation.apply(scenario.workflow()),
-        "sampling": {"seed": job.seed},
+        # Low temperature, a seed, and a bound per turn: a small model that never stops
+        # would otherwise write to the end of its context on every turn.
+        "sampling": {"seed": job.seed, "temperature": 0.2, "max_tokens": MAX_TOKENS_PER_TURN},
     }
     if scenario.system:
         body["system"] = scenario.system
     started = time.monotonic()
     async with serve(app) as url, httpx.AsyncClient(timeout=RUN_TIMEOUT_S) as client:
-        events, refused = await _stream(client, f"{url}/v1/stream", body)
+        try:
+            async with asyncio.timeout(RUN_TIMEOUT_S):
+                events, refused = await _stream(client, f"{url}/v1/stream", body)
+        except TimeoutError:  # a run, not the batch: recorded as a failure with its code
+            events, refused = (
+                [
+                    (
+                        "error",
+                        {
+                            "code": "RUN_TIMEOUT",
+                            "message": f"no done frame within {RUN_TIMEOUT_S:g} s",
+                        },
+                    )
+                ],
+                None,
+            )
     if refused is not None:  # raised once the gateway is down, not through its shutdown
         raise EvalSetupError(refused)
     return read_run(job, events, time.monotonic() - started, config=_config(job, mode))
