@@ -41,8 +41,8 @@ from toolforge.runtime.backends import Backend, BackendConfig, start_embedded, s
 from toolforge.runtime.cluster import RedisCluster, RedisGate, RedisRateLimiter
 from toolforge.runtime.context import context_policy, reported_n_ctx
 from toolforge.runtime.executor import ToolExecutor
-from toolforge.runtime.mcp import McpSources, load_mcp_config, start_mcp_sources
 from toolforge.runtime.local_backend import LOCAL_MODELS
+from toolforge.runtime.mcp import McpSources, load_mcp_config, start_mcp_sources
 from toolforge.runtime.metrics import GatewayMetrics
 from toolforge.runtime.model_json import ask_json
 from toolforge.runtime.planner import PlannerConfig, SessionLimits, StreamPlanner
