@@ -43,7 +43,7 @@ from toolforge.upstream.base import Upstream
 __all__ = ["Backend", "EvalSetupError", "make_run", "model_label", "read_run", "run_once"]
 
 RUN_TIMEOUT_S = 600.0
-MAX_TOKENS_PER_TURN = 384
+MAX_TOKENS_PER_TURN = 192  # a call or a short answer fits; a small model's rambling is cut
 
 
 class EvalSetupError(Exception):
