@@ -141,8 +141,8 @@ def fresh_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _outside_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("PYTHONPATH", "VIRTUAL_ENV", "UPSTREAM_BASE_URL", "GROQ_BASE_URL")}  # fmt: skip
+    drop = ("PYTHONPATH", "VIRTUAL_ENV", "UPSTREAM_BASE_URL", "GROQ_BASE_URL")
+    env = {k: v for k, v in os.environ.items() if k not in drop}
     env.update(extra)
     return env
 
@@ -198,9 +198,9 @@ async def test_the_installed_wheel_serves_the_demo_from_outside_the_repo(
     answer = Script.from_tokens(["Found ", "Pizzeria ", "Roma."])
     port = _free_port()
     async with ScriptedUpstream([search, answer]) as upstream:
-        proc = subprocess.Popen(
-            [str(fresh_venv / "bin" / "toolforge"), "serve", "--port", str(port),
-             "--upstream", upstream.base_url, "--model", "scripted"],
+        proc = await asyncio.create_subprocess_exec(
+            str(fresh_venv / "bin" / "toolforge"), "serve", "--port", str(port),
+            "--upstream", upstream.base_url, "--model", "scripted",
             cwd=elsewhere, env=_outside_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         )  # fmt: skip
         try:
@@ -210,14 +210,15 @@ async def test_the_installed_wheel_serves_the_demo_from_outside_the_repo(
                         if (await client.get("/healthz")).status_code == 200:
                             break
                     except httpx.TransportError:
-                        assert proc.poll() is None, "toolforge serve exited"
+                        assert proc.returncode is None, "toolforge serve exited"
                     await asyncio.sleep(0.1)
                 body = {"input": "Find pizza near me", "profile": "demo", "max_tool_calls": 1}
                 async with client.stream("POST", "/v1/stream", json=body, timeout=30) as r:
                     text = (await r.aread()).decode()
         finally:
             proc.terminate()
-            _, stderr = proc.communicate(timeout=20)
+            async with asyncio.timeout(20):
+                _, stderr = await proc.communicate()
     assert r.status_code == 200, text
     events = [line.split(": ", 1)[1] for line in text.splitlines() if line.startswith("event:")]
     assert "tool.call" in events and "tool.result" in events and events[-1] == "done"
