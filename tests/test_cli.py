@@ -134,3 +134,15 @@ def test_obtain_explains_why_only_when_it_has_work(tmp_path: Path) -> None:
         env=env, capture_output=True, text=True,
     )  # fmt: skip
     assert out.returncode == 0 and "WHY-LINE" not in out.stdout
+
+
+def test_the_readme_and_the_cli_give_the_same_build_estimate() -> None:
+    from toolforge.runtime.local_backend import BUILD_ESTIMATE
+
+    readme = " ".join((Path(__file__).resolve().parents[1] / "README.md").read_text().split())
+    assert BUILD_ESTIMATE in readme
+    assert "10-20 minutes" not in readme
+    obtain = subprocess.run(
+        [sys.executable, "-m", "toolforge.cli", "obtain", "--help"], capture_output=True, text=True
+    ).stdout
+    assert BUILD_ESTIMATE in " ".join(obtain.split())
