@@ -19,6 +19,7 @@ from toolforge.api.server import run
 from toolforge.errors import ServerError
 from toolforge.eval.conformance.command import add_conformance_command
 from toolforge.eval.qualify.command import add_eval_command
+from toolforge.log import GATEWAY_READY, get_logger, logs_are_json
 from toolforge.runtime.local_backend import BUILD_ESTIMATE, LOCAL_MODELS, LocalBackend, cache_root
 from toolforge.settings import Settings
 from toolforge.timeline import DEMO_BODY, run_demo, use_color
@@ -48,8 +49,16 @@ def _serve(args: argparse.Namespace) -> None:
         print(warning, file=sys.stderr, flush=True)
 
     def ready(effective: Settings) -> None:
-        # A human is reading: plain text, and a request they can paste as is.
         body = json.dumps(DEMO_BODY)
+        if logs_are_json():  # a machine is reading stderr: one more JSON line
+            get_logger(__name__).info(
+                GATEWAY_READY,
+                url=f"http://{host}:{port}",
+                upstream=effective.upstream_base_url,
+                model=effective.model_id,
+            )
+            return
+        # A human is reading: plain text, and a request they can paste as is.
         print(
             f"\nToolForge is serving on http://{host}:{port} "
             f"(upstream {effective.upstream_base_url}, model {effective.model_id}).\n"

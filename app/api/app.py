@@ -264,7 +264,10 @@ def create_app(
     the gateway can serve. ``limiter`` holds the per-key rate limits' state (default: in
     this process, :class:`~toolforge.runtime.ratelimit.MemoryRateLimiter`)."""
     settings = settings if settings is not None else Settings()
-    configure_logging(level=settings.log_level, json=settings.log_json)
+    json_logs = settings.log_json
+    if json_logs is None and settings.log_format != "auto":
+        json_logs = settings.log_format == "json"
+    configure_logging(level=settings.log_level, json=json_logs)
     system_template = (PROMPTS_DIR / "system.txt").read_text(encoding="utf-8")
     repair_template = (PROMPTS_DIR / "repair.txt").read_text(encoding="utf-8")
     proxy_tools_template = (PROMPTS_DIR / "proxy_tools.txt").read_text(encoding="utf-8")
