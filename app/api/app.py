@@ -350,12 +350,16 @@ def create_app(
                 gate=None if cluster is None else RedisGate(cluster, settings.tool_concurrency),
             )
             schemas = builtin_registry()
+            metrics = GatewayMetrics()
+            metrics.watch_queues(
+                frames=registry.frames_buffered, tools=lambda: executor.queue_depth
+            )
             app.state.gateway = Gateway(
                 settings=effective,
                 upstream=adapter,
                 client=client,
                 registry=registry,
-                metrics=GatewayMetrics(),
+                metrics=metrics,
                 executor=executor,
                 schemas=schemas,
                 planner=StreamPlanner(

@@ -484,7 +484,9 @@ class StreamSession:
         )
         self._record.tool_logs.append(result.record.to_dict())
         if self._metrics is not None:
-            self._metrics.tool_call(action.name, "ok" if result.ok else "error")
+            self._metrics.tool_call(
+                action.name, "ok" if result.ok else "error", result.duration_ms / 1000
+            )
         return ToolOutcome(result.frame(), result.envelope.to_dict())
 
     async def _client_tool(self, action: RunTool) -> ToolOutcome:
@@ -526,7 +528,9 @@ class StreamSession:
         )
         self._record.tool_logs.append(result.record.to_dict())
         if self._metrics is not None:
-            self._metrics.tool_call(action.name, "ok" if result.ok else "error")
+            self._metrics.tool_call(
+                action.name, "ok" if result.ok else "error", result.duration_ms / 1000
+            )
         return ToolOutcome(result.frame(), result.envelope.to_dict())
 
     def _refused(self, action: RefuseTool) -> None:
@@ -608,6 +612,9 @@ class StreamSession:
                 summary["frame_counts"],
                 summary["tokens"],
                 self.log.paused_s,
+                model=self.plan.chat.model,
+                mode=self.plan.mode.name,
+                prompt_tokens=int((counts.usage or {}).get("prompt_tokens") or 0),
             )
             if counts.guardrails:
                 self._metrics.guardrail_actions(counts.guardrails)
