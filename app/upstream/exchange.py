@@ -295,7 +295,7 @@ async def open_stream(
     response: ResponseHead | httpx.Response
     try:
         with exchange.until(None):  # connect: bounded by httpx's connect/pool timeouts
-            if lean is not None:
+            if lean is not None and not lean.proxied(post.key):
                 response = await lean.post(post, content, timeouts.as_dict(), sent)
             else:
                 http_request = client.build_request(
