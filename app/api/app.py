@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from importlib.resources import files
 
+import anyio
 import httpx
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -49,6 +50,7 @@ from toolforge.runtime.planner import PlannerConfig, SessionLimits, StreamPlanne
 from toolforge.runtime.ratelimit import MemoryRateLimiter, RateLimiter
 from toolforge.runtime.servers import ServerManager
 from toolforge.runtime.streams import StreamRegistry
+from toolforge.runtime.tracing import tracing_from_env
 from toolforge.runtime.workflows import bundled_workflows_dir, load_workflows
 from toolforge.settings import Settings
 from toolforge.tools import load_packs
@@ -350,6 +352,9 @@ def create_app(
                 gate=None if cluster is None else RedisGate(cluster, settings.tool_concurrency),
             )
             schemas = builtin_registry()
+            tracing = tracing_from_env()  # OTEL_* variables; None: off
+            if tracing is not None:
+                tracing.server_url = effective.upstream_base_url
             metrics = GatewayMetrics()
             metrics.watch_queues(
                 frames=registry.frames_buffered, tools=lambda: executor.queue_depth
@@ -396,6 +401,7 @@ def create_app(
                 proxy_tools_template=proxy_tools_template,
                 proxy_nudges=proxy_nudges,
                 cluster=cluster,
+                tracing=tracing,
             )
             if cluster is not None:
                 gateway = app.state.gateway
@@ -416,6 +422,8 @@ def create_app(
                     await cluster.aclose()  # after the streams: their last frames flushed
                 if manager is not None:
                     await manager.aclose()
+                if tracing is not None:
+                    await anyio.to_thread.run_sync(tracing.shutdown)  # flush the last spans
 
     app = GatewayApp(
         title="ToolForge",
