@@ -154,6 +154,7 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.llama
 	$(BIN)/python -m bench.proxy_quality
 	$(BIN)/python -m bench.task_analysis
+	$(BIN)/python -m bench.libraries
 
 clean:
 	rm -rf $(VENV) .typecheck .pytest_cache .mypy_cache .ruff_cache .hypothesis $(NODE_DIR)/node_modules

@@ -117,3 +117,23 @@ def test_the_makefile_checks_before_it_downloads(target: str) -> None:
         i for i, line in enumerate(lines) if "pip install" in line or "obtain" in line
     )
     assert check < first_download
+
+
+def test_make_test_obtains_first_and_test_fast_skips_the_real_tier() -> None:
+    root = SCRIPT.parents[2]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MAKE")}
+
+    def recipe(target: str) -> list[str]:
+        out = subprocess.run(
+            ["make", "-n", target], cwd=root, env=env, capture_output=True, text=True
+        )
+        assert out.returncode == 0, out.stderr
+        return out.stdout.splitlines()
+
+    full = recipe("test")
+    obtain = next(i for i, line in enumerate(full) if "toolforge obtain --why" in line)
+    pytest_line = next(i for i, line in enumerate(full) if "-m pytest" in line)
+    assert obtain < pytest_line and "-m" not in full[pytest_line].split("pytest", 1)[1]
+    fast = recipe("test-fast")
+    assert not any("obtain" in line for line in fast)
+    assert any('-m pytest -q -m "not real"' in line for line in fast)
