@@ -306,25 +306,23 @@ async def open_stream(
 
     lean = getattr(client, "lean", None)  # toolforge.upstream.transport.UpstreamClient
     response: ResponseHead | httpx.Response
-    trace_headers: dict[str, str] = {}
-    if _inject is not None:
-        _inject(trace_headers)
+    headers, extra = post.headers, b""
+    if _inject is not None:  # traces on: this request's traceparent
+        carrier: dict[str, str] = {}
+        _inject(carrier)
+        if carrier:
+            headers = {**headers, **carrier}
+            extra = "".join(f"{k}: {v}\r\n" for k, v in carrier.items()).encode("latin-1")
     try:
         with exchange.until(None):  # connect: bounded by httpx's connect/pool timeouts
             if lean is not None and not lean.proxied(post.key):
-                if trace_headers:
-                    extra = "".join(f"{k}: {v}\r\n" for k, v in trace_headers.items())
-                    response = await lean.post(
-                        post, content, timeouts.as_dict(), sent, extra.encode("latin-1")
-                    )
-                else:
-                    response = await lean.post(post, content, timeouts.as_dict(), sent)
+                response = await lean.post(post, content, timeouts.as_dict(), sent, extra)
             else:
                 http_request = client.build_request(
                     "POST",
                     post.url,
                     content=content,
-                    headers={**post.headers, **trace_headers} if trace_headers else post.headers,
+                    headers=headers,
                     timeout=timeouts,
                     extensions={"trace": trace},
                 )
