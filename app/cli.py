@@ -13,7 +13,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
-from toolforge.api.app import create_app
+from toolforge.api.app import create_app, log_json
 from toolforge.api.auth import exposure_warning
 from toolforge.api.server import run
 from toolforge.errors import ServerError
@@ -105,7 +105,7 @@ def _mcp_serve(args: argparse.Namespace) -> None:
     from toolforge.tools import load_packs
 
     settings = Settings()
-    configure_logging(level=settings.log_level, json=settings.log_json)  # to stderr
+    configure_logging(level=settings.log_level, json=log_json(settings))  # to stderr
     try:
         registry = load_packs(settings)
     except ToolConfigError as exc:

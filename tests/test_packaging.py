@@ -75,22 +75,25 @@ def _runtime_closure(wheel: Path) -> list[Distribution]:
     todo = [(Requirement(line.split(":", 1)[1].strip()), "") for line in lines
             if line.startswith("Requires-Dist:")]  # fmt: skip
     seen: dict[str, Distribution] = {}
+    extras_done: set[tuple[str, str]] = set()  # (distribution, extra) expanded
     while todo:
         req, extra = todo.pop()
         if req.marker is not None and not req.marker.evaluate({"extra": extra}):
             continue
         key = canonicalize_name(req.name)
-        if key in seen:
+        wanted = {""} | set(req.extras)
+        if {(key, w) for w in wanted} <= extras_done:
             continue
-        try:
-            dist = distribution(req.name)
-        except PackageNotFoundError:
-            pytest.fail(f"{req.name} (required by the wheel) is not installed here")
-        seen[key] = dist
-        for line in dist.requires or []:
+        if key not in seen:
+            try:
+                seen[key] = distribution(req.name)
+            except PackageNotFoundError:
+                pytest.fail(f"{req.name} (required by the wheel) is not installed here")
+        for line in seen[key].requires or []:
             sub = Requirement(line)
-            for wanted in ("", *req.extras):
-                todo.append((sub, wanted))
+            for w in wanted - {e for d, e in extras_done if d == key}:
+                todo.append((sub, w))
+        extras_done |= {(key, w) for w in wanted}
     return list(seen.values())
 
 

@@ -60,7 +60,7 @@ from toolforge.upstream.llama_server import LlamaServerUpstream
 from toolforge.upstream.openai_compat import OpenAICompatUpstream
 from toolforge.upstream.transport import DEFAULT_LIMITS, LeanTransport, UpstreamClient
 
-__all__ = ["PROMPTS_DIR", "create_app"]
+__all__ = ["PROMPTS_DIR", "create_app", "log_json"]
 
 # prompts/ is package data (toolforge.prompts): the same files from the repo, an editable
 # install or a wheel.
@@ -252,6 +252,14 @@ def load_workflow_nudges() -> WorkflowNudges:
     )
 
 
+def log_json(settings: Settings) -> bool | None:
+    """JSON logs (True), console lines (False), or by where stderr goes (None): ``LOG_JSON``
+    when set, else ``LOG_FORMAT``."""
+    if settings.log_json is not None or settings.log_format == "auto":
+        return settings.log_json
+    return settings.log_format == "json"
+
+
 def create_app(
     settings: Settings | None = None,
     *,
@@ -266,10 +274,7 @@ def create_app(
     the gateway can serve. ``limiter`` holds the per-key rate limits' state (default: in
     this process, :class:`~toolforge.runtime.ratelimit.MemoryRateLimiter`)."""
     settings = settings if settings is not None else Settings()
-    json_logs = settings.log_json
-    if json_logs is None and settings.log_format != "auto":
-        json_logs = settings.log_format == "json"
-    configure_logging(level=settings.log_level, json=json_logs)
+    configure_logging(level=settings.log_level, json=log_json(settings))
     system_template = (PROMPTS_DIR / "system.txt").read_text(encoding="utf-8")
     repair_template = (PROMPTS_DIR / "repair.txt").read_text(encoding="utf-8")
     proxy_tools_template = (PROMPTS_DIR / "proxy_tools.txt").read_text(encoding="utf-8")
