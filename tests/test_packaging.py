@@ -218,6 +218,9 @@ async def test_the_installed_wheel_serves_the_demo_from_outside_the_repo(
                 body = {"input": "Find pizza near me", "profile": "demo", "max_tool_calls": 1}
                 async with client.stream("POST", "/v1/stream", json=body, timeout=30) as r:
                     text = (await r.aread()).decode()
+                # The web UI is served from a source checkout: from a wheel, a page saying so.
+                ui = await client.get("/")
+                assert ui.status_code == 503 and "source checkout" in ui.text
         finally:
             proc.terminate()
             async with asyncio.timeout(20):
