@@ -5,6 +5,8 @@ depth gauges (SPEC §4, §5)."""
 
 from __future__ import annotations
 
+import asyncio
+
 import orjson
 from prometheus_client.openmetrics.parser import (
     text_string_to_metric_families as openmetrics_families,
@@ -14,6 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.api.conftest import HarnessFactory, assert_well_formed, sentinel_reply
 from toolforge.core.events import FrameKind
 from toolforge.core.protocol import sentinels
+from toolforge.eval.loopback import open_raw_stream
 from toolforge.eval.scripted_upstream import Script
 
 SEARCH = {"query": "pizza"}
@@ -70,3 +73,28 @@ async def test_metrics_after_a_scripted_stream(make_gateway: HarnessFactory) -> 
     assert 0 < values[("toolforge_tool_duration_seconds_sum", tool)] < 5
     assert values[("toolforge_tool_queue_depth", ())] == 0
     assert values[("toolforge_frame_queue_depth", ())] == 0  # the stream has ended
+
+
+async def test_the_frame_queue_gauge_shows_a_stalled_client(make_gateway: HarnessFactory) -> None:
+    # As test_faults' slow client: 10 KB frames, a queue of 8, a client that stops reading.
+    script = Script.from_tokens(["x" * 10_000] * 2000)  # far more than socket buffers hold
+    gw = await make_gateway([script], queue_max_frames=8)
+    reader, writer = await open_raw_stream(gw, {"input": "x"}, rcvbuf=4096)
+    await reader.readuntil(b"event: stream.begin")
+    await asyncio.sleep(0.5)  # the client stalls; the queue fills and the model pauses
+
+    def scrape() -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        return _samples(text_string_to_metric_families(plain.text))
+
+    plain = await gw.client.get(f"{gw.url}/metrics")
+    stalled = scrape()
+    assert 1 <= stalled[("toolforge_frame_queue_depth", ())] <= 8
+    assert stalled[("toolforge_streams_active", ())] == 1
+    while b"event: done" not in (chunk := await reader.read(1 << 16)) and chunk:
+        pass
+    writer.close()
+    await gw.settle()
+    plain = await gw.client.get(f"{gw.url}/metrics")
+    drained = scrape()
+    assert drained[("toolforge_frame_queue_depth", ())] == 0
+    assert drained[("toolforge_queue_paused_seconds_total", ())] > 0
