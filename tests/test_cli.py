@@ -102,7 +102,7 @@ def test_help_shows_defaults_and_environment_variables() -> None:
     serve = subprocess.run(
         [sys.executable, "-m", "toolforge.cli", "serve", "--help"], capture_output=True, text=True
     ).stdout
-    assert "(127.0.0.1)" in serve and "(8000)" in serve
+    assert "(127.0.0.1" in serve and "(8000)" in serve and "API_KEYS" in serve
     for name in ("UPSTREAM_BASE_URL", "MODEL_ID", "LOG_FORMAT", "HTTPS_PROXY", "OTEL_"):
         assert name in serve
     obtain = subprocess.run(
