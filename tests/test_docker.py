@@ -286,6 +286,12 @@ def test_gateway_image(stages: dict[str, Stage]) -> None:
     assert not any(c.startswith(("app", "tools", "prompts", "schemas")) for c in copies)
     wheel = " ".join(i.args for i in stages["wheel"].all("RUN"))
     assert "pip wheel --no-deps --wheel-dir /dist ." in wheel
+    # Every folder pyproject maps into the package reaches the wheel stage.
+    mapped = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "package-dir"
+    ].values()
+    wheel_copies = {shlex.split(i.args)[0] for i in stages["wheel"].all("COPY")}
+    assert set(mapped) <= wheel_copies, set(mapped) - wheel_copies
     assert gateway.all("WORKDIR")[-1].args == gateway.env()["ARTIFACTS_DIR"].rsplit("/", 1)[0]
 
 

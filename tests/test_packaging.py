@@ -31,7 +31,14 @@ from packaging.utils import canonicalize_name
 from toolforge.eval.scripted_upstream import Script, ScriptedUpstream
 
 ROOT = Path(__file__).resolve().parents[1]
-SOURCES = ("pyproject.toml", "README.md", "app", "tools", "prompts", "schemas")
+# What `pip wheel .` reads: the metadata, and every folder pyproject maps into the package.
+SOURCES = (
+    "pyproject.toml",
+    "README.md",
+    *tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "package-dir"
+    ].values(),
+)
 
 
 def test_every_subpackage_is_listed_in_pyproject() -> None:
