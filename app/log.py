@@ -2,11 +2,19 @@
 
 Why these choices:
 
-* **structlog's native filtering logger**, not the stdlib bridge. The gateway's own events
-  need no ``logging`` handlers, and ``make_filtering_bound_logger`` turns calls below the
-  level into a bare ``return None``. :func:`get_logger` therefore returns
+* **structlog's native filtering logger** for the gateway's own events, not the stdlib
+  bridge: ``make_filtering_bound_logger`` turns calls below the level into a bare
+  ``return None``. :func:`get_logger` therefore returns
   ``structlog.typing.FilteringBoundLogger`` (which also has ``await log.ainfo(...)``).
-  uvicorn and httpx keep logging through the stdlib as they were configured.
+* **Everyone else's logs join them.** uvicorn, httpx, asyncio and any library log through
+  the stdlib; :func:`configure_logging` puts one handler on the root logger whose
+  formatter is structlog's ``ProcessorFormatter`` with the same processors (timestamp,
+  level, logger name, redaction, renderer), so a uvicorn warning is the same kind of line
+  as a gateway event. uvicorn is served with ``log_config=None`` (toolforge.api.server):
+  its loggers propagate to that handler instead of printing their own format.
+* **Console or JSON by where stderr goes**: console lines (structlog's ``ConsoleRenderer``)
+  when stderr is a terminal, JSON lines otherwise; ``LOG_FORMAT=console|json`` (or
+  ``LOG_JSON``) overrides.
 * **orjson** renders each event as one compact line, written whole under a lock.
 * **Redaction is a processor**, the last one before rendering, so nothing a caller binds,
   passes or raises reaches the output unredacted (SPEC §4: "secrets redacted
@@ -50,6 +58,7 @@ __all__ = [
     "EVENT_NAMES",
     "FRAME_DEGRADED",
     "FRAME_REPAIRED",
+    "GATEWAY_READY",
     "MODE_SELECTED",
     "SERVER_CRASHED",
     "SERVER_DECISION",
@@ -67,6 +76,7 @@ __all__ = [
     "WORKFLOW_SKIPPED",
     "configure_logging",
     "get_logger",
+    "logs_are_json",
 ]
 
 
@@ -92,6 +102,7 @@ SERVER_CRASHED: Final = "server.crashed"
 SERVER_RESTARTED: Final = "server.restarted"
 SERVER_STOPPED: Final = "server.stopped"
 ARTIFACTS_WRITTEN: Final = "artifacts.written"
+GATEWAY_READY: Final = "gateway.ready"  # serving: the URL and the demo request
 ARTIFACTS_WRITE_FAILED: Final = "artifacts.write_failed"
 
 EVENT_NAMES: Final = frozenset(
@@ -117,6 +128,7 @@ EVENT_NAMES: Final = frozenset(
         SERVER_STOPPED,
         ARTIFACTS_WRITTEN,
         ARTIFACTS_WRITE_FAILED,
+        GATEWAY_READY,
     }
 )
 """Every event name above, for tests and for tooling that checks dashboards."""
@@ -130,17 +142,26 @@ _DICT_TRACEBACKS: Final = structlog.processors.ExceptionRenderer(
 )
 
 
-def configure_logging(*, level: str = "INFO", json: bool = True) -> None:
-    """Configure structlog for the whole process. Safe to call any number of times.
+_json_mode = True  # what the last configure_logging chose (logs_are_json)
+
+
+def configure_logging(*, level: str = "INFO", json: bool | None = None) -> None:
+    """Configure structlog, and the stdlib's root logger through it, for the whole
+    process. Safe to call any number of times.
 
     ``level`` is a stdlib level name (``"DEBUG"``, ``"info"``, ...; ``ValueError``
-    otherwise). ``json=False`` renders key=value lines for a developer's terminal
-    instead of JSON; redaction applies either way.
+    otherwise). ``json=None`` renders JSON lines unless stderr is a terminal, where it
+    renders structlog's console lines; ``True``/``False`` force one. Redaction applies
+    either way.
     """
+    global _json_mode
     try:
         min_level = _LEVELS[level.strip().upper()]
     except KeyError:
         raise ValueError(f"unknown log level {level!r}; use one of {sorted(_LEVELS)}") from None
+    if json is None:
+        json = not _stderr_is_a_terminal()
+    _json_mode = json
     exceptions: Processor
     renderer: Processor
     if json:
@@ -150,21 +171,78 @@ def configure_logging(*, level: str = "INFO", json: bool = True) -> None:
         # Tracebacks become text before redaction, so they are redacted too.
         exceptions = structlog.processors.format_exc_info
         renderer = structlog.dev.ConsoleRenderer(colors=_stderr_is_a_terminal())
+    shared: list[Processor] = [
+        structlog.contextvars.merge_contextvars,
+        structlog.processors.add_log_level,
+        _add_logger_name,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+        structlog.processors.StackInfoRenderer(),
+    ]
     structlog.configure(
-        processors=[
-            structlog.contextvars.merge_contextvars,
-            structlog.processors.add_log_level,
-            _add_logger_name,
-            structlog.processors.TimeStamper(fmt="iso", utc=True),
-            structlog.processors.StackInfoRenderer(),
-            exceptions,
-            _redact_event,
-            renderer,
-        ],
+        processors=[*shared, exceptions, _redact_event, renderer],
         wrapper_class=structlog.make_filtering_bound_logger(min_level),
         logger_factory=_StderrLoggerFactory(),
         cache_logger_on_first_use=False,
     )
+    _configure_stdlib(min_level, shared, exceptions, renderer)
+
+
+def logs_are_json() -> bool:
+    """Whether the last :func:`configure_logging` chose JSON lines (else console lines)."""
+    return _json_mode
+
+
+def _configure_stdlib(
+    level: int, shared: list[Processor], exceptions: Processor, renderer: Processor
+) -> None:
+    """The root logger's one handler: stdlib records through the same processors."""
+    formatter = structlog.stdlib.ProcessorFormatter(
+        foreign_pre_chain=shared,
+        processors=[
+            structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+            exceptions,
+            _redact_event,
+            _RenderToStr(renderer),
+        ],
+    )
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        if isinstance(handler, _StderrHandler):
+            root.removeHandler(handler)
+    handler = _StderrHandler()
+    handler.setFormatter(formatter)
+    root.addHandler(handler)
+    root.setLevel(level)
+    # httpx logs every request at INFO ("HTTP Request: POST ..."): one line per upstream
+    # call is noise beside stream.finished, and a cost on the stream's path. DEBUG shows it.
+    for chatty in ("httpx", "httpcore"):
+        logging.getLogger(chatty).setLevel(
+            logging.DEBUG if level <= logging.DEBUG else logging.WARNING
+        )
+
+
+class _RenderToStr:
+    """The renderer for stdlib records: ProcessorFormatter wants ``str``, orjson gives
+    ``bytes``."""
+
+    def __init__(self, renderer: Processor) -> None:
+        self._renderer = renderer
+
+    def __call__(self, logger: WrappedLogger, method: str, event_dict: EventDict) -> str:
+        out = self._renderer(logger, method, event_dict)
+        return out.decode("utf-8", "replace") if isinstance(out, bytes) else str(out)
+
+
+class _StderrHandler(logging.Handler):
+    """Writes each formatted record to whatever ``sys.stderr`` is at the time (like
+    :class:`_StderrLogger`), one whole line under the same lock; never raises."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            line = self.format(record)
+        except Exception:  # a broken record or argument: logging must not raise
+            line = f'{{"event": "log record not formattable", "logger": "{record.name}"}}'
+        _StderrLogger(record.name).msg(line)
 
 
 def get_logger(name: str) -> FilteringBoundLogger:
@@ -250,7 +328,8 @@ class _Logger:
 
 
 def _add_logger_name(logger: WrappedLogger, _method: str, event_dict: EventDict) -> EventDict:
-    name = getattr(logger, "name", None)
+    record = event_dict.get("_record")
+    name = record.name if isinstance(record, logging.LogRecord) else getattr(logger, "name", None)
     if name is not None:
         event_dict.setdefault("logger", name)
     return event_dict

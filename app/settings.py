@@ -173,4 +173,6 @@ class Settings(BaseSettings):
     # a client that resumes elsewhere, its tool slots are freed.
     replica_ttl_s: float = Field(3.0, gt=0, validation_alias="REPLICA_TTL_S")
     log_level: str = Field("INFO", validation_alias="LOG_LEVEL")
-    log_json: bool = Field(True, validation_alias="LOG_JSON")
+    # auto: console lines when stderr is a terminal, JSON lines otherwise (docs/observability.md).
+    log_format: Literal["auto", "console", "json"] = Field("auto", validation_alias="LOG_FORMAT")
+    log_json: bool | None = Field(None, validation_alias="LOG_JSON")  # set: wins over LOG_FORMAT

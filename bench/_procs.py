@@ -235,10 +235,66 @@ def _serve_gateway(port: int, upstream: str, artifacts: str) -> None:
     from toolforge.api.server import run
     from toolforge.settings import Settings
 
+    # bench.libraries' arms: the gateway with one of its hand-written parts replaced by
+    # the library it replaced (TOOLFORGE_BENCH_ARM; unset: the gateway as it ships).
+    arm = os.environ.get("TOOLFORGE_BENCH_ARM", "")
+    if arm == "stock-httpx":
+        _stock_httpx()
     settings = Settings(
         upstream_base_url=upstream, artifacts_dir=Path(artifacts), log_level="WARNING"
     )
-    run(create_app(settings), host="127.0.0.1", port=port, http="httptools", loop="auto")
+    app: Any = create_app(settings)
+    if arm == "sse-starlette":
+        app = _event_source_front(app)
+    run(app, host="127.0.0.1", port=port, http="httptools", loop="auto")
+
+
+def _stock_httpx() -> None:
+    """The upstream client as httpx ships it: its default transport (httpcore + h11), no
+    lean ``post``: what app/upstream/transport.py replaced."""
+    import httpx
+
+    import toolforge.api.app as app_module
+    from toolforge.upstream.transport import DEFAULT_LIMITS
+
+    def stock(*, timeout: httpx.Timeout, transport: object) -> httpx.AsyncClient:
+        return httpx.AsyncClient(timeout=timeout, limits=DEFAULT_LIMITS)
+
+    app_module.UpstreamClient = stock  # type: ignore[assignment,misc]
+
+
+def _event_source_front(app: Any) -> Any:
+    """``POST /v1/stream`` written by sse-starlette's ``EventSourceResponse`` instead of
+    toolforge.api.sse.FrameStreamResponse: the same session and the same (already
+    encoded) frames, so the difference is the response class. Everything else goes to
+    the app."""
+    import secrets
+
+    from sse_starlette import EventSourceResponse
+
+    from toolforge.api.routes import _parse, read_body
+
+    async def front(scope: Any, receive: Any, send: Any) -> None:
+        if not (scope["type"] == "http" and scope["path"] == "/v1/stream"):
+            await app(scope, receive, send)
+            return
+        gw = app.state.gateway
+        declared = dict(scope["headers"]).get(b"content-length", b"").decode() or None
+        body = await read_body(receive, declared, gw.settings.max_body_bytes)
+        stream_id = "s_" + secrets.token_hex(10)
+        session = gw.session(await gw.planner.plan(_parse(body), stream_id, None))
+        session.log.attach_primary()
+        gw.registry.start(session, idempotency_key=None, body_hash="")
+        await asyncio.sleep(0)  # as start_stream: the upstream request goes out first
+        response = EventSourceResponse(
+            session.log.follow(primary=True),
+            ping=int(gw.settings.ping_interval_s),
+            headers={"X-Stream-Id": stream_id},
+        )
+        await response(scope, receive, send)
+
+    front.state = app.state  # type: ignore[attr-defined]  # GatewayServer ends streams through it
+    return front
 
 
 class _ProxyUp(asyncio.Protocol):

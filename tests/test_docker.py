@@ -32,7 +32,7 @@ COMPOSE = ROOT / "docker" / "compose.yaml"
 DOCKERIGNORE = ROOT / ".dockerignore"
 DOCS = ROOT / "docs" / "docker.md"
 
-STAGES = ["llama-build", "model", "llama-server", "gateway", "standalone"]
+STAGES = ["llama-build", "model", "llama-server", "wheel", "gateway", "standalone"]
 
 
 # --------------------------------------------------------------------------- parsing
@@ -275,12 +275,24 @@ def test_gateway_image(stages: dict[str, Stage]) -> None:
     probe = check.exec_form()
     assert probe[:2] == ["python", "-c"] and f"http://127.0.0.1:{port}/healthz" in probe[2]
     assert gateway.all("USER")[-1].args not in {"root", "0"}
-    # Editable install in /app: PROMPTS_DIR is <repo root>/prompts (app/api/app.py).
-    assert [i.args for i in gateway.all("WORKDIR")] == ["/app"]
-    assert any("pip install --no-deps -e ." in i.args for i in gateway.all("RUN"))
-    from toolforge.api.app import PROMPTS_DIR
-
-    assert PROMPTS_DIR == ROOT / "prompts"
+    # The wheel, not an editable install: no source tree in the image (tests/test_packaging.py
+    # proves the same wheel serves from any directory).
+    runs = [i.args for i in gateway.all("RUN")]
+    assert not any(re.search(r"pip install\b.*\s-e\s", r) for r in runs), runs
+    (install,) = [r for r in runs if "toolforge-*.whl" in r]
+    assert "pip install --no-deps /tmp/dist/toolforge-*.whl" in install
+    copies = [i.args for i in gateway.all("COPY")]
+    assert "--from=wheel /dist/ /tmp/dist/" in copies
+    assert not any(c.startswith(("app", "tools", "prompts", "schemas")) for c in copies)
+    wheel = " ".join(i.args for i in stages["wheel"].all("RUN"))
+    assert "pip wheel --no-deps --wheel-dir /dist ." in wheel
+    # Every folder pyproject maps into the package reaches the wheel stage.
+    mapped = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "package-dir"
+    ].values()
+    wheel_copies = {shlex.split(i.args)[0] for i in stages["wheel"].all("COPY")}
+    assert set(mapped) <= wheel_copies, set(mapped) - wheel_copies
+    assert gateway.all("WORKDIR")[-1].args == gateway.env()["ARTIFACTS_DIR"].rsplit("/", 1)[0]
 
 
 def test_standalone_image_runs_as_the_gateway_user(stages: dict[str, Stage]) -> None:

@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from importlib.resources import files
 
+import anyio
 import httpx
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -49,6 +50,7 @@ from toolforge.runtime.planner import PlannerConfig, SessionLimits, StreamPlanne
 from toolforge.runtime.ratelimit import MemoryRateLimiter, RateLimiter
 from toolforge.runtime.servers import ServerManager
 from toolforge.runtime.streams import StreamRegistry
+from toolforge.runtime.tracing import tracing_from_env
 from toolforge.runtime.workflows import bundled_workflows_dir, load_workflows
 from toolforge.settings import Settings
 from toolforge.tools import load_packs
@@ -58,7 +60,7 @@ from toolforge.upstream.llama_server import LlamaServerUpstream
 from toolforge.upstream.openai_compat import OpenAICompatUpstream
 from toolforge.upstream.transport import DEFAULT_LIMITS, LeanTransport, UpstreamClient
 
-__all__ = ["PROMPTS_DIR", "create_app"]
+__all__ = ["PROMPTS_DIR", "create_app", "log_json"]
 
 # prompts/ is package data (toolforge.prompts): the same files from the repo, an editable
 # install or a wheel.
@@ -250,6 +252,14 @@ def load_workflow_nudges() -> WorkflowNudges:
     )
 
 
+def log_json(settings: Settings) -> bool | None:
+    """JSON logs (True), console lines (False), or by where stderr goes (None): ``LOG_JSON``
+    when set, else ``LOG_FORMAT``."""
+    if settings.log_json is not None or settings.log_format == "auto":
+        return settings.log_json
+    return settings.log_format == "json"
+
+
 def create_app(
     settings: Settings | None = None,
     *,
@@ -264,7 +274,7 @@ def create_app(
     the gateway can serve. ``limiter`` holds the per-key rate limits' state (default: in
     this process, :class:`~toolforge.runtime.ratelimit.MemoryRateLimiter`)."""
     settings = settings if settings is not None else Settings()
-    configure_logging(level=settings.log_level, json=settings.log_json)
+    configure_logging(level=settings.log_level, json=log_json(settings))
     system_template = (PROMPTS_DIR / "system.txt").read_text(encoding="utf-8")
     repair_template = (PROMPTS_DIR / "repair.txt").read_text(encoding="utf-8")
     proxy_tools_template = (PROMPTS_DIR / "proxy_tools.txt").read_text(encoding="utf-8")
@@ -347,12 +357,19 @@ def create_app(
                 gate=None if cluster is None else RedisGate(cluster, settings.tool_concurrency),
             )
             schemas = builtin_registry()
+            tracing = tracing_from_env()  # OTEL_* variables; None: off
+            if tracing is not None:
+                tracing.server_url = effective.upstream_base_url
+            metrics = GatewayMetrics()
+            metrics.watch_queues(
+                frames=registry.frames_buffered, tools=lambda: executor.queue_depth
+            )
             app.state.gateway = Gateway(
                 settings=effective,
                 upstream=adapter,
                 client=client,
                 registry=registry,
-                metrics=GatewayMetrics(),
+                metrics=metrics,
                 executor=executor,
                 schemas=schemas,
                 planner=StreamPlanner(
@@ -389,6 +406,7 @@ def create_app(
                 proxy_tools_template=proxy_tools_template,
                 proxy_nudges=proxy_nudges,
                 cluster=cluster,
+                tracing=tracing,
             )
             if cluster is not None:
                 gateway = app.state.gateway
@@ -409,6 +427,8 @@ def create_app(
                     await cluster.aclose()  # after the streams: their last frames flushed
                 if manager is not None:
                     await manager.aclose()
+                if tracing is not None:
+                    await anyio.to_thread.run_sync(tracing.shutdown)  # flush the last spans
 
     app = GatewayApp(
         title="ToolForge",

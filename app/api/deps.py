@@ -19,6 +19,7 @@ from toolforge.runtime.planner import SessionLimits, StreamPlan, StreamPlanner
 from toolforge.runtime.servers import ServerManager
 from toolforge.runtime.session import StreamSession
 from toolforge.runtime.streams import StreamRegistry
+from toolforge.runtime.tracing import Tracing
 from toolforge.settings import Settings
 from toolforge.upstream.base import Upstream
 
@@ -50,6 +51,8 @@ class Gateway:
     # SPEC §9: the state shared with other replicas, when REDIS_URL is set; None (the
     # default) keeps everything in this process.
     cluster: RedisCluster | None = None
+    # OpenTelemetry traces (toolforge.runtime.tracing): None unless OTEL_* ask for them.
+    tracing: Tracing | None = None
 
     def session(self, plan: StreamPlan) -> StreamSession:
         """A new stream for ``plan``, with everything the app owns (not started)."""
@@ -61,6 +64,7 @@ class Gateway:
             metrics=self.metrics,
             executor=self.executor,
             repair_template=self.repair_template,
+            tracing=self.tracing,
         )
 
 

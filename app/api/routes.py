@@ -442,6 +442,7 @@ async def readyz(gw: GatewayDep) -> Response:
 
 
 @router.get("/metrics", summary="Prometheus metrics")
-async def metrics(gw: GatewayDep) -> Response:
-    body, content_type = gw.metrics.render()
+async def metrics(request: Request, gw: GatewayDep) -> Response:
+    # OpenMetrics when the scraper's Accept asks for it, Prometheus text 0.0.4 otherwise.
+    body, content_type = gw.metrics.render(request.headers.get("accept", ""))
     return Response(body, media_type=content_type)

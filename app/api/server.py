@@ -63,6 +63,9 @@ def run(app: FastAPI, *, host: str, port: int, **options: Any) -> None:
     reads it) and the ``Server: uvicorn`` header (which only tells a scanner what runs).
     """
     options = {
+        # No logging config of uvicorn's own: its loggers propagate to the root handler
+        # that toolforge.log.configure_logging installed (one format for every line).
+        "log_config": None,
         "log_level": "warning",
         "access_log": False,
         "proxy_headers": False,

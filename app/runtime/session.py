@@ -71,6 +71,7 @@ from toolforge.runtime.frame_log import FrameLog
 from toolforge.runtime.metrics import GatewayMetrics
 from toolforge.runtime.planner import SessionLimits, StreamPlan
 from toolforge.runtime.run_record import RunRecord
+from toolforge.runtime.tracing import Tracing
 from toolforge.upstream.base import Upstream, UpstreamDelta
 
 __all__ = ["ClientAnswer", "StreamSession"]
@@ -110,8 +111,11 @@ class StreamSession:
         executor: ToolExecutor | None = None,
         repair_template: str = "",
         clock: Callable[[], float] = time.monotonic,
+        tracing: Tracing | None = None,
     ) -> None:
         self.plan = plan
+        self._tracing = tracing  # OpenTelemetry spans; None (off): one check per model call
+        self._span: Any = None
         self.id = plan.stream_id
         self._upstream = upstream
         self._limits = limits
@@ -232,6 +236,10 @@ class StreamSession:
 
     async def _run(self) -> None:
         self._record.started = self._clock()
+        if self._tracing is not None:
+            self._span = self._tracing.stream_span(
+                self.id, self.plan.chat.model, self.plan.mode.name
+            )
         # Opened, counted and logged once this step yields (the upstream request is out by
         # then): stream.begin's frame, a log line and the metrics cost tens of µs, and until
         # the request is out they are time to first token.
@@ -277,6 +285,8 @@ class StreamSession:
         clock = self._clock
         record = self._record
         deltas: Deltas | None = None  # the open generation, if any
+        tracing = self._tracing
+        model_span: Any = None  # with tracing: the open generation's span
         flush_first = True  # until the first content frame is handed to the writer
         action: object = next(flow)
         try:
@@ -308,6 +318,9 @@ class StreamSession:
                             # to close (a shielded close costs an anyio scope per turn).
                             result = MODEL_END
                             deltas = None
+                            if model_span is not None:
+                                tracing.end_model(model_span)  # type: ignore[union-attr]
+                                model_span = None
                         else:
                             now = clock()
                             if record.turn_started is not None and delta.text:
@@ -322,6 +335,13 @@ class StreamSession:
                             await self._emit(emit)
                     elif kind is CallModel:
                         record.turn_started = clock()
+                        trace_token = None
+                        if tracing is not None:  # current while the request goes out
+                            model_span, trace_token = tracing.model_span(
+                                self._span,
+                                action.request.model,  # type: ignore[attr-defined]
+                                tracing.server_url,
+                            )
                         deltas = self._upstream.stream(action.request)  # type: ignore[attr-defined]
                         # The first read, inlined as above: this is the time to first token.
                         try:
@@ -335,14 +355,22 @@ class StreamSession:
                                 record.token(now)
                             result = (delta, now)
                         finally:
+                            if trace_token is not None:
+                                tracing.detach(trace_token)  # type: ignore[union-attr]
                             if self._opening:  # the task did not wait: _started has not run
                                 self._open_log()
+                        if deltas is None and model_span is not None:
+                            tracing.end_model(model_span)  # type: ignore[union-attr]
+                            model_span = None
                     elif kind is StopModel:
                         assert deltas is not None
                         drain = action.drain  # type: ignore[attr-defined]
                         result = await self._drain(deltas) if drain else ()
                         await _close(deltas)
                         deltas = None
+                        if model_span is not None:
+                            tracing.end_model(model_span)  # type: ignore[union-attr]
+                            model_span = None
                     elif kind is RepairBody:
                         result = await self._repair_body(action)  # type: ignore[arg-type]
                     elif kind is AskModel:
@@ -362,6 +390,9 @@ class StreamSession:
                     if deltas is not None:
                         await _close(deltas)
                         deltas = None
+                    if model_span is not None:
+                        tracing.end_model(model_span, exc)  # type: ignore[union-attr]
+                        model_span = None
                     if isinstance(exc, UpstreamError) and self._metrics is not None:
                         self._metrics.upstream_error(str(exc.code))
                     action = flow.throw(exc)
@@ -374,6 +405,8 @@ class StreamSession:
             # whenever the generator is garbage-collected.
             if deltas is not None:
                 await _close(deltas)
+            if model_span is not None:
+                tracing.end_model(model_span)  # type: ignore[union-attr]
 
     async def _drain(self, deltas: Deltas) -> tuple[UpstreamDelta, ...]:
         """The generation's trailing chunks (finish reason, usage, llama-server's timings),
@@ -470,6 +503,21 @@ class StreamSession:
     # -- tools ------------------------------------------------------------------------------
 
     async def _run_tool(self, action: RunTool) -> ToolOutcome:
+        if self._tracing is None:
+            return await self._run_tool_untraced(action)
+        span = self._tracing.tool_span(self._span, action.name, action.id, action.executor)
+        ok, code = False, "cancelled"
+        try:
+            outcome = await self._run_tool_untraced(action)
+            ok = bool(outcome.envelope.get("ok"))
+            errors = outcome.envelope.get("errors")
+            first = errors[0] if isinstance(errors, list) and errors else None
+            code = str(first.get("code")) if isinstance(first, dict) else "tool_error"
+            return outcome
+        finally:
+            self._tracing.end_tool(span, ok, code)
+
+    async def _run_tool_untraced(self, action: RunTool) -> ToolOutcome:
         if action.executor == "client":
             return await self._client_tool(action)
         executor = self._executor
@@ -484,7 +532,9 @@ class StreamSession:
         )
         self._record.tool_logs.append(result.record.to_dict())
         if self._metrics is not None:
-            self._metrics.tool_call(action.name, "ok" if result.ok else "error")
+            self._metrics.tool_call(
+                action.name, "ok" if result.ok else "error", result.duration_ms / 1000
+            )
         return ToolOutcome(result.frame(), result.envelope.to_dict())
 
     async def _client_tool(self, action: RunTool) -> ToolOutcome:
@@ -526,7 +576,9 @@ class StreamSession:
         )
         self._record.tool_logs.append(result.record.to_dict())
         if self._metrics is not None:
-            self._metrics.tool_call(action.name, "ok" if result.ok else "error")
+            self._metrics.tool_call(
+                action.name, "ok" if result.ok else "error", result.duration_ms / 1000
+            )
         return ToolOutcome(result.frame(), result.envelope.to_dict())
 
     def _refused(self, action: RefuseTool) -> None:
@@ -599,6 +651,9 @@ class StreamSession:
             reason=reason,
             **{k: summary[k] for k in ("ttft_ms", "duration_ms", "tokens", "frames")},
         )
+        if self._span is not None and self._tracing is not None:
+            self._tracing.end_stream(self._span, reason, counts.usage)
+            self._span = None
         if self._metrics is not None:
             ttft = summary["ttft_ms"]
             self._metrics.stream_finished(
@@ -608,6 +663,9 @@ class StreamSession:
                 summary["frame_counts"],
                 summary["tokens"],
                 self.log.paused_s,
+                model=self.plan.chat.model,
+                mode=self.plan.mode.name,
+                prompt_tokens=int((counts.usage or {}).get("prompt_tokens") or 0),
             )
             if counts.guardrails:
                 self._metrics.guardrail_actions(counts.guardrails)

@@ -53,6 +53,11 @@ class StreamRegistry:
     def active(self) -> int:
         return sum(1 for s in self._sessions.values() if s.running)
 
+    def frames_buffered(self) -> int:
+        """Frames appended but not yet written to their clients, over the running streams
+        (the ``toolforge_frame_queue_depth`` gauge, read at scrape time)."""
+        return sum(s.log.pending() for s in self._sessions.values() if s.running)
+
     def _expired(self, session: StreamSession, now: float) -> bool:
         return session.finished_at is not None and now - session.finished_at > self._ttl
 

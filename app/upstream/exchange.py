@@ -49,8 +49,21 @@ __all__ = [
     "json_default",
     "open_stream",
     "request_body",
+    "set_trace_injector",
     "snippet",
 ]
+
+# W3C Trace Context for the upstream request: set by toolforge.runtime.tracing when traces
+# are on (``opentelemetry.propagate.inject``), else None and nothing is added.
+_inject: Callable[[dict[str, str]], None] | None = None
+
+
+def set_trace_injector(inject: Callable[[dict[str, str]], None] | None) -> None:
+    """What adds ``traceparent`` (and ``tracestate``) to each streamed upstream request,
+    from the current OpenTelemetry context; ``None``: nothing."""
+    global _inject
+    _inject = inject
+
 
 _SNIPPET_CHARS: Final = 120
 ERROR_BODY_BYTES: Final = 2048
@@ -293,16 +306,23 @@ async def open_stream(
 
     lean = getattr(client, "lean", None)  # toolforge.upstream.transport.UpstreamClient
     response: ResponseHead | httpx.Response
+    headers, extra = post.headers, b""
+    if _inject is not None:  # traces on: this request's traceparent
+        carrier: dict[str, str] = {}
+        _inject(carrier)
+        if carrier:
+            headers = {**headers, **carrier}
+            extra = "".join(f"{k}: {v}\r\n" for k, v in carrier.items()).encode("latin-1")
     try:
         with exchange.until(None):  # connect: bounded by httpx's connect/pool timeouts
-            if lean is not None:
-                response = await lean.post(post, content, timeouts.as_dict(), sent)
+            if lean is not None and not lean.proxied(post.key):
+                response = await lean.post(post, content, timeouts.as_dict(), sent, extra)
             else:
                 http_request = client.build_request(
                     "POST",
                     post.url,
                     content=content,
-                    headers=post.headers,
+                    headers=headers,
                     timeout=timeouts,
                     extensions={"trace": trace},
                 )

@@ -14,6 +14,16 @@ with the same limits), so behaviour is never worse than httpx's: URLs other than
 HEAD and CONNECT (llhttp cannot know that a HEAD response has no body), requests with an
 ``Upgrade`` header, and any request extension other than ``timeout`` and ``trace``.
 
+Proxies: httpx reads ``HTTP_PROXY``/``HTTPS_PROXY``/``ALL_PROXY``/``NO_PROXY`` only for
+clients without a custom transport, so this one reads them itself (the standard library's
+``urllib.request.getproxies_environment``; ``NO_PROXY`` as curl reads it: ``*``, host
+names matching themselves and their subdomains, IP addresses and CIDR blocks, each with an
+optional ``:port``) and hands every request to a proxied origin to an
+``httpx.AsyncHTTPTransport(proxy=...)``: a forward proxy for http, a CONNECT tunnel for
+https. Loopback origins (``127.0.0.0/8``, ``::1``, ``localhost``: the managed
+llama-server) are never proxied. With no proxy variable set, the cost is one check of an
+empty dict per request.
+
 Errors mirror httpcore's choices (httpcore/_async/http11.py, _backends/anyio.py): refused,
 unreachable, DNS or TLS failure → ``ConnectError``; a reset → ``ReadError``; a clean close
 before the response or inside a framed body, or a malformed response →
@@ -29,8 +39,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import ipaddress
 import select
 import ssl
+import urllib.request
 from collections import deque
 from collections.abc import AsyncIterable, Awaitable, Callable, Mapping
 from typing import Any, Final, TypeAlias
@@ -152,8 +164,17 @@ class LeanTransport(httpx.AsyncBaseTransport):
         verify: ssl.SSLContext | bool = True,
         fallback: httpx.AsyncBaseTransport | None = None,
         preconnect: bool = False,
+        proxies: Mapping[str, str] | None = None,
     ) -> None:
         self._limits = limits
+        # scheme ("http", "https", "all", and "no" for NO_PROXY) -> value; None: from the
+        # environment, as httpx and requests read it.
+        env = urllib.request.getproxies_environment() if proxies is None else proxies
+        self._proxy_env = {k: v for k, v in env.items() if k in ("http", "https", "all", "no")}
+        if set(self._proxy_env) <= {"no"}:
+            self._proxy_env = {}
+        self._proxy_for: dict[Key, httpx.AsyncBaseTransport | None] = {}
+        self._proxy_transports: dict[str, httpx.AsyncBaseTransport] = {}
         self._verify = verify
         self._ssl = verify if isinstance(verify, ssl.SSLContext) else None
         self._fallback = fallback
@@ -175,9 +196,37 @@ class LeanTransport(httpx.AsyncBaseTransport):
         """Connections open now (busy, idle or still connecting)."""
         return self._open
 
+    def proxied(self, key: Key) -> bool:
+        """Whether requests to ``key``'s origin go through a proxy (then :meth:`post` is not
+        for them: send them through the client, which comes back here)."""
+        return bool(self._proxy_env) and self._proxy(key) is not None
+
+    def _proxy(self, key: Key) -> httpx.AsyncBaseTransport | None:
+        """The proxy transport for an origin, or ``None``; decided once per origin."""
+        try:
+            return self._proxy_for[key]
+        except KeyError:
+            pass
+        scheme, host, port = key
+        url = self._proxy_env.get(scheme) or self._proxy_env.get("all")
+        transport: httpx.AsyncBaseTransport | None = None
+        if url and not _loopback(host) and not _no_proxy(host, port, self._proxy_env.get("no", "")):
+            transport = self._proxy_transports.get(url)
+            if transport is None:
+                transport = httpx.AsyncHTTPTransport(
+                    proxy=url, verify=self._verify, limits=self._limits
+                )
+                self._proxy_transports[url] = transport
+        self._proxy_for[key] = transport
+        return transport
+
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         url = request.url
         scheme = url.scheme
+        if self._proxy_env and scheme in _PORTS:
+            key = (scheme, url.raw_host.decode("ascii"), url.port or _PORTS[scheme])
+            if (proxy := self._proxy(key)) is not None:
+                return await proxy.handle_async_request(request)
         if (
             (scheme != "http" and scheme != "https")
             or request.method in ("HEAD", "CONNECT")
@@ -214,6 +263,7 @@ class LeanTransport(httpx.AsyncBaseTransport):
         body: bytes,
         timeouts: _Timeouts,
         on_sent: Callable[[], None] | None = None,
+        extra_headers: bytes = b"",
     ) -> ResponseHead:
         """POST ``body`` with ``template``'s URL and headers: the response's status and
         headers, its body unread.
@@ -224,10 +274,15 @@ class LeanTransport(httpx.AsyncBaseTransport):
         (3 µs hot, 30-50 µs cold, on the time to first token; the adapters read only the
         status, the content type and the body). The exceptions raised carry no request.
         ``timeouts`` is httpx's ``timeout`` extension; ``on_sent`` is called as the
-        request goes out, after any connect.
+        request goes out, after any connect. ``extra_headers``: header lines
+        (``b"name: value\\r\\n"`` each) for this request only (``traceparent``).
         """
         key = template.key
+        if self._proxy_env and self._proxy(key) is not None:
+            raise ValueError(f"{key} goes through a proxy: send it with the client, not post()")
         head = template.head()
+        if extra_headers:  # before the closing "Content-Length: " (16 bytes)
+            head = b"".join((head[:-16], extra_headers, head[-16:]))
         conn = await self._checkout(key, None, timeouts)
         if conn is None:  # a slot is reserved for us; _connect gives it back if it fails
             conn = await self._connect(key, None, timeouts, None)
@@ -280,6 +335,8 @@ class LeanTransport(httpx.AsyncBaseTransport):
             self.discard(conn)
         if self._fallback is not None:
             await self._fallback.aclose()
+        for proxy in self._proxy_transports.values():
+            await proxy.aclose()
 
     async def _connect(
         self, key: Key, request: httpx.Request | None, timeouts: _Timeouts, trace: _Trace | None
@@ -513,6 +570,45 @@ class LeanTransport(httpx.AsyncBaseTransport):
         if self._fallback is None:
             self._fallback = httpx.AsyncHTTPTransport(verify=self._verify, limits=self._limits)
         return self._fallback
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def _no_proxy(host: str, port: int, no_proxy: str) -> bool:
+    """Whether ``NO_PROXY`` exempts ``host:port``."""
+    host = host.strip("[]").lower()
+    try:
+        address: ipaddress.IPv4Address | ipaddress.IPv6Address | None = ipaddress.ip_address(host)
+    except ValueError:
+        address = None
+    for raw in no_proxy.split(","):
+        entry = raw.strip().lower()
+        if not entry:
+            continue
+        if entry == "*":
+            return True
+        name, _, want_port = entry.rpartition(":") if entry.count(":") == 1 else (entry, "", "")
+        if want_port and want_port != str(port):
+            continue
+        name = name.strip("[]")
+        if address is not None:
+            try:
+                if address in ipaddress.ip_network(name, strict=False):
+                    return True
+            except ValueError:
+                pass
+            continue
+        name = name.lstrip(".")
+        if host == name or host.endswith("." + name):
+            return True
+    return False
 
 
 class UpstreamClient(httpx.AsyncClient):

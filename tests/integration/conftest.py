@@ -67,3 +67,12 @@ async def live(
     app = create_app(settings)
     async with serve(app) as url, httpx.AsyncClient(timeout=120) as client:
         yield Live(url, app, client, tmp_path)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Everything in this tier runs the real llama-server: marked ``real``, so that
+    ``make test-fast`` (``-m "not real"``) leaves it out and ``make test`` keeps it."""
+    here = Path(__file__).resolve().parent
+    for item in items:
+        if Path(str(item.fspath)).resolve().is_relative_to(here):
+            item.add_marker(pytest.mark.real)

