@@ -213,6 +213,13 @@ def _configure_stdlib(
     handler.setFormatter(formatter)
     root.addHandler(handler)
     root.setLevel(level)
+    # uvicorn's own logging config (a Config with the default log_config, as an embedding
+    # application or an earlier server in this process may have made) gives its loggers
+    # their own handlers and turns propagation off: their lines would bypass this format.
+    for name in ("uvicorn", "uvicorn.error", "uvicorn.access", "uvicorn.asgi"):
+        server_log = logging.getLogger(name)
+        server_log.handlers.clear()
+        server_log.propagate = True
     # httpx logs every request at INFO ("HTTP Request: POST ..."): one line per upstream
     # call is noise beside stream.finished, and a cost on the stream's path. DEBUG shows it.
     for chatty in ("httpx", "httpcore"):
