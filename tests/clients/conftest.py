@@ -10,6 +10,7 @@ from collections.abc import Callable
 import orjson
 
 from tests.api.conftest import make_gateway, sentinel_reply  # the fixture, shared
+from tests.tcp import LoopbackTcpServer
 from toolforge.core.events import FrameKind
 from toolforge.core.protocol import sentinels
 from toolforge.eval.scripted_upstream import Script
@@ -42,41 +43,20 @@ def demo_scripts() -> list[Script]:
     ]
 
 
-class DropProxy:
+class DropProxy(LoopbackTcpServer):
     """A TCP proxy in front of the gateway: ``drop_when(bytes sent to the client so far)``
     true on the first connection cuts both sides of it (a dropped connection, as a
     flaky network makes); later connections pass through."""
 
     def __init__(self, target: str, drop_when: Callable[[bytes], bool]) -> None:
+        super().__init__()
         self._host, port = target.removeprefix("http://").split(":")
         self._port = int(port)
         self._drop_when = drop_when
         self.connections = 0
         self.dropped = 0
-        self._server: asyncio.Server | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
 
-    @property
-    def url(self) -> str:
-        assert self._server is not None
-        return f"http://127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
-
-    async def __aenter__(self) -> DropProxy:
-        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        assert self._server is not None
-        self._server.close()
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        await self._server.wait_closed()
-
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        self._tasks.add(task)
+    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.connections += 1
         first = self.connections == 1
         up_reader, up_writer = await asyncio.open_connection(self._host, self._port)
@@ -110,4 +90,3 @@ class DropProxy:
             await asyncio.gather(*pumps, return_exceptions=True)
             writer.transport.abort()
             up_writer.transport.abort()
-            self._tasks.discard(task)

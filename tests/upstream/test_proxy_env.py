@@ -16,6 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.tcp import LoopbackTcpServer
 from toolforge.api.app import create_app
 from toolforge.eval.loopback import serve
 from toolforge.eval.scripted_upstream import Script, ScriptedUpstream
@@ -23,36 +24,15 @@ from toolforge.settings import Settings
 from toolforge.upstream.transport import LeanTransport, PostTemplate, _no_proxy
 
 
-class LoopbackProxy:
+class LoopbackProxy(LoopbackTcpServer):
     """A forward proxy (absolute-form requests) and CONNECT tunnel; every host it is asked
     for is 127.0.0.1. ``seen`` holds the request lines it got."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.seen: list[str] = []
-        self._server: asyncio.Server | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
 
-    @property
-    def url(self) -> str:
-        assert self._server is not None
-        return f"http://127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
-
-    async def __aenter__(self) -> LoopbackProxy:
-        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        assert self._server is not None
-        self._server.close()
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        await self._server.wait_closed()
-
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        self._tasks.add(task)
+    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         up_writer: asyncio.StreamWriter | None = None
         try:
             head = await reader.readuntil(b"\r\n\r\n")
@@ -73,7 +53,6 @@ class LoopbackProxy:
         except (OSError, asyncio.IncompleteReadError, ValueError):
             pass
         finally:
-            self._tasks.discard(task)
             for w in (writer, up_writer):
                 if w is not None:
                     w.close()
