@@ -189,6 +189,32 @@ def _index(args: argparse.Namespace) -> None:
     print(f"indexed {tasks} tasks from {docs} documents into {db}")
 
 
+def _workspace(args: argparse.Namespace) -> None:
+    """The workspace pack's state, for the person who owns it: show it, read the audit,
+    lock or unlock a key (seed 004: locks are the user's, never the model's)."""
+    from toolforge.tools.workspace import Workspace, workspace_path
+
+    settings = Settings()
+    if args.action in ("lock", "unlock") and not args.key:
+        print(f"toolforge workspace {args.action}: name the key", file=sys.stderr)
+        raise SystemExit(2)
+    ws = Workspace(args.db or workspace_path(settings))
+    try:
+        if args.action == "lock":
+            ws.lock(args.key, args.reason)
+            print(f"locked {args.key}")
+        elif args.action == "unlock":
+            print(f"unlocked {args.key}" if ws.unlock(args.key) else f"{args.key} was not locked")
+        elif args.action == "audit":
+            for entry in ws.audit(args.limit):
+                print(json.dumps(entry, ensure_ascii=False))
+        else:
+            print(json.dumps(ws.snapshot(), indent=2, ensure_ascii=False))
+    except ValueError as exc:
+        print(f"toolforge workspace: {exc}", file=sys.stderr)
+        raise SystemExit(2) from exc
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="toolforge", description="ToolForge gateway")
     parser.add_argument("--version", action="version", version=f"toolforge {_version()}")
@@ -253,6 +279,18 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--db", type=Path, help="SQLite store (TASK_DB; default <ARTIFACTS_DIR>/tasks.sqlite)"
     )
     index.set_defaults(func=_index)
+    workspace = sub.add_parser(
+        "workspace",
+        help="the workspace pack's state: show it, its audit, lock or unlock a key",
+    )
+    workspace.add_argument("action", choices=["show", "audit", "lock", "unlock"])
+    workspace.add_argument("key", nargs="?", help="the key to lock or unlock")
+    workspace.add_argument("--reason", default="", help="why the key is locked (lock)")
+    workspace.add_argument("--limit", type=int, default=100, help="audit entries (audit)")
+    workspace.add_argument(
+        "--db", type=Path, help="the store (WORKSPACE_DB; default <ARTIFACTS_DIR>/workspace.sqlite)"
+    )
+    workspace.set_defaults(func=_workspace)
     args = parser.parse_args(argv)
     args.func(args)
 

@@ -124,6 +124,10 @@ class ErrorCode(StrEnum):
     # fs.read / sqlite.query refusals (SPEC §11): outside the roots, too large, a write.
     PATH_NOT_ALLOWED = "PATH_NOT_ALLOWED"
     READ_ONLY = "READ_ONLY"
+    # The workspace pack (seed 004): a change to a locked key; a commit that is not of a
+    # pending proposal exactly as proposed.
+    WORKSPACE_LOCKED = "WORKSPACE_LOCKED"
+    PROPOSAL_INVALID = "PROPOSAL_INVALID"
     # SPEC §7: the prompt is over the context budget and compaction cannot cut enough.
     CONTEXT_BUDGET_EXCEEDED = "CONTEXT_BUDGET_EXCEEDED"
     # Workflows (SPEC §7, docs/workflows.md). A definition that cannot be used, and one

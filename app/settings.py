@@ -155,6 +155,9 @@ class Settings(BaseSettings):
     # The task-analysis pack's SQLite store (``toolforge index`` writes it); default
     # <ARTIFACTS_DIR>/tasks.sqlite.
     task_db: Path | None = Field(None, validation_alias="TASK_DB")
+    # The workspace pack's SQLite store (seed 004: facts, draft, locks, proposals, audit);
+    # default <ARTIFACTS_DIR>/workspace.sqlite.
+    workspace_db: Path | None = Field(None, validation_alias="WORKSPACE_DB")
     # Workflow definitions (SPEC §7): every *.json / *.yaml there, validated at start-up.
     # None: the bundled demo workflows (workflows/ of the package).
     workflows_dir: Path | None = Field(None, validation_alias="WORKFLOWS_DIR")

@@ -11,8 +11,9 @@ too: ``pack_tools(settings, *, model)``, see :data:`toolforge.core.tools.AskMode
 subset): a broken tool stops the start-up with a message naming it.
 
 Packs here: ``demo`` (``places.search``, ``bookings.create``), ``agent`` (``fs.read``,
-``sqlite.query``, ``time.now``) and ``task_analysis`` (seed 002's five tools over a task
-index). See docs/tools.md §6.
+``sqlite.query``, ``time.now``), ``task_analysis`` (seed 002's five tools over a task
+index) and ``workspace`` (seed 004: facts that change only after a person confirms). See
+docs/tools.md §6.
 
 Fixtures live in ``tools/fixtures/``; the demo tools' input schemas are exported to
 ``schemas/tools/`` by ``python -m toolforge.tools.export_schemas`` (a test fails when

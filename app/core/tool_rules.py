@@ -148,9 +148,35 @@ def check_spec(spec: ToolSpec[Any]) -> list[str]:
     return problems
 
 
+def check_confirmations(specs: Iterable[ToolSpec[Any]]) -> list[str]:
+    """Seed 004's rule for ``confirm_with``: the confirming tool is registered, hidden from
+    the model and waits for a person (``needs_approval``); otherwise a model could commit
+    what it proposed by itself, or the gateway would call a tool that is not there."""
+    by_name = {spec.name: spec for spec in specs}
+    problems: list[str] = []
+    for spec in by_name.values():
+        target = spec.confirm_with
+        if target is None:
+            continue
+        confirm = by_name.get(target)
+        where = f"{spec.name} ({spec.source}): confirm_with {target!r}"
+        if confirm is None:
+            problems.append(f"{where} is not a registered tool")
+        elif confirm.model_facing:
+            problems.append(f"{where} is model-facing; a confirming tool must not be")
+        elif not confirm.needs_approval:
+            problems.append(f"{where} does not need approval; a confirming tool must")
+        elif confirm.confirm_with is not None:
+            problems.append(f"{where} asks for a confirmation itself; one step only")
+    return problems
+
+
 def check_registry(specs: Iterable[ToolSpec[Any]] | ToolRegistry) -> None:
-    """Raise :class:`ToolConfigError` listing every tool that breaks seed 003's rules."""
+    """Raise :class:`ToolConfigError` listing every tool that breaks seed 003's rules (and
+    seed 004's ``confirm_with`` rule)."""
+    specs = list(specs)
     problems = [p for spec in specs for p in check_spec(spec)]
+    problems += check_confirmations(specs)
     if problems:
         raise ToolConfigError(
             f"{len(problems)} tool problem(s) at start-up: " + "; ".join(problems),

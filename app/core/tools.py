@@ -174,6 +174,14 @@ class ToolSpec(Generic[ArgsT]):
     contract *is* a JSON Schema (MCP): ``args_model`` is then :class:`JsonArgs` and the
     schema is used as given. ``availability`` returns ``None`` when the tool can run now,
     else why not (an MCP server being restarted).
+
+    ``confirm_with`` names the tool that makes this one's proposal real once a person says
+    so (seed 004's ``facts.propose`` → ``facts.commit``): after a successful call the
+    gateway itself calls that tool, with this call's result ``data`` as its arguments, and
+    the call waits for ``POST …/approvals/{call_id}`` like any ``needs_approval`` call. The
+    confirming tool must be registered, not model-facing and ``needs_approval``
+    (:mod:`toolforge.core.tool_rules` checks it), so the model can neither see it nor run it;
+    the model is told the outcome in the proposing call's result (``confirmation``).
     """
 
     name: str
@@ -187,6 +195,7 @@ class ToolSpec(Generic[ArgsT]):
     idempotent: bool = False
     needs_approval: bool = False
     model_facing: bool = True
+    confirm_with: str | None = None
     output_allowlist: frozenset[str] | None = None
     source: str = "python"
     json_schema: Mapping[str, Any] | None = field(default=None, repr=False, compare=False)
@@ -229,6 +238,7 @@ class ToolSpec(Generic[ArgsT]):
             "idempotent": self.idempotent,
             "needs_approval": self.needs_approval,
             "model_facing": self.model_facing,
+            "confirm_with": self.confirm_with,
             "source": self.source,
             "output_allowlist": (
                 None if self.output_allowlist is None else sorted(self.output_allowlist)

@@ -309,6 +309,9 @@ async def plan_completion(
         registered=schemas,
         tools_allow=tuple(server),
         approval_tools=frozenset(n for n in server if (s := registry.get(n)) and s.needs_approval),
+        confirmations={
+            n: s.confirm_with for n in server if (s := registry.get(n)) and s.confirm_with
+        },
         max_tool_calls=req.toolforge.max_tool_calls,
         client_tools=frozenset(client),
     )

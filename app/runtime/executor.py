@@ -278,6 +278,7 @@ class ToolExecutor:
         approval: Approval | None = None,
         allow: Collection[str] | None = None,
         deny: Collection[str] = (),
+        confirming: bool = False,
     ) -> ToolResult:
         """Run one call and return its result; failures are envelopes, not exceptions.
 
@@ -285,10 +286,18 @@ class ToolExecutor:
         tool call's ``arguments`` string). ``allow``/``deny`` are the request's lists
         (``None``: every model-facing tool). ``approval`` is awaited for
         ``needs_approval`` tools; without one they are denied.
+
+        ``confirming``: the gateway's own call of a confirming tool (seed 004,
+        ``ToolSpec.confirm_with``), which is never model-facing: the allow list does not
+        apply, the deny list does, and only a hidden ``needs_approval`` tool qualifies, so
+        the flag cannot open any other tool.
         """
         started_at = self._wall()
         try:
-            spec = self.registry.check_allowed(spec_name, allow, deny)
+            if confirming:
+                spec = self._confirming_spec(spec_name, deny)
+            else:
+                spec = self.registry.check_allowed(spec_name, allow, deny)
             args = validate_args(spec, args_raw, limit=self.max_args_bytes)
         except ToolError as exc:
             return self._rejected(spec_name, call_id, args_raw, exc, started_at)
@@ -324,6 +333,15 @@ class ToolExecutor:
         finally:
             del self._inflight[key]
             done.set_result(None)
+
+    def _confirming_spec(self, name: str, deny: Collection[str]) -> ToolSpec[Any]:
+        spec = self.registry.get(name)
+        if spec is None or spec.model_facing or not spec.needs_approval or name in deny:
+            raise ToolError(
+                ErrorCode.TOOL_NOT_ALLOWED,
+                f"{name} is not a confirming tool (hidden, approval-gated) this gateway runs",
+            )
+        return spec
 
     # -- steps --------------------------------------------------------------------------
 

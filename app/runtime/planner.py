@@ -80,6 +80,8 @@ class StreamPlan:
     registered: Mapping[str, CompiledSchema] = field(default_factory=dict)
     tools_allow: tuple[str, ...] | None = None  # None: every model-facing tool
     approval_tools: frozenset[str] = frozenset()  # their calls wait for an approval
+    # Seed 004: tool -> the hidden tool the gateway confirms its proposals with.
+    confirmations: Mapping[str, str] = field(default_factory=dict)
     max_tool_calls: int = 8
     idempotency_key: str | None = None
     # The OpenAI-compatible proxy's: functions the client runs itself (SPEC §7).
@@ -182,6 +184,7 @@ class PlanShape:
     extra: Mapping[str, Any]  # native mode: the upstream's own tools
     registered: Mapping[str, CompiledSchema]  # every schema the request can name
     approval_tools: frozenset[str]
+    confirmations: Mapping[str, str]  # seed 004: visible tool -> its confirming tool
     # For the prompt record (artifacts): the schema documents and the tools' descriptions.
     schema_docs: Mapping[str, Any]
     tool_dicts: Sequence[Mapping[str, Any]]
@@ -265,6 +268,7 @@ class StreamPlanner:
             registered=shape.registered,
             tools_allow=tuple(t.name for t in shape.visible),
             approval_tools=shape.approval_tools,
+            confirmations=shape.confirmations,
             max_tool_calls=max_tool_calls,
             idempotency_key=idempotency_key,
             awaited_tools=shape.client_schemas,
@@ -458,6 +462,7 @@ class StreamPlanner:
             # Any registered tool's call waits for approval if its spec says so, visible or
             # not: the executor then refuses a call it may not run.
             approval_tools=frozenset(t.name for t in tools if t.needs_approval),
+            confirmations={t.name: t.confirm_with for t in visible if t.confirm_with},
             schema_docs={name: c.schema for name, c in schemas.items()},
             tool_dicts=tool_dicts,
             client_schemas=client_schemas,

@@ -134,6 +134,7 @@ class StreamSession:
                 max_tool_calls=plan.max_tool_calls,
                 runs_tools=executor is not None,
                 approval_tools=plan.approval_tools,
+                confirmations=plan.confirmations,
                 budget_tokens=plan.budget["budget_tokens"] if plan.budget else None,
                 limits=ReaderLimits(limits.max_frame_bytes, limits.max_json_depth),
                 frame_timeout_s=limits.frame_timeout_s,
@@ -529,6 +530,7 @@ class StreamSession:
             idempotency_key=self.plan.idempotency_key,
             approval=self._approval(action.id) if action.needs_approval else None,
             allow=self.plan.tools_allow,
+            confirming=action.executor == "gateway",
         )
         self._record.tool_logs.append(result.record.to_dict())
         if self._metrics is not None:

@@ -137,7 +137,9 @@ class ModelReply:
 @dataclass(frozen=True, slots=True)
 class RunTool:
     """Run tool ``name`` on ``args`` for call ``id`` (the ``tool.call`` frame is out).
-    ``executor`` "client": the client runs it; wait for the result it posts (SPEC §5)."""
+    ``executor`` "client": the client runs it; wait for the result it posts (SPEC §5).
+    "gateway": the gateway's own confirming call (seed 004, ``ToolSpec.confirm_with``) of a
+    tool the model is not shown; it runs on the server, past the model-facing check only."""
 
     id: str
     name: str

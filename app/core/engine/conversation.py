@@ -121,6 +121,9 @@ class ConversationConfig:
     max_tool_calls: int = 8
     runs_tools: bool = True  # False: a gateway with no executor refuses every call
     approval_tools: frozenset[str] = frozenset()  # tools whose calls wait for approval
+    # Seed 004: a tool whose successful call the gateway confirms with another (hidden,
+    # approval-gated) tool, by name: facts.propose -> facts.commit (ToolSpec.confirm_with).
+    confirmations: Mapping[str, str] = field(default_factory=dict)
     budget_tokens: int | None = None  # stream.begin's (SPEC §6)
     limits: ReaderLimits = field(default_factory=ReaderLimits)
     frame_timeout_s: float = 15.0  # FRAME_TIMEOUT_MS
@@ -545,7 +548,36 @@ class Conversation:
         yield Emit((call,))
         outcome: ToolOutcome = yield RunTool(closed.id, closed.name, closed.value, needs_approval)
         yield Emit((outcome.frame,))
+        confirm = config.confirmations.get(closed.name)
+        if confirm is not None and outcome.envelope.get("ok") is True:
+            return (yield from self._confirm(confirm, outcome.envelope))
         return outcome.envelope
+
+    def _confirm(
+        self, name: str, proposed: Mapping[str, object]
+    ) -> Generator[Action, Any, Mapping[str, object]]:
+        """Seed 004: the gateway's own call of the confirming tool ``name`` with the
+        proposing call's result ``data``. It is a ``tool.call`` the model did not write,
+        with a fresh id, that waits for a person's ``POST …/approvals/{id}``; the model
+        never sees the tool, only the outcome, under ``confirmation`` in the proposing
+        call's envelope (a denial is a normal outcome, not a tool error)."""
+        frame_id = next_turn_ids(self._seen_ids, max_objects=0).call
+        self._seen_ids.add(frame_id)
+        args = proposed.get("data")
+        yield Emit((ToolCall(id=frame_id, name=name, args=args, needs_approval=True),))
+        outcome: ToolOutcome = yield RunTool(frame_id, name, args, True, executor="gateway")
+        yield Emit((outcome.frame,))
+        done = outcome.envelope
+        return {
+            **proposed,
+            "confirmation": {
+                "tool": name,
+                "call_id": frame_id,
+                "confirmed": done.get("ok") is True,
+                "data": done.get("data"),
+                "errors": done.get("errors", []),
+            },
+        }
 
     # -- workflows (SPEC §7) -------------------------------------------------------------------
 
