@@ -25,13 +25,13 @@ from httpx_sse import connect_sse
 
 __all__ = ["DEMO_BODY", "DEMO_INPUT", "Timeline", "run_demo", "use_color"]
 
-DEMO_INPUT: Final = "Find pizza near me; book a table at 7pm if open."
-# The README's demo request. max_tool_calls 2: search, then book (a 135M model left with
-# the default 8 may search again and again).
+DEMO_INPUT: Final = "Find pizza near me; book a table for 2 at 7pm if open."
+# The README's demo request: the booking workflow (workflows/book_a_table.json) makes the
+# model search first and book only a place the search returned (SPEC §7).
 DEMO_BODY: Final[Mapping[str, Any]] = {
     "input": DEMO_INPUT,
+    "workflow": "book_a_table",
     "profile": "demo",
-    "max_tool_calls": 2,
 }
 _VALUE_CHARS: Final = 240
 _RESET: Final = "\x1b[0m"

@@ -39,7 +39,7 @@ __all__ = [
 
 _CASE: Final = re.compile(r"\[case:([a-z_]+)\]")
 
-DEMO_INPUT: Final = "Find pizza near me; book a table at 7pm if open."
+DEMO_INPUT: Final = "Find pizza near me; book a table for 2 at 7pm if open."
 
 WEATHER: Final = {
     "name": "get_weather",

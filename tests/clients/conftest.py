@@ -16,7 +16,15 @@ from toolforge.core.protocol import sentinels
 from toolforge.eval.scripted_upstream import Script
 from toolforge.timeline import DEMO_INPUT
 
-__all__ = ["DEMO_INPUT", "DropProxy", "call", "demo_scripts", "make_gateway", "tokens"]
+__all__ = [
+    "DEMO_INPUT",
+    "DropProxy",
+    "call",
+    "demo_scripts",
+    "demo_workflow_scripts",
+    "make_gateway",
+    "tokens",
+]
 
 
 def tokens(text: str, size: int = 4, delay_ms: float = 0) -> Script:
@@ -41,6 +49,12 @@ def demo_scripts() -> list[Script]:
         tokens("Booking it. " + book),
         tokens("Done. " + obj + " " + sentinel_reply("Booked Trattoria Roma at 19:00.")),
     ]
+
+
+def demo_workflow_scripts() -> list[Script]:
+    """The demo request as `toolforge demo` sends it (the booking workflow): search, then
+    book; the booking is the workflow's terminal call, which ends the stream."""
+    return demo_scripts()[:2]
 
 
 class DropProxy(LoopbackTcpServer):

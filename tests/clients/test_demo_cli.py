@@ -12,7 +12,7 @@ import socket
 import sys
 
 from tests.api.conftest import HarnessFactory
-from tests.clients.conftest import DEMO_INPUT, demo_scripts
+from tests.clients.conftest import DEMO_INPUT, demo_workflow_scripts
 from toolforge.timeline import DEMO_BODY, Timeline, run_demo, use_color
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -32,29 +32,29 @@ async def demo_in_process(url: str, *, color: bool) -> tuple[int, str, str]:
 
 
 async def test_the_demo_timeline_in_plain_text(make_gateway: HarnessFactory) -> None:
-    gw = await make_gateway(demo_scripts())
+    gw = await make_gateway(demo_workflow_scripts())
     code, out, err = await demo_in_process(gw.url, color=False)
     assert code == 0 and err == ""
     assert "\x1b[" not in out
-    assert DEMO_INPUT in out.splitlines()[0] and '"max_tool_calls": 2' in out
+    assert DEMO_INPUT in out.splitlines()[0] and '"workflow": "book_a_table"' in out
     lines = [TIMES.sub("T", line).strip() for line in out.splitlines()[1:]]
     labels = [line.split()[1] for line in lines]
     assert labels == [
         "stream", "text", "tool.call", "tool.result", "text", "tool.call", "tool.result",
-        "text", "object", "text", "result", "done",
+        "result", "done",
     ]  # fmt: skip
     assert lines[0].startswith("T  stream ") and "mode sentinel" in lines[0]
     assert 'places.search {"query":"pizza","radius_km":2,"open_at":"19:00"}' in lines[2]
     assert re.search(r"t1 places\.search ok in T: \{.*\"count\"", lines[3])
     assert "bookings.create" in lines[5] and "t2 bookings.create ok in T" in lines[6]
     assert "Let me look." in lines[1]
-    assert 'o1 Action {"mode":"book","target":{"kind":"place","id":"trattoria-roma"}}' in lines[8]
-    assert 'r1 AssistantReply {"answer":"Booked Trattoria Roma at 19:00."}' in lines[10]
-    assert re.search(r"done\s+stop  first token T  total T  .*\d+ frames  usage", lines[11])
+    # The workflow's terminal tool ends the stream: its result is the RESULT frame.
+    assert re.search(r'r1 bookings\.create \{"booking_id":"bk_\w+","status":"confirmed"', lines[7])
+    assert re.search(r"done\s+stop  first token T  total T  .*\d+ frames  usage", lines[8])
 
 
 async def test_the_demo_timeline_in_colour(make_gateway: HarnessFactory) -> None:
-    gw = await make_gateway(demo_scripts() * 2)
+    gw = await make_gateway(demo_workflow_scripts() * 2)
     _, plain, _ = await demo_in_process(gw.url, color=False)
     code, coloured, _ = await demo_in_process(gw.url, color=True)
     assert code == 0
@@ -67,7 +67,7 @@ async def test_the_demo_timeline_in_colour(make_gateway: HarnessFactory) -> None
 async def test_the_command_draws_plain_text_into_a_pipe_and_colour_onto_a_tty(
     make_gateway: HarnessFactory,
 ) -> None:
-    gw = await make_gateway(demo_scripts() * 2)
+    gw = await make_gateway(demo_workflow_scripts() * 2)
     env = {k: v for k, v in os.environ.items() if k != "NO_COLOR"}
     command = [sys.executable, "-m", "toolforge.cli", "demo", "--url", gw.url]
     piped = await asyncio.create_subprocess_exec(
@@ -162,4 +162,4 @@ def test_every_frame_kind_has_a_line() -> None:
     assert 'something.new  {"a":1}' in text
     assert "o2 Point {" in text
     assert timeline.frames == 8
-    assert DEMO_BODY["max_tool_calls"] == 2
+    assert DEMO_BODY["workflow"] == "book_a_table"
