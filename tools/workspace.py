@@ -40,10 +40,10 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Final, Literal
+from typing import Annotated, Any, Final, Literal
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from toolforge.core.tools import PermanentToolError, ToolSpec
 from toolforge.errors import ErrorCode
@@ -374,15 +374,9 @@ class Workspace:
 # -- the tools ------------------------------------------------------------------------------
 
 
-class _KeyArgs(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    key: str = Field(description="A dotted name, e.g. 'guest.name'.", max_length=128)
-
-    @field_validator("key")
-    @classmethod
-    def _key(cls, key: str) -> str:
-        return _check_key(key)
+# A key and a value, checked where the tools' arguments are parsed (TOOL_ARGS_INVALID).
+Key = Annotated[str, AfterValidator(_check_key)]
+Value = Annotated[Any, AfterValidator(_check_value)]
 
 
 class WorkspaceGetArgs(BaseModel):
@@ -392,23 +386,19 @@ class WorkspaceGetArgs(BaseModel):
     key: str | None = Field(None, description="Only this key.", max_length=128)
 
 
-class DraftSetArgs(_KeyArgs):
-    value: Any = Field(description="Any JSON value; null removes the key from the draft.")
+class DraftSetArgs(BaseModel):
+    model_config = ConfigDict(extra="forbid")
 
-    @field_validator("value")
-    @classmethod
-    def _value(cls, value: object) -> object:
-        return _check_value(value)
+    key: Key = Field(description="A dotted name, e.g. 'guest.name'.", max_length=128)
+    value: Value = Field(description="Any JSON value; null removes the key from the draft.")
 
 
-class ProposeArgs(_KeyArgs):
-    value: Any = Field(description="The fact's proposed value (any JSON).")
+class ProposeArgs(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    key: Key = Field(description="A dotted name, e.g. 'guest.name'.", max_length=128)
+    value: Value = Field(description="The fact's proposed value (any JSON).")
     reason: str = Field(description="Why, in a sentence, for the user.", max_length=500)
-
-    @field_validator("value")
-    @classmethod
-    def _value(cls, value: object) -> object:
-        return _check_value(value)
 
 
 class CommitArgs(BaseModel):

@@ -86,11 +86,20 @@ class LlamaServerUpstream:
 
     async def tokenize(self, text: str) -> int:
         """How many tokens ``text`` is for the loaded model (``POST /tokenize``): context
-        compaction measures prompts with it (toolforge.runtime.context)."""
+        compaction measures prompts with it (toolforge.runtime.context). Sent once more on
+        a fresh connection when llama-server closed a kept-alive one without answering (as
+        the streams are, above): counting is idempotent, and one such race must not send
+        the rest of the stream to the characters/4 estimate."""
         try:
-            response = await self._client.post(
-                f"{self.base_url}/tokenize", json={"content": text}, timeout=self._connect_s
-            )
+            for attempt in (1, 2):
+                try:
+                    response = await self._client.post(
+                        f"{self.base_url}/tokenize", json={"content": text}, timeout=self._connect_s
+                    )
+                    break
+                except httpx.RemoteProtocolError:
+                    if attempt == 2:
+                        raise
             response.raise_for_status()
             tokens = response.json().get("tokens")
         except (httpx.HTTPError, ValueError, AttributeError) as exc:

@@ -304,3 +304,17 @@ def test_the_cli_shows_locks_and_audits(tmp_path: Path, capsys: pytest.CaptureFi
         main(["workspace", "unlock", "--db", str(db)])  # no key
     main(["workspace", "unlock", "title", "--db", str(db)])
     Workspace(db).set_draft("title", "v2")
+
+
+async def test_bad_keys_and_huge_values_are_argument_errors(ws: Workspace) -> None:
+    ex = ToolExecutor(registry(ws))
+    for args in (
+        {"key": "../etc", "value": 1},
+        {"key": "", "value": 1},
+        {"key": "a b", "value": 1},
+        {"key": "big", "value": "x" * 20_000},
+        {"key": "k", "value": 1, "workspace_id": "other"},  # one workspace, never named
+    ):
+        result = await ex.run("draft.set", args, call_id="c")
+        assert code(result) == "TOOL_ARGS_INVALID", args
+    assert ws.snapshot("draft") == {"draft": {}} and ws.audit() == []

@@ -142,3 +142,28 @@ async def test_a_server_that_stays_away_is_not_retried_forever() -> None:
         with pytest.raises(UpstreamError) as caught:
             await collect(LlamaServerUpstream(client, "http://llama:8080"))
     assert caught.value.code is ErrorCode.UPSTREAM_UNAVAILABLE and len(attempts) == 2
+
+
+@pytest.mark.parametrize(("drops", "counted"), [(0, True), (1, True), (2, False)])
+async def test_tokenize_is_sent_again_once_when_a_kept_alive_connection_was_dropped(
+    drops: int, counted: bool
+) -> None:
+    """llama-server closing a reused connection unanswered costs one retry, not the
+    stream's exact count; twice in a row is the server's failure."""
+    sent: list[httpx.Request] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        sent.append(request)
+        if len(sent) <= drops:
+            raise httpx.RemoteProtocolError("Server disconnected without sending a response.")
+        return httpx.Response(200, json={"tokens": [1, 2, 3]})
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+        upstream = LlamaServerUpstream(client, "http://llama:8080")
+        if counted:
+            assert await upstream.tokenize("abc") == 3
+        else:
+            with pytest.raises(UpstreamError) as failed:
+                await upstream.tokenize("abc")
+            assert failed.value.code is ErrorCode.UPSTREAM_UNAVAILABLE
+    assert len(sent) == min(drops + 1, 2)
