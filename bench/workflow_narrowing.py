@@ -59,6 +59,7 @@ def _request(arm: str, seed: int, workflow: dict[str, Any]) -> dict[str, Any]:
 
 def _judge(events: list[Event]) -> dict[str, Any]:
     ids: set[str] = set()
+    searches: list[str] = []  # each search's query and how many places it returned
     first: str | None = None
     booked: str | None = None
     calls: dict[str, dict[str, Any]] = {}
@@ -71,6 +72,8 @@ def _judge(events: list[Event]) -> dict[str, Any]:
             and event.data["name"] == "places.search"
         ):
             ids |= {p["id"] for p in event.data["result"]["places"]}
+            found = event.data["result"]
+            searches.append(f"{found.get('query')!r}: {found.get('count')}")
         if event.event == "tool.result" and event.data["name"] == "bookings.create":
             call = calls.get(event.data["id"])
             place = call["args"].get("place_id") if call is not None else None
@@ -84,6 +87,7 @@ def _judge(events: list[Event]) -> dict[str, Any]:
     errors = [e.data["code"] for e in events if e.event == "error"]
     return {
         "error": errors[0] if errors else None,
+        "searches": searches,
         "first": first,
         "first_ok": first in ids,
         "booked": booked,

@@ -11,7 +11,13 @@ from typing import Any
 import pytest
 
 from toolforge.eval.qualify.ablation import PRESETS, preset
-from toolforge.eval.qualify.metrics import RunResult, aggregate, percentile, wilson
+from toolforge.eval.qualify.metrics import (
+    ALL_SCENARIOS,
+    RunResult,
+    aggregate,
+    percentile,
+    wilson,
+)
 from toolforge.eval.qualify.report import (
     chart_data,
     render_html,
@@ -225,3 +231,25 @@ def test_markdown_table_and_summary() -> None:
         "score": 1.0,
     }
     assert s["provenance"]["commit"] == "abc"
+
+
+def test_every_scenario_together_per_model_mode_and_ablation() -> None:
+    runs = [
+        run("a", n=0),
+        run("a", n=1, correct=False),
+        run("b", n=0),
+        run("b", n=1),
+        run("a", n=0, ablation="bare", completed=False, correct=False),
+        run("b", n=0, ablation="bare", correct=False),
+    ]
+    overall = aggregate(runs, overall=True)
+    assert [(c.scenario, c.ablation, c.runs, c.correct, c.completed) for c in overall] == [
+        (ALL_SCENARIOS, "bare", 2, 0, 1),
+        (ALL_SCENARIOS, "reforged", 4, 3, 4),
+    ]
+    assert overall[1].score_low == wilson(3, 4)[0]
+    md = render_markdown(aggregate(runs), {"commit": "abc"}, overall)
+    together, per_scenario = md.split("## Per scenario")
+    assert f"| {ALL_SCENARIOS} | m | sentinel | reforged | 4 | 75% |" in together
+    assert "| a | m | sentinel | reforged | 2 | 50% |" in per_scenario
+    assert "## Every scenario together" not in render_markdown(aggregate(runs), {})

@@ -103,13 +103,14 @@ def write_reports(out: Path, prov: Mapping[str, Any]) -> str:
     """summary.json, report.md, report.html from ``out/results.jsonl``; returns the table."""
     runs = ResultsFile(out / "results.jsonl").read()
     cells = aggregate(runs)
+    overall = aggregate(runs, overall=True)
     out.mkdir(parents=True, exist_ok=True)
     (out / "summary.json").write_bytes(
         orjson.dumps(summary(cells, prov), option=orjson.OPT_INDENT_2)
     )
-    (out / "report.md").write_text(render_markdown(cells, prov), encoding="utf-8")
+    (out / "report.md").write_text(render_markdown(cells, prov, overall), encoding="utf-8")
     (out / "report.html").write_text(render_html(runs, prov), encoding="utf-8")
-    return render_table(cells)
+    return render_table(cells) + "\n\n" + render_table(overall)
 
 
 def _default_out(backend: str, model: str) -> Path:

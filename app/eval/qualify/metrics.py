@@ -21,9 +21,17 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Final
 
-__all__ = ["CellKey", "CellMetrics", "RunResult", "aggregate", "percentile", "wilson"]
+__all__ = [
+    "ALL_SCENARIOS",
+    "CellKey",
+    "CellMetrics",
+    "RunResult",
+    "aggregate",
+    "percentile",
+    "wilson",
+]
 
 Z95 = 1.959963984540054
 
@@ -187,13 +195,22 @@ def _cell(key: CellKey, runs: Sequence[RunResult]) -> CellMetrics:
     )
 
 
-def aggregate(results: Iterable[RunResult]) -> list[CellMetrics]:
+# The scenario of an overall cell: every scenario's runs together.
+ALL_SCENARIOS: Final = "(all)"
+
+
+def aggregate(results: Iterable[RunResult], *, overall: bool = False) -> list[CellMetrics]:
     """Every cell's metrics, in a stable order (scenario, model, mode, ablation). A run
-    recorded twice (a resumed batch that overlapped) counts once: the last line wins."""
+    recorded twice (a resumed batch that overlapped) counts once: the last line wins.
+    ``overall``: one cell per (model, mode, ablation) over every scenario's runs, its
+    scenario :data:`ALL_SCENARIOS` (the Wilson interval then covers all of them)."""
     latest: dict[tuple[str, str, str, str, int], RunResult] = {}
     for r in results:
         latest[r.key()] = r
     cells: dict[CellKey, list[RunResult]] = {}
     for r in latest.values():
-        cells.setdefault((r.scenario, r.model, r.mode, r.ablation), []).append(r)
-    return [_cell(k, sorted(v, key=lambda r: r.run)) for k, v in sorted(cells.items())]
+        scenario = ALL_SCENARIOS if overall else r.scenario
+        cells.setdefault((scenario, r.model, r.mode, r.ablation), []).append(r)
+    return [
+        _cell(k, sorted(v, key=lambda r: (r.scenario, r.run))) for k, v in sorted(cells.items())
+    ]

@@ -102,12 +102,23 @@ def _provenance_lines(p: Mapping[str, Any]) -> list[str]:
     return [f"- **{k}**: {v}" for k, v in p.items()]
 
 
-def render_markdown(cells: Sequence[CellMetrics], provenance: Mapping[str, Any]) -> str:
+def _md_table(cells: Sequence[CellMetrics]) -> list[str]:
+    out = ["| " + " | ".join(HEADERS) + " |", "|" + "---|" * len(HEADERS)]
+    out += ["| " + " | ".join(_row(c)) + " |" for c in cells]
+    return out
+
+
+def render_markdown(
+    cells: Sequence[CellMetrics],
+    provenance: Mapping[str, Any],
+    overall: Sequence[CellMetrics] = (),
+) -> str:
+    """The report: provenance, the ``overall`` cells (every scenario together, per model,
+    mode and ablation) when given, each scenario's cells, and the ablation deltas."""
     out = ["# ToolForge eval", "", *_provenance_lines(provenance), ""]
-    out.append("| " + " | ".join(HEADERS) + " |")
-    out.append("|" + "---|" * len(HEADERS))
-    for c in cells:
-        out.append("| " + " | ".join(_row(c)) + " |")
+    if overall:
+        out += ["## Every scenario together", "", *_md_table(overall), "", "## Per scenario", ""]
+    out += _md_table(cells)
     deltas = _ablation_deltas(cells)
     if deltas:
         out += ["", "## What each guardrail is worth", ""]
