@@ -12,18 +12,21 @@ and ``done`` (usage, the workflow's iterations).
 Backends: ``embedded`` starts the managed llama-server once for the batch (``--model``
 smollm2-135m or gemma3-270m) and points every run's gateway at it; a URL is any
 OpenAI-compatible server (``llama:URL`` for a llama-server, with grammars); ``ollama[:URL]``;
-``scripted:MODEL`` plays a scripted model in process (offline, deterministic).
+``anthropic[:URL]`` is Anthropic's Messages API (``ANTHROPIC_API_KEY``; native mode is its
+tool use); ``scripted:MODEL`` plays a scripted model in process (offline, deterministic).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import re
 import tempfile
 import time
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import httpx
 import orjson
@@ -82,10 +85,23 @@ def _parse_backend(backend: str, model: str | None) -> dict[str, Any]:
         return {"upstream_base_url": url, "upstream_kind": "ollama", "model_id": model or "default"}
     if backend.startswith(("http://", "https://")):
         return {"upstream_base_url": backend, "model_id": model or "default"}
-    if backend == "anthropic":
-        return {"upstream_kind": "anthropic", "model_id": model or "claude-haiku-4-5"}
+    if backend == "anthropic" or backend.startswith("anthropic:"):
+        # A frontier baseline (SPEC §7): Anthropic's Messages API, the key from the
+        # environment; ``anthropic:URL`` for another endpoint of the same API.
+        key = os.environ.get("ANTHROPIC_API_KEY") or os.environ.get("UPSTREAM_API_KEY")
+        if not key:
+            raise ValueError("--backend anthropic needs ANTHROPIC_API_KEY in the environment")
+        url = backend.partition(":")[2] or os.environ.get(
+            "ANTHROPIC_BASE_URL", "https://api.anthropic.com"
+        )
+        return {
+            "upstream_base_url": url,
+            "upstream_kind": "anthropic",
+            "upstream_api_key": key,
+            "model_id": model or "claude-haiku-4-5",
+        }
     raise ValueError(
-        f"unknown backend {backend!r}: embedded, a URL, llama:URL, ollama[:URL], anthropic "
+        f"unknown backend {backend!r}: embedded, a URL, llama:URL, ollama[:URL], anthropic[:URL] "
         f"or scripted:MODEL ({', '.join(MODELS)})"
     )
 
@@ -179,9 +195,25 @@ async def run_once(job: Job, backend: Backend, artifacts: Path) -> RunResult:
                 ],
                 None,
             )
+    if refused is None:
+        refused = _credentials_refused(events)
     if refused is not None:  # raised once the gateway is down, not through its shutdown
         raise EvalSetupError(refused)
     return read_run(job, events, time.monotonic() - started, config=_config(job, mode))
+
+
+_REFUSED_CREDENTIALS: Final = re.compile(r"\bHTTP (401|403)\b")
+
+
+def _credentials_refused(events: list[tuple[str, Any]]) -> str | None:
+    """The upstream's 401/403 (a wrong or missing API key): every run would fail the same
+    way, so it stops the batch like a refused request rather than scoring the model."""
+    for name, data in events:
+        if name == "error" and data.get("code") == "UPSTREAM_HTTP_ERROR":
+            message = str(data.get("message", ""))
+            if _REFUSED_CREDENTIALS.search(message):
+                return f"the upstream refused the credentials ({message}); check the API key"
+    return None
 
 
 def _config(job: Job, mode: str) -> dict[str, Any]:
