@@ -32,6 +32,7 @@ called early is nudged at tiers 1, 2 and 3 and refused for good the fourth time.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -53,6 +54,11 @@ __all__ = [
 ]
 
 _MAX_VALUES: Final = 64  # narrowed argument values per prerequisite (the grammar's enum)
+# A grounded argument (WorkflowDef.grounded): 1 to _GROUNDED_WORDS words, each one of the
+# user's first message (at most _USER_WORDS distinct ones, each at most 32 characters).
+_GROUNDED_WORDS: Final = 6
+_USER_WORDS: Final = 64
+_WORD: Final = re.compile(r"[A-Za-z0-9]{1,32}")
 _LAST_TEXT_CHARS: Final = 2000
 
 
@@ -229,6 +235,45 @@ class StepEnforcer:
         return self.tracker.summary_hint()
 
 
+def user_words_pattern(messages: Sequence[Mapping[str, Any]]) -> str | None:
+    """A JSON Schema ``pattern`` for 1 to 6 words, each a word of the first user message
+    (as written, or in lower case), or None when it has no words. The words are letters
+    and digits only, so the pattern needs no escaping."""
+    text = ""
+    for message in messages:
+        if message.get("role") == "user":
+            content = message.get("content")
+            if isinstance(content, str):
+                text = content
+            elif isinstance(content, list):  # parts: the text ones
+                text = " ".join(
+                    str(part.get("text", "")) for part in content if isinstance(part, Mapping)
+                )
+            break
+    words: dict[str, None] = {}
+    for word in _WORD.findall(text):
+        for form in (word, word.lower()):
+            if len(words) < _USER_WORDS:
+                words[form] = None
+    if not words:
+        return None
+    alternatives = "|".join(words)
+    return f"^({alternatives})( ({alternatives})){{0,{_GROUNDED_WORDS - 1}}}$"
+
+
+def _grounded(schema: Mapping[str, Any], args: Sequence[str], pattern: str) -> Mapping[str, Any]:
+    """``schema`` with each string argument of ``args`` held to ``pattern``."""
+    props = schema.get("properties")
+    if not isinstance(props, Mapping):
+        return schema
+    changed = dict(props)
+    for arg in args:
+        prop = props.get(arg)
+        if isinstance(prop, Mapping) and prop.get("type", "string") == "string":
+            changed[arg] = {**prop, "type": "string", "pattern": pattern}
+    return {**schema, "properties": changed}
+
+
 def _values_under(data: object, key: str, depth: int = 0) -> Iterator[object]:
     """Scalar values stored under ``key`` anywhere in ``data`` (JSON-like)."""
     if depth > 16:
@@ -313,6 +358,8 @@ class WorkflowPolicy:
         self.history: list[Mapping[str, Any]] = []  # the messages of the last turn sent
         self._batch: list[bool] = []  # this turn's calls: ran successfully or not
         self._terminal: tuple[str, object] | None = None
+        # The grounded arguments' pattern, from the first user message (prepare()).
+        self._grounded_pattern: str | None = None
 
     # -- before a turn ------------------------------------------------------------------------
 
@@ -330,6 +377,8 @@ class WorkflowPolicy:
     def prepare(self, messages: list[Mapping[str, Any]]) -> Any:
         """The messages to send this turn: compacted by the hook, if one is plugged in."""
         self.history = messages
+        if self._grounded_pattern is None and self.workflow.grounded:
+            self._grounded_pattern = user_words_pattern(messages) or ""
         if self.compactor is None:
             return messages
         return self.compactor(messages, self.steps.summary_hint())
@@ -355,6 +404,11 @@ class WorkflowPolicy:
                     changed["properties"] = {**props, prereq.match_arg: {"enum": values}}
                     narrowed[tool] = changed
                     schema = changed
+            if self._grounded_pattern:
+                for tool, args in self.workflow.grounded.items():
+                    base = narrowed.get(tool, self._schemas.get(tool))
+                    if base is not None:
+                        narrowed[tool] = _grounded(base, args, self._grounded_pattern)
             if self.steps.tracker.is_satisfied() and any(
                 narrowed.get(t, True) is not None for t in self.workflow.terminal_tools
             ):

@@ -23,6 +23,12 @@ argument-matched one, ``{"tool", "match_arg", "result_key"?}``: the call's argum
 anywhere in that tool's successful results (``"id"``: the search's place ids), or, without
 ``result_key``, the same argument of an earlier successful call of that tool.
 
+``grounded`` (tool → argument names) marks string arguments the model must write from the
+user's own words: in constrained mode the grammar lets such an argument be only a few words
+of the user's first message (a search query drawn from "Find pizza near me; ...", never
+SQL or a made-up term). Like argument-matched prerequisites it is a narrowing, off with
+``narrow: false``.
+
 ``respond`` (:data:`RESPOND`) is a built-in tool a workflow may list: the model's answer
 as a call, ``{"content": "..."}``; make it a terminal tool for a conversational workflow.
 """
@@ -59,6 +65,7 @@ RESPOND_TOOL: Final[Mapping[str, Any]] = {
 """The built-in ``respond`` tool's description (seed 001's synthetic respond tool)."""
 
 _NAME = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.\-]+$")]
+_ARG = Annotated[str, Field(min_length=1, max_length=64)]
 
 
 class _MatchedDoc(BaseModel):
@@ -86,6 +93,9 @@ class _WorkflowDoc(BaseModel):
     budget_tokens: Annotated[int, Field(ge=256)] | None = None
     rescue: bool = True
     narrow: bool = True  # argument-matched prerequisites narrow the constrained grammar
+    grounded: dict[_NAME, Annotated[list[_ARG], Field(min_length=1, max_length=16)]] = Field(
+        default_factory=dict
+    )
     instructions: Annotated[str, Field(max_length=8000)] = ""
 
 
@@ -125,6 +135,7 @@ class WorkflowDef:
     budget_tokens: int | None = None
     rescue: bool = True
     narrow: bool = True
+    grounded: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     instructions: str = ""
     source: str = "request"
 
@@ -151,6 +162,7 @@ class WorkflowDef:
             "budget_tokens": self.budget_tokens,
             "rescue": self.rescue,
             "narrow": self.narrow,
+            "grounded": {tool: list(args) for tool, args in self.grounded.items()},
             "instructions": self.instructions,
             "source": self.source,
         }
@@ -221,6 +233,9 @@ def parse_workflow(
                 raise _invalid(source, f"{name}: {tool!r} cannot be its own prerequisite")
             prereqs.append(prereq)
         prerequisites[tool] = tuple(prereqs)
+    for tool in parsed.grounded:
+        if tool not in listed:
+            raise _invalid(source, f"{name}: grounded names {tool!r}, which is not in 'tools'")
     return WorkflowDef(
         name=parsed.name,
         tools=tuple(tools),
@@ -236,6 +251,7 @@ def parse_workflow(
         budget_tokens=parsed.budget_tokens,
         rescue=parsed.rescue,
         narrow=parsed.narrow,
+        grounded={tool: tuple(args) for tool, args in parsed.grounded.items()},
         instructions=parsed.instructions,
         source=source,
     )

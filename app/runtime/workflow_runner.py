@@ -67,14 +67,17 @@ class ToolDef:
     """A tool of a Python workflow: ``fn(**arguments)`` (sync or async) returns its result
     (JSON-able). ``parameters``: a pydantic model, or a JSON Schema of the arguments.
     ``prerequisites``: tool names, or ``{"tool", "match_arg", "result_key"?}`` (see
-    :mod:`toolforge.core.workflow`). An exception ``fn`` raises goes back to the model as
-    the call's error (``TOOL_FAILED`` with its message), so that it can correct itself."""
+    :mod:`toolforge.core.workflow`). ``grounded``: string arguments the model must write
+    from the user's own words (constrained mode's grammar holds them to it). An exception
+    ``fn`` raises goes back to the model as the call's error (``TOOL_FAILED`` with its
+    message), so that it can correct itself."""
 
     name: str
     fn: Callable[..., Any]
     parameters: type[BaseModel] | Mapping[str, Any]
     description: str = ""
     prerequisites: Sequence[str | Mapping[str, str]] = ()
+    grounded: Sequence[str] = ()
     timeout_s: float | None = None
 
     def spec(self) -> ToolSpec[Any]:
@@ -168,6 +171,7 @@ class Workflow:
             "max_tool_errors": max_tool_errors,
             "rescue": rescue,
             "narrow": narrow,
+            "grounded": {t.name: list(t.grounded) for t in tools if t.grounded},
             "instructions": instructions,
         }
         self.definition: WorkflowDef = parse_workflow(doc, known_tools=self.tools, source="python")

@@ -265,3 +265,39 @@ def test_narrowing_leaves_out_a_tool_until_its_values_exist_then_allows_only_the
 def test_the_plain_grammar_is_unchanged_without_hints() -> None:
     ids = TurnIds("t1", (), "r1")
     assert _grammar().for_turn(ids) == _grammar().for_turn(ids, narrowed={}, allow_result=True)
+
+
+def test_a_grounded_argument_is_a_few_of_the_users_own_words() -> None:
+    p = policy(grounded={"places.search": ["query"]})
+    ids = TurnIds("t1", (), "r1")
+    user = "Find pizza near me; book a table for 2 at 7pm if open."
+    p.prepare([{"role": "system", "content": "rules"}, {"role": "user", "content": user}])
+    hints = p.hints()
+    assert hints.narrowed["bookings.create"] is None  # nothing searched yet
+    query = hints.narrowed["places.search"]["properties"]["query"]
+    assert query["maxLength"] == SCHEMAS["places.search"]["properties"]["query"]["maxLength"]
+    g = parse(_grammar().for_turn(ids, narrowed=hints.narrowed, allow_result=False))
+    for ok in ("pizza", "Find pizza near me", "find pizza", "pizza 7pm"):
+        assert g.accepts(_call("places.search", f'{{"query": "{ok}"}}')), ok
+    for bad in ("SELECT * FROM pizzas", "sushi", "pizza pizza pizza pizza pizza pizza pizza", ""):
+        assert not g.accepts(_call("places.search", f'{{"query": "{bad}"}}')), bad
+    # The later user turns do not change it; the other arguments keep their schema.
+    p.prepare([{"role": "user", "content": "sushi please"}])
+    g = parse(_grammar().for_turn(ids, narrowed=p.hints().narrowed, allow_result=False))
+    assert g.accepts(_call("places.search", '{"query": "pizza", "radius_km": 2}'))
+    assert not g.accepts(_call("places.search", '{"query": "sushi"}'))
+    # narrow: false turns it off; a grounded tool outside the workflow is refused.
+    assert policy(grounded={"places.search": ["query"]}, narrow=False).hints().narrowed == {}
+    with pytest.raises(RequestError, match="grounded names 'weather'"):
+        workflow(grounded={"weather": ["city"]})
+
+
+def test_user_words_come_from_the_first_user_message_text_parts_too() -> None:
+    from toolforge.core.steps import user_words_pattern
+
+    parts = [{"type": "text", "text": "Pizza?"}, {"type": "image_url", "image_url": {}}]
+    assert user_words_pattern([{"role": "user", "content": parts}]) == (
+        "^(Pizza|pizza)( (Pizza|pizza)){0,5}$"
+    )
+    assert user_words_pattern([{"role": "user", "content": "?!"}]) is None
+    assert user_words_pattern([]) is None

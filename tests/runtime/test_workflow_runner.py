@@ -229,5 +229,7 @@ async def test_initial_messages_continue_a_conversation(
 def test_a_workflow_of_python_tools_is_validated() -> None:
     with pytest.raises(Exception, match="WORKFLOW_INVALID"):
         Workflow("w", [ToolDef("a", lookup, Lookup)], terminal_tools="b")
+    grounded = Workflow("w", [ToolDef("a", lookup, Lookup, grounded=["city"])], terminal_tools="a")
+    assert grounded.definition.grounded == {"a": ("city",)}
     with pytest.raises(ValueError, match="mode"):
         WorkflowRunner(OpenAICompatUpstream(httpx.AsyncClient(), "http://x/v1"), mode="magic")
