@@ -235,10 +235,9 @@ class StepEnforcer:
         return self.tracker.summary_hint()
 
 
-def user_words_pattern(messages: Sequence[Mapping[str, Any]]) -> str | None:
-    """A JSON Schema ``pattern`` for 1 to 6 words, each a word of the first user message
-    (as written, or in lower case), or None when it has no words. The words are letters
-    and digits only, so the pattern needs no escaping."""
+def user_words(messages: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The words of the first user message (letters and digits; as written and in lower
+    case, distinct, at most 64), for grounded arguments."""
     text = ""
     for message in messages:
         if message.get("role") == "user":
@@ -255,6 +254,12 @@ def user_words_pattern(messages: Sequence[Mapping[str, Any]]) -> str | None:
         for form in (word, word.lower()):
             if len(words) < _USER_WORDS:
                 words[form] = None
+    return list(words)
+
+
+def words_pattern(words: Sequence[str]) -> str | None:
+    """A JSON Schema ``pattern`` for 1 to 6 of ``words`` separated by spaces, or None
+    when there are none. Words are letters and digits only: nothing needs escaping."""
     if not words:
         return None
     alternatives = "|".join(words)
@@ -358,8 +363,10 @@ class WorkflowPolicy:
         self.history: list[Mapping[str, Any]] = []  # the messages of the last turn sent
         self._batch: list[bool] = []  # this turn's calls: ran successfully or not
         self._terminal: tuple[str, object] | None = None
-        # The grounded arguments' pattern, from the first user message (prepare()).
-        self._grounded_pattern: str | None = None
+        # The grounded arguments' words, from the first user message (prepare()), less the
+        # words of grounded calls whose results gave the workflow nothing (record()).
+        self._user_words: list[str] | None = None
+        self._spent_words: set[str] = set()
 
     # -- before a turn ------------------------------------------------------------------------
 
@@ -377,8 +384,8 @@ class WorkflowPolicy:
     def prepare(self, messages: list[Mapping[str, Any]]) -> Any:
         """The messages to send this turn: compacted by the hook, if one is plugged in."""
         self.history = messages
-        if self._grounded_pattern is None and self.workflow.grounded:
-            self._grounded_pattern = user_words_pattern(messages) or ""
+        if self._user_words is None and self.workflow.grounded:
+            self._user_words = user_words(messages)
         if self.compactor is None:
             return messages
         return self.compactor(messages, self.steps.summary_hint())
@@ -404,11 +411,14 @@ class WorkflowPolicy:
                     changed["properties"] = {**props, prereq.match_arg: {"enum": values}}
                     narrowed[tool] = changed
                     schema = changed
-            if self._grounded_pattern:
+            pattern = words_pattern(
+                [w for w in self._user_words or () if w.lower() not in self._spent_words]
+            )
+            if pattern is not None:
                 for tool, args in self.workflow.grounded.items():
                     base = narrowed.get(tool, self._schemas.get(tool))
                     if base is not None:
-                        narrowed[tool] = _grounded(base, args, self._grounded_pattern)
+                        narrowed[tool] = _grounded(base, args, pattern)
             if self.steps.tracker.is_satisfied() and any(
                 narrowed.get(t, True) is not None for t in self.workflow.terminal_tools
             ):
@@ -514,8 +524,30 @@ class WorkflowPolicy:
             return
         data = envelope.get("data")
         self.steps.record(name, args, data)
+        grounded = self.workflow.grounded.get(name)
+        if grounded and isinstance(args, Mapping) and self._fruitless(name, data):
+            # Its words led nowhere: the next turns choose among the others (a small model
+            # otherwise repeats the same query until max_iterations).
+            for arg in grounded:
+                value = args.get(arg)
+                if isinstance(value, str):
+                    self._spent_words.update(w.lower() for w in _WORD.findall(value))
         if name in self.workflow.terminal_tools and self._terminal is None:
             self._terminal = (name, data)
+
+    def _fruitless(self, name: str, data: object) -> bool:
+        """Whether a result of ``name`` gives no value to any argument-matched
+        prerequisite that takes its values from ``name``'s results (a search that found
+        nothing to book). False when no such prerequisite exists: nothing says so."""
+        keys = [
+            p.result_key
+            for prereqs in self.workflow.prerequisites.values()
+            for p in prereqs
+            if p.tool == name and p.match_arg is not None and p.result_key is not None
+        ]
+        return bool(keys) and not any(
+            next(_values_under(data, key), None) is not None for key in keys
+        )
 
     def end_batch(self) -> tuple[str, object] | None:
         """After the turn's calls: the terminal tool and its result if one succeeded;

@@ -26,8 +26,9 @@ anywhere in that tool's successful results (``"id"``: the search's place ids), o
 ``grounded`` (tool → argument names) marks string arguments the model must write from the
 user's own words: in constrained mode the grammar lets such an argument be only a few words
 of the user's first message (a search query drawn from "Find pizza near me; ...", never
-SQL or a made-up term). Like argument-matched prerequisites it is a narrowing, off with
-``narrow: false``.
+SQL or a made-up term); the words of a grounded call whose result gave an argument-matched
+prerequisite nothing are not offered again. Like argument-matched prerequisites it is a
+narrowing, off with ``narrow: false``.
 
 ``respond`` (:data:`RESPOND`) is a built-in tool a workflow may list: the model's answer
 as a call, ``{"content": "..."}``; make it a terminal tool for a conversational workflow.

@@ -293,11 +293,37 @@ def test_a_grounded_argument_is_a_few_of_the_users_own_words() -> None:
 
 
 def test_user_words_come_from_the_first_user_message_text_parts_too() -> None:
-    from toolforge.core.steps import user_words_pattern
+    from toolforge.core.steps import user_words, words_pattern
 
     parts = [{"type": "text", "text": "Pizza?"}, {"type": "image_url", "image_url": {}}]
-    assert user_words_pattern([{"role": "user", "content": parts}]) == (
-        "^(Pizza|pizza)( (Pizza|pizza)){0,5}$"
-    )
-    assert user_words_pattern([{"role": "user", "content": "?!"}]) is None
-    assert user_words_pattern([]) is None
+    assert user_words([{"role": "user", "content": parts}]) == ["Pizza", "pizza"]
+    assert words_pattern(["Pizza", "pizza"]) == "^(Pizza|pizza)( (Pizza|pizza)){0,5}$"
+    assert user_words([{"role": "user", "content": "?!"}]) == []
+    assert words_pattern([]) is None
+
+
+def test_words_that_found_nothing_are_not_offered_again() -> None:
+    p = policy(grounded={"places.search": ["query"]})
+    ids = TurnIds("t1", (), "r1")
+    p.prepare([{"role": "user", "content": "Find pizza near me; book a table for 2 at 7pm."}])
+
+    def accepts(query: str) -> bool:
+        g = parse(_grammar().for_turn(ids, narrowed=p.hints().narrowed, allow_result=False))
+        return g.accepts(_call("places.search", f'{{"query": "{query}"}}'))
+
+    assert accepts("2 at 7pm") and accepts("book a table")
+    p.begin_turn()
+    p.record("places.search", {"query": "2 at 7pm"}, {"ok": True, "data": {"places": []}})
+    p.end_batch()
+    assert not accepts("2 at 7pm") and not accepts("7pm") and not accepts("At")
+    assert accepts("book a table") and accepts("Find pizza")
+    p.begin_turn()
+    p.record("places.search", {"query": "book a table"}, {"ok": True, "data": {"places": []}})
+    p.end_batch()
+    assert not accepts("book a table") and accepts("pizza near me")
+    # A search that found something spends nothing (and opens the booking).
+    p.begin_turn()
+    p.record("places.search", {"query": "pizza"}, FOUND)
+    p.end_batch()
+    assert p.hints().narrowed["places.search"] is None  # done: only the booking now
+    assert p._spent_words == {"2", "at", "7pm", "book", "a", "table"}
