@@ -235,6 +235,28 @@ class StepEnforcer:
         return self.tracker.summary_hint()
 
 
+# Failures that are about the arguments' shape or the request, not the matched value.
+_NOT_THE_VALUE: Final = frozenset(
+    {
+        ErrorCode.TOOL_ARGS_INVALID,
+        ErrorCode.INVALID_JSON,
+        ErrorCode.ARGUMENTS_TOO_LARGE,
+        ErrorCode.TOOL_CALL_LIMIT,
+        ErrorCode.TOOL_NOT_FOUND,
+        ErrorCode.TOOL_NOT_ALLOWED,
+        ErrorCode.STEP_REQUIRED,
+        ErrorCode.PREREQUISITE_MISSING,
+        ErrorCode.TOOL_APPROVAL_DENIED,
+        ErrorCode.TOOL_APPROVAL_TIMEOUT,
+    }
+)
+
+
+def _key(value: object) -> str:
+    """A JSON value as a hashable key (an id is a string; anything else its repr)."""
+    return value if isinstance(value, str) else repr(value)
+
+
 def user_words(messages: Sequence[Mapping[str, Any]]) -> list[str]:
     """The words of the first user message (letters and digits; as written and in lower
     case, distinct, at most 64), for grounded arguments."""
@@ -367,6 +389,8 @@ class WorkflowPolicy:
         # words of grounded calls whose results gave the workflow nothing (record()).
         self._user_words: list[str] | None = None
         self._spent_words: set[str] = set()
+        # (tool, argument) -> argument-matched values whose call failed for good.
+        self._failed_values: dict[tuple[str, str], set[str]] = {}
 
     # -- before a turn ------------------------------------------------------------------------
 
@@ -403,6 +427,9 @@ class WorkflowPolicy:
                     if not isinstance(props, Mapping) or prereq.match_arg not in props:
                         continue
                     values = self.steps.values(prereq)
+                    failed = self._failed_values.get((tool, prereq.match_arg))
+                    if failed:
+                        values = [v for v in values if _key(v) not in failed]
                     if not values:
                         narrowed[tool] = None
                         break
@@ -521,6 +548,7 @@ class WorkflowPolicy:
         ok = bool(envelope.get("ok"))
         self._batch.append(ok)
         if not ok:
+            self._note_failed_values(name, args, envelope)
             return
         data = envelope.get("data")
         self.steps.record(name, args, data)
@@ -534,6 +562,21 @@ class WorkflowPolicy:
                     self._spent_words.update(w.lower() for w in _WORD.findall(value))
         if name in self.workflow.terminal_tools and self._terminal is None:
             self._terminal = (name, data)
+
+    def _note_failed_values(self, name: str, args: object, envelope: Mapping[str, object]) -> None:
+        """A call that failed for good on an argument-matched value (the booking of a
+        place that is closed or full): that value is not offered again, so the next try
+        names another. Argument errors and retryable failures say nothing of the value."""
+        errors = envelope.get("errors")
+        first = errors[0] if isinstance(errors, list | tuple) and errors else None
+        if not isinstance(first, Mapping) or not isinstance(args, Mapping):
+            return
+        if first.get("retryable") or first.get("code") in _NOT_THE_VALUE:
+            return
+        for prereq in self.workflow.prerequisites.get(name, ()):
+            if prereq.match_arg is not None and prereq.match_arg in args:
+                failed = self._failed_values.setdefault((name, prereq.match_arg), set())
+                failed.add(_key(args[prereq.match_arg]))
 
     def _fruitless(self, name: str, data: object) -> bool:
         """Whether a result of ``name`` gives no value to any argument-matched

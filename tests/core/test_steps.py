@@ -327,3 +327,50 @@ def test_words_that_found_nothing_are_not_offered_again() -> None:
     p.end_batch()
     assert p.hints().narrowed["places.search"] is None  # done: only the booking now
     assert p._spent_words == {"2", "at", "7pm", "book", "a", "table"}
+
+
+def test_a_matched_value_whose_call_failed_for_good_is_not_offered_again() -> None:
+    p = policy()
+    ids = TurnIds("t1", (), "r1")
+    p.begin_turn()
+    p.record("places.search", {"query": "pizza"}, FOUND)
+    p.end_batch()
+
+    def offered() -> list[Any] | None:
+        schema = p.hints().narrowed["bookings.create"]
+        return None if schema is None else schema["properties"]["place_id"]["enum"]
+
+    assert offered() == ["trattoria-roma", "pizza-place"]
+    booking = {"place_id": "trattoria-roma", "time": "19:00", "party_size": 2}
+
+    def failed(code: str, retryable: bool = False) -> dict[str, Any]:
+        error = {"code": code, "message": "no", "retryable": retryable}
+        return {"ok": False, "data": None, "errors": [error]}
+
+    for harmless in (failed("TOOL_ARGS_INVALID"), failed("TOOL_TIMEOUT", retryable=True)):
+        p.begin_turn()
+        p.record("bookings.create", booking, harmless)
+        p.end_batch()
+        assert offered() == ["trattoria-roma", "pizza-place"]
+    p = policy()
+    p.begin_turn()
+    p.record("places.search", {"query": "pizza"}, FOUND)
+    p.end_batch()
+    p.begin_turn()
+    p.record("bookings.create", booking, failed("BOOKING_FULL"))
+    p.end_batch()
+    assert offered() == ["pizza-place"]
+    g = parse(_grammar().for_turn(ids, narrowed=p.hints().narrowed, allow_result=False))
+    assert not g.accepts(_call("bookings.create", orjson_dumps(booking)))
+    p.begin_turn()
+    p.record("bookings.create", {**booking, "place_id": "pizza-place"}, failed("TOOL_FAILED"))
+    p.end_batch()
+    # None left: the booking is not offered, the search is again (another query).
+    assert p.hints().narrowed["bookings.create"] is None
+    assert "places.search" not in p.hints().narrowed
+
+
+def orjson_dumps(value: object) -> str:
+    import orjson
+
+    return orjson.dumps(value).decode()
