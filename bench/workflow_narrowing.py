@@ -68,6 +68,13 @@ def _judge(events: list[Event]) -> dict[str, Any]:
             calls[event.data["id"]] = event.data
         if (
             event.event == "tool.result"
+            and not event.data["ok"]
+            and event.data["name"] == "places.search"
+        ):
+            error = event.data.get("error") or {}
+            searches.append(f"error {error.get('code')}: {str(error.get('message'))[:80]}")
+        if (
+            event.event == "tool.result"
             and event.data["ok"]
             and event.data["name"] == "places.search"
         ):

@@ -207,6 +207,10 @@ class StepEnforcer:
         self._done.setdefault(name, []).append((args, data))
         self._values.clear()
 
+    def calls(self, tool: str) -> list[tuple[object, object]]:
+        """The successful calls of ``tool`` so far: (arguments, result data)."""
+        return list(self._done.get(tool, ()))
+
     def progress(self) -> None:
         """A batch of calls succeeded: the escalation starts over."""
         self.premature_attempts = 0
@@ -577,6 +581,21 @@ class WorkflowPolicy:
             if prereq.match_arg is not None and prereq.match_arg in args:
                 failed = self._failed_values.setdefault((name, prereq.match_arg), set())
                 failed.add(_key(args[prereq.match_arg]))
+                self._spend_exhausted(prereq, failed)
+
+    def _spend_exhausted(self, prereq: Prerequisite, failed: set[str]) -> None:
+        """A grounded call whose every matched value has now failed led nowhere either:
+        its words are spent too, so the next search is not the same one again."""
+        grounded = self.workflow.grounded.get(prereq.tool)
+        if not grounded or prereq.result_key is None:
+            return
+        for args, data in self.steps.calls(prereq.tool):
+            values = [_key(v) for v in _values_under(data, prereq.result_key)]
+            if values and all(v in failed for v in values) and isinstance(args, Mapping):
+                for arg in grounded:
+                    value = args.get(arg)
+                    if isinstance(value, str):
+                        self._spent_words.update(w.lower() for w in _WORD.findall(value))
 
     def _fruitless(self, name: str, data: object) -> bool:
         """Whether a result of ``name`` gives no value to any argument-matched

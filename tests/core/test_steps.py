@@ -17,6 +17,7 @@ from toolforge.core.steps import (
     StepEnforcer,
     StepTracker,
     WorkflowPolicy,
+    words_pattern,
 )
 from toolforge.core.workflow import Prerequisite, WorkflowDef, parse_workflow
 from toolforge.errors import ErrorCode, RequestError, WorkflowError
@@ -293,7 +294,7 @@ def test_a_grounded_argument_is_a_few_of_the_users_own_words() -> None:
 
 
 def test_user_words_come_from_the_first_user_message_text_parts_too() -> None:
-    from toolforge.core.steps import user_words, words_pattern
+    from toolforge.core.steps import user_words
 
     parts = [{"type": "text", "text": "Pizza?"}, {"type": "image_url", "image_url": {}}]
     assert user_words([{"role": "user", "content": parts}]) == ["Pizza", "pizza"]
@@ -374,3 +375,20 @@ def orjson_dumps(value: object) -> str:
     import orjson
 
     return orjson.dumps(value).decode()
+
+
+def test_a_search_whose_every_place_failed_spends_its_words() -> None:
+    p = policy(grounded={"places.search": ["query"]})
+    p.prepare([{"role": "user", "content": "Find pizza near me"}])
+    p.begin_turn()
+    p.record("places.search", {"query": "near me"}, FOUND)  # found two, both fail below
+    p.end_batch()
+    closed = {"ok": False, "data": None, "errors": [{"code": "TOOL_FAILED", "retryable": False}]}
+    for place in ("trattoria-roma", "pizza-place"):
+        assert "near" not in p._spent_words
+        p.begin_turn()
+        p.record("bookings.create", {"place_id": place, "time": "19:00", "party_size": 2}, closed)
+        p.end_batch()
+    assert p._spent_words == {"near", "me"}
+    query = p.hints().narrowed["places.search"]["properties"]["query"]
+    assert query["pattern"] == words_pattern(["Find", "find", "pizza"])
