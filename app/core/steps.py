@@ -560,10 +560,7 @@ class WorkflowPolicy:
         if grounded and isinstance(args, Mapping) and self._fruitless(name, data):
             # Its words led nowhere: the next turns choose among the others (a small model
             # otherwise repeats the same query until max_iterations).
-            for arg in grounded:
-                value = args.get(arg)
-                if isinstance(value, str):
-                    self._spent_words.update(w.lower() for w in _WORD.findall(value))
+            self._spend(args, grounded)
         if name in self.workflow.terminal_tools and self._terminal is None:
             self._terminal = (name, data)
 
@@ -592,10 +589,14 @@ class WorkflowPolicy:
         for args, data in self.steps.calls(prereq.tool):
             values = [_key(v) for v in _values_under(data, prereq.result_key)]
             if values and all(v in failed for v in values) and isinstance(args, Mapping):
-                for arg in grounded:
-                    value = args.get(arg)
-                    if isinstance(value, str):
-                        self._spent_words.update(w.lower() for w in _WORD.findall(value))
+                self._spend(args, grounded)
+
+    def _spend(self, args: Mapping[str, object], grounded: Sequence[str]) -> None:
+        """The words of a grounded call's arguments are not offered again."""
+        for arg in grounded:
+            value = args.get(arg)
+            if isinstance(value, str):
+                self._spent_words.update(w.lower() for w in _WORD.findall(value))
 
     def _fruitless(self, name: str, data: object) -> bool:
         """Whether a result of ``name`` gives no value to any argument-matched

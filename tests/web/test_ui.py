@@ -118,7 +118,9 @@ async def no_workflow(page: Any) -> None:
 async def test_the_demo_live_with_an_approval_then_its_replay(ui: Browser) -> None:
     page = ui.page
     await page.wait_for_selector("label.tool >> text=bookings.create")
-    assert await page.input_value("#input") == "Find pizza near me; book a table for 2 at 7pm if open."
+    assert (
+        await page.input_value("#input") == "Find pizza near me; book a table for 2 at 7pm if open."
+    )
     await page.click("#run")
 
     # The booking waits for a person: the UI shows its arguments and two buttons.
