@@ -64,6 +64,10 @@ async def test_shutdown_ends_a_running_stream_with_done(tmp_path: Path) -> None:
     assert metrics["reason"] == "shutdown"
 
 
+def _foreground_signals() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -81,6 +85,9 @@ async def test_a_signal_ends_streams_then_the_process(tmp_path: Path, sig: int) 
             sys.executable, "-m", "toolforge.cli", "serve", "--port", str(port),
             "--upstream", upstream.base_url,
             env=env, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+            # As a foreground process: a suite started in the background (`make test &`)
+            # runs with SIGINT ignored, which a child inherits, and Ctrl-C is not tested.
+            preexec_fn=_foreground_signals,
         )  # fmt: skip
         try:
             url = f"http://127.0.0.1:{port}"
