@@ -26,6 +26,7 @@ __all__ = [
     "MessageMeta",
     "MessageType",
     "as_messages",
+    "content_text",
     "first_user_index",
     "message",
     "wire_messages",
@@ -122,6 +123,20 @@ def message(
     return Message(
         {"role": role, "content": content, **wire}, MessageMeta(type_, step, tuple(tools))
     )
+
+
+def content_text(content: Any, sep: str = "") -> str:
+    """A message's text: its ``content`` string, or its text parts (OpenAI content parts)
+    joined by ``sep``; anything else is no text."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return sep.join(
+            str(p.get("text", ""))
+            for p in content
+            if isinstance(p, Mapping) and p.get("type") == "text"
+        )
+    return ""
 
 
 def first_user_index(messages: Sequence[Mapping[str, Any]]) -> int:

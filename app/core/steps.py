@@ -37,6 +37,7 @@ from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from toolforge.core.messages import content_text, first_user_index
 from toolforge.core.redact import redact_text
 from toolforge.core.rescue import RescuedCall, canonical_tool_name, rescue_tool_calls
 from toolforge.core.workflow import RESPOND, Prerequisite, WorkflowDef
@@ -264,17 +265,8 @@ def _key(value: object) -> str:
 def user_words(messages: Sequence[Mapping[str, Any]]) -> list[str]:
     """The words of the first user message (letters and digits; as written and in lower
     case, distinct, at most 64), for grounded arguments."""
-    text = ""
-    for message in messages:
-        if message.get("role") == "user":
-            content = message.get("content")
-            if isinstance(content, str):
-                text = content
-            elif isinstance(content, list):  # parts: the text ones
-                text = " ".join(
-                    str(part.get("text", "")) for part in content if isinstance(part, Mapping)
-                )
-            break
+    first = first_user_index(messages)
+    text = content_text(messages[first].get("content"), " ") if first >= 0 else ""
     words: dict[str, None] = {}
     for word in _WORD.findall(text):
         for form in (word, word.lower()):

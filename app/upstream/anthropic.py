@@ -44,7 +44,7 @@ import anyio
 import httpx
 import orjson
 
-from toolforge.core.messages import wire_messages
+from toolforge.core.messages import content_text, wire_messages
 from toolforge.errors import ErrorCode, UpstreamError
 from toolforge.upstream.base import ChatRequest, ToolCallDelta, UpstreamDelta
 from toolforge.upstream.exchange import (
@@ -111,18 +111,6 @@ def _is_error(content: str) -> bool:
     return isinstance(value, dict) and value.get("ok") is False
 
 
-def _text(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):  # OpenAI content parts: the text ones
-        return "".join(
-            str(p.get("text", ""))
-            for p in content
-            if isinstance(p, Mapping) and p.get("type") == "text"
-        )
-    return ""
-
-
 def to_anthropic(
     messages: Sequence[Mapping[str, Any]],
 ) -> tuple[str | None, list[dict[str, Any]]]:
@@ -140,7 +128,7 @@ def to_anthropic(
 
     for item in wire_messages(messages):
         role = item.get("role")
-        text = _text(item.get("content"))
+        text = content_text(item.get("content"))
         if role == "system":
             if text:
                 system.append(text)
