@@ -38,10 +38,14 @@ import orjson
 from toolforge.api.app import create_app
 from toolforge.eval.loopback import Event, Served, serve
 from toolforge.settings import Settings
+from toolforge.tools.places import load_places
 
 __all__ = ["main", "run_arm"]
 
 PROMPT = "Find pizza near me; book a table for 2 at 7pm if open."
+ASKED = {"time": "19:00", "party_size": 2}  # what PROMPT asks for
+# ... and where: a place that serves pizza (the fixture's tags say which).
+PIZZA = frozenset(p.id for p in load_places() if "pizza" in p.tags)
 
 
 def _request(arm: str, seed: int, workflow: dict[str, Any]) -> dict[str, Any]:
@@ -62,6 +66,7 @@ def _judge(events: list[Event]) -> dict[str, Any]:
     searches: list[str] = []  # each search's query and how many places it returned
     first: str | None = None
     booked: str | None = None
+    booking: dict[str, Any] = {}
     calls: dict[str, dict[str, Any]] = {}
     for event in events:
         if event.event == "tool.call":
@@ -89,7 +94,8 @@ def _judge(events: list[Event]) -> dict[str, Any]:
         if event.event == "step.nudge" and first is None and event.data["kind"] == "prerequisite":
             first = "(made up: refused)"
         if event.event == "result.end":
-            booked = event.data["value"].get("place_id")
+            booking = event.data["value"]
+            booked = booking.get("place_id")
     done = next(e.data for e in events if e.event == "done")
     errors = [e.data["code"] for e in events if e.event == "error"]
     return {
@@ -98,7 +104,12 @@ def _judge(events: list[Event]) -> dict[str, Any]:
         "first": first,
         "first_ok": first in ids,
         "booked": booked,
+        "at": [booking.get("time"), booking.get("party_size")] if booking else None,
         "ok": done["reason"] == "stop" and booked in ids,
+        "as_asked": done["reason"] == "stop"
+        and booked in ids
+        and all(booking.get(k) == v for k, v in ASKED.items()),
+        "pizza": done["reason"] == "stop" and booked in PIZZA,
         "reason": done["reason"],
         "iterations": (done.get("workflow") or {}).get("iterations"),
         "nudges": (done.get("workflow") or {}).get("nudges"),
@@ -158,18 +169,21 @@ async def _main(runs: dict[str, int], arms: list[str]) -> None:
     print()
     print(
         "| arm | runs | first booking uses a searched id | workflow ends with a searched id "
-        "| median iterations | nudges |"
+        "| ... at 19:00 for 2, as asked | ... a pizza place | median iterations | nudges |"
     )
-    print("|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|")
     for arm, rows in results.items():
         n = len(rows)
         first = sum(r["first_ok"] for r in rows)
         ok = sum(r["ok"] for r in rows)
+        asked = sum(r["as_asked"] for r in rows)
+        pizza = sum(r["pizza"] for r in rows)
         its = sorted(r["iterations"] or 0 for r in rows)
         nudges = sum(r["nudges"] or 0 for r in rows)
         print(
             f"| {arm} | {n} | {first}/{n} ({100 * first / n:.0f} %) | {ok}/{n} "
-            f"({100 * ok / n:.0f} %) | {its[len(its) // 2]} | {nudges} |"
+            f"({100 * ok / n:.0f} %) | {asked}/{n} | {pizza}/{n} | {its[len(its) // 2]} "
+            f"| {nudges} |"
         )
 
 

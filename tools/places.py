@@ -4,9 +4,11 @@ Deterministic and fixture-backed (``tools/fixtures/places.json``): the same argu
 the same answer on every machine, which is what the demo, the goldens and the eval
 harness need. Distances are fixed in the fixture, measured from one demo origin.
 
-Matching is forgiving, because small models write queries like "cheap pizza near me":
-the query is cut into words, filler words ("near", "me", "tonight", and "restaurant" or
-"dinner", which say nothing about *which* place) are dropped, and a place matches when
+Matching is forgiving, because small models write queries like "cheap pizza near me" or
+copy the user's request ("book a table for 2 at 7pm"): the query is cut into words, filler
+words are dropped ("near", "me", "tonight", "restaurant" or "dinner", and the words of the
+booking itself: "book", "table", "people", numbers and times such as "2" or "7pm"; none
+says *which* place), and a place matches when
 at least one remaining word equals a word of its name, category, cuisine or tags (plural
 ``s`` ignored on both sides). Results are ranked by the number of matching words, then
 distance, then id. A query of only filler words matches every place in range.
@@ -46,9 +48,14 @@ HHMM = Annotated[str, StringConstraints(pattern=HHMM_PATTERN)]
 _FILLER: Final = frozenset(
     "a an and any at best cheap dinner dining eat food find for good i in is lunch me meal "
     "near nearby of on open place please restaurant some something the to tonight want "
-    "we where with".split()
+    "we where with"
+    # ... and the booking's own words: what to do, for how many, when.
+    " am book booking can get guest if my now our party people person pm reservation reserve"
+    " seat table there today us you".split()
 )
 _WORD: Final = re.compile(r"[0-9a-z]+")
+# A number or a time of day ("2", "19", "7pm", "730am"): which place is not in it.
+_NUMERIC: Final = re.compile(r"[0-9]+([ap]m)?")
 
 
 class Place(BaseModel):
@@ -120,13 +127,16 @@ def _stem(word: str) -> str:
     return word[:-1] if len(word) > 3 and word.endswith("s") else word
 
 
+_FILLER_STEMS: Final = frozenset(_stem(w) for w in _FILLER)
+
+
 def _words(text: str) -> set[str]:
     return {_stem(w) for w in _WORD.findall(text.casefold())}
 
 
 def search(places: Sequence[Place], args: PlacesSearchArgs) -> dict[str, object]:
     """The pure search behind the tool."""
-    wanted = _words(args.query) - {_stem(w) for w in _FILLER}
+    wanted = {w for w in _words(args.query) - _FILLER_STEMS if not _NUMERIC.fullmatch(w)}
     ranked: list[tuple[int, float, str, Place]] = []
     for place in places:
         if place.distance_km > args.radius_km:

@@ -44,7 +44,9 @@ usual inline schemas) use:
                                     quantifiers, ``\\d``, ``\\w``, ``.``), each unbounded
                                     quantifier capped at maxLength; else ignored
     enum, const                     those JSON values, literally (compact JSON)
-    minimum, maximum, exclusive*    small integer ranges spelled out; a bound >= 0 drops "-"
+    minimum, maximum, exclusive*    the range, digit by digit (integers exactly; numbers
+                                    exactly at whole bounds, a little wider at fractional
+                                    ones); a bounded number is written without exponent
     anyOf, oneOf                    any branch (oneOf's "exactly one" is not enforced)
     allOf                           the parts merged into one schema (approximately)
     $ref into $defs / definitions   one rule per target, so recursive schemas work
@@ -91,6 +93,7 @@ rule, character class or literal (never a group), and bounds above 1,000 become 
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass
@@ -121,8 +124,13 @@ DEFAULT_MAX_DEPTH: Final = 16
 
 # llama.cpp refuses repetitions that expand past 2,000 rules (MAX_REPETITION_THRESHOLD).
 _MAX_REPEAT: Final = 1000
-# Integer ranges up to this many values are spelled out ("1" | "2" | ... | "20").
-_MAX_INT_CHOICES: Final = 256
+# A number's integer digits at most: the validator's 64-bit range (see "nat").
+_MAX_DIGITS: Final = 16
+# A fraction with a non-zero digit (above a strict whole lower bound: "0.5" in "> 0"), and
+# one of zeros only (at a whole upper bound: "50.0" in "<= 50").
+_NONZERO_FRACTION: Final = '"." "0"{0,23} [1-9] [0-9]{0,23}'
+_ZERO_FRACTION: Final = '( "." "0"{1,24} )?'
+_ANY_FRACTION: Final = '( "." [0-9]{1,24} )?'
 # $ref chains followed before giving up (a -> b -> a).
 _MAX_REF_HOPS: Final = 32
 # Per-turn bounds from max_tokens (see "Budget" above): characters and members per token.
@@ -661,7 +669,7 @@ class _Converter:
             case "integer":
                 return self._integer(schema, hint)
             case "number":
-                return "unsigned" if _non_negative(schema) else "number"
+                return self._number(schema, hint)
             case "boolean" | "null":
                 return kind
         return self._any(depth)
@@ -740,39 +748,134 @@ class _Converter:
         return self._rules.add(hint, f'"\\"" {chars} "\\""' if chars else '"\\"\\""')
 
     def _integer(self, schema: Mapping[str, Any], hint: str) -> str:
-        lo = _bound(schema, "minimum", "exclusiveMinimum", up=True)
-        hi = _bound(schema, "maximum", "exclusiveMaximum", up=False)
-        if lo is not None and hi is not None and 0 <= hi - lo < _MAX_INT_CHOICES:
-            return self._rules.add(hint, " | ".join(_lit(str(n)) for n in range(lo, hi + 1)))
-        return "nat" if lo is not None and lo >= 0 else "integer"
+        lo, hi = _bounds(schema)
+        low = None if lo is None else math.floor(lo[0]) + 1 if lo[1] else math.ceil(lo[0])
+        high = None if hi is None else math.ceil(hi[0]) - 1 if hi[1] else math.floor(hi[0])
+        if low is None and high is None:
+            return "integer"
+        parts = []
+        if low is None or low < 0:  # the negative integers in range, by magnitude
+            top = None if low is None else -low
+            bottom = 1 if high is None or high >= 0 else -high
+            if top is None or bottom <= top:
+                parts.append(f'"-" ( {_naturals(bottom, top)} )')
+        if high is None or high >= 0:
+            bottom = 0 if low is None else max(low, 0)
+            if high is None or bottom <= high:
+                parts.append(_naturals(bottom, high))
+        # An empty range: the schema cannot be met; validation says so.
+        return self._rules.add(hint, " | ".join(parts)) if parts else "integer"
 
-
-def _non_negative(schema: Mapping[str, Any]) -> bool:
-    return any(
-        isinstance(v, int | float) and not isinstance(v, bool) and v >= 0
-        for v in (schema.get("minimum"), schema.get("exclusiveMinimum"))
-    )
+    def _number(self, schema: Mapping[str, Any], hint: str) -> str:
+        lo, hi = _bounds(schema)
+        if lo is None and hi is None:
+            return "number"
+        parts = []
+        if lo is None or lo[0] < 0:  # below zero: "-" and a magnitude
+            # Zero itself belongs to the other branch ("-0" is not written).
+            near = (-hi[0], hi[1]) if hi is not None and hi[0] < 0 else (0.0, True)
+            far = None if lo is None else (-lo[0], lo[1])
+            if alts := _magnitudes(near, far):
+                parts.append(f'"-" ( {" | ".join(alts)} )')
+        if hi is None or hi[0] > 0 or (hi[0] == 0 and not hi[1]):
+            parts.extend(_magnitudes(lo if lo is not None and lo[0] >= 0 else (0.0, False), hi))
+        return self._rules.add(hint, " | ".join(parts)) if parts else "number"
 
 
 def _int(value: object) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
-def _bound(schema: Mapping[str, Any], inclusive: str, exclusive: str, *, up: bool) -> int | None:
-    """The tightest integer bound from ``minimum``/``exclusiveMinimum`` (``up``) or the
-    maximum pair; None when there is none."""
-    found: list[int] = []
-    for key, strict in ((inclusive, False), (exclusive, True)):
-        v = schema.get(key)
-        if isinstance(v, int | float) and not isinstance(v, bool) and abs(v) < 2**63:
-            if up:
-                n = int(v) + 1 if strict and v == int(v) else -int(-v // 1)
-            else:
-                n = int(v) - 1 if strict and v == int(v) else int(v // 1)
-            found.append(n)
-    if not found:
-        return None
-    return max(found) if up else min(found)
+# A bound: its value and whether it is strict (exclusiveMinimum / exclusiveMaximum).
+_Bound = tuple[float, bool]
+
+
+def _bounds(schema: Mapping[str, Any]) -> tuple[_Bound | None, _Bound | None]:
+    """The tightest lower and upper bounds; draft 4's boolean ``exclusive*`` is read too.
+    Bounds past the digits a number may have (``_MAX_DIGITS``) are dropped."""
+
+    def tightest(inclusive: str, exclusive: str, *, lower: bool) -> _Bound | None:
+        found: list[_Bound] = []
+        strict_flag = schema.get(exclusive) is True
+        for key, strict in ((inclusive, strict_flag), (exclusive, True)):
+            v = schema.get(key)
+            if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v):
+                if abs(v) < 10**_MAX_DIGITS:
+                    found.append((float(v), strict))
+        if not found:
+            return None
+        # The tightest value; at a tie, the strict bound.
+        return max(found, key=lambda b: (b[0] if lower else -b[0], b[1]))
+
+    return (
+        tightest("minimum", "exclusiveMinimum", lower=True),
+        tightest("maximum", "exclusiveMaximum", lower=False),
+    )
+
+
+def _magnitudes(lo: _Bound, hi: _Bound | None) -> list[str]:
+    """Alternatives for a non-negative decimal between ``lo`` (>= 0) and ``hi``, without
+    exponent. Exact when the bounds are whole numbers; at a fractional bound the whole
+    part is bounded, not the fraction (``<= 2.5`` allows ``2.9``: validation catches it)."""
+    base = math.floor(lo[0])
+    parts: list[str] = []
+    start = base
+    if lo == (base, True):  # "> 3": 3 only with a non-zero fraction
+        if hi is None or hi[0] > base:
+            parts.append(f"{_lit(str(base))} {_NONZERO_FRACTION}")
+        start = base + 1
+    end: int | None = None
+    top_part = ""
+    if hi is not None:
+        top = math.floor(hi[0])
+        end = top - 1 if hi[0] == top else top
+        if hi == (top, False) and top >= start:  # "<= 50": 50 only with zeros after
+            top_part = f"{_lit(str(top))} {_ZERO_FRACTION}"
+    if end is None or start <= end:
+        parts.append(f"( {_naturals(start, end)} ) {_ANY_FRACTION}")
+    if top_part:
+        parts.append(top_part)
+    return parts
+
+
+def _naturals(lo: int, hi: int | None) -> str:
+    """The numerals of ``lo`` to ``hi`` (None: up to ``_MAX_DIGITS`` digits), no leading
+    zeros, as alternatives of digit classes: ``[1-9] [0-9]`` for 10-99, and so on."""
+    width = len(str(lo))
+    top = hi if hi is not None else 10**_MAX_DIGITS - 1
+    parts = []
+    for n in range(width, len(str(top)) + 1):
+        a, b = max(lo, 10 ** (n - 1) if n > 1 else 0), min(top, 10**n - 1)
+        if hi is None and n > width:  # every longer numeral
+            parts.append(f"[1-9] {_repeat('[0-9]', n - 1, _MAX_DIGITS - 1)}")
+            break
+        if a <= b:
+            parts.append(_digit_span(str(a), str(b)))
+    return " | ".join(parts)
+
+
+def _digit_span(lo: str, hi: str) -> str:
+    """The numerals from ``lo`` to ``hi``, two digit strings of one length, ``lo <= hi``."""
+    if lo == hi:
+        return _lit(lo)
+    rest = len(lo) - 1
+    any_rest = _repeat("[0-9]", rest, rest)
+    if lo[0] == hi[0]:
+        return f"{_lit(lo[0])} ( {_digit_span(lo[1:], hi[1:])} )"
+    parts = []
+    first, last = int(lo[0]), int(hi[0])
+    if rest and lo[1:] != "0" * rest:  # lo's first digit, then lo's tail up to 9...9
+        parts.append(f"{_lit(lo[0])} ( {_digit_span(lo[1:], '9' * rest)} )")
+        first += 1
+    tail_full = not rest or hi[1:] == "9" * rest
+    if not tail_full:
+        last -= 1
+    if first <= last:
+        digits = f"[{first}]" if first == last else f"[{first}-{last}]"
+        parts.append(f"{digits} {any_rest}".rstrip())
+    if not tail_full:  # hi's first digit, then 0...0 up to hi's tail
+        parts.append(f"{_lit(hi[0])} ( {_digit_span('0' * rest, hi[1:])} )")
+    return " | ".join(parts)
 
 
 def _types(schema: Mapping[str, Any]) -> tuple[str, ...]:

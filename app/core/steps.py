@@ -32,6 +32,7 @@ called early is nudged at tiers 1, 2 and 3 and refused for good the fourth time.
 
 from __future__ import annotations
 
+import operator
 import re
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -50,6 +51,7 @@ __all__ = [
     "StepEnforcer",
     "StepTracker",
     "TurnHints",
+    "UserValues",
     "WorkflowNudges",
     "WorkflowPolicy",
 ]
@@ -60,6 +62,21 @@ _MAX_VALUES: Final = 64  # narrowed argument values per prerequisite (the gramma
 _GROUNDED_WORDS: Final = 6
 _USER_WORDS: Final = 64
 _WORD: Final = re.compile(r"[A-Za-z0-9]{1,32}")
+# Times of day in the user's words: "7pm", "7:30 p.m.", "19:00", "noon", "midnight".
+_TIME: Final = re.compile(
+    r"\b(?:(?P<hour>\d{1,2})(?::(?P<minute>[0-5]\d))?\s?(?P<half>[ap])\.?m\b\.?"
+    r"|(?P<h24>[01]?\d|2[0-3]):(?P<m24>[0-5]\d)\b"
+    r"|(?P<word>noon|midnight)\b)",
+    re.IGNORECASE,
+)
+_NAMED_TIMES: Final = {"noon": "12:00", "midnight": "00:00"}
+_NUMBER_WORDS: Final = {
+    w: i
+    for i, w in enumerate(
+        "zero one two three four five six seven eight nine ten eleven twelve".split()
+    )
+}
+_NUMBER: Final = re.compile(r"\b(?:\d{1,6}|" + "|".join(_NUMBER_WORDS) + r")\b", re.IGNORECASE)
 _LAST_TEXT_CHARS: Final = 2000
 
 
@@ -262,9 +279,20 @@ def _key(value: object) -> str:
     return value if isinstance(value, str) else repr(value)
 
 
-def user_words(messages: Sequence[Mapping[str, Any]]) -> list[str]:
-    """The words of the first user message (letters and digits; as written and in lower
-    case, distinct, at most 64), for grounded arguments."""
+@dataclass(frozen=True, slots=True)
+class UserValues:
+    """What the user's first message says, for grounded arguments: its words (as written
+    and in lower case, distinct, at most 64), the times of day it names as 24-hour
+    ``"HH:MM"`` ("7pm", "7:30 p.m.", "19:00", "noon"), and the whole numbers it states
+    ("2", "two"; not the parts of a time)."""
+
+    words: tuple[str, ...] = ()
+    times: tuple[str, ...] = ()
+    numbers: tuple[int, ...] = ()
+
+
+def user_values(messages: Sequence[Mapping[str, Any]]) -> UserValues:
+    """The :class:`UserValues` of the first user message."""
     first = first_user_index(messages)
     text = content_text(messages[first].get("content"), " ") if first >= 0 else ""
     words: dict[str, None] = {}
@@ -272,7 +300,27 @@ def user_words(messages: Sequence[Mapping[str, Any]]) -> list[str]:
         for form in (word, word.lower()):
             if len(words) < _USER_WORDS:
                 words[form] = None
-    return list(words)
+    times: dict[str, None] = {}
+    for m in _TIME.finditer(text):
+        if m["word"]:
+            times[_NAMED_TIMES[m["word"].lower()]] = None
+            continue
+        hour, minute = int(m["hour"] or m["h24"]), int(m["minute"] or m["m24"] or 0)
+        if m["half"]:
+            if not 1 <= hour <= 12:
+                continue
+            hour = hour % 12 + (12 if m["half"].lower() == "p" else 0)
+        times[f"{hour:02d}:{minute:02d}"] = None
+    rest = _TIME.sub(" ", text)
+    numbers: dict[int, None] = {}
+    for m in _NUMBER.finditer(rest):
+        numbers[int(m[0]) if m[0].isdigit() else _NUMBER_WORDS[m[0].lower()]] = None
+    return UserValues(tuple(words), tuple(times)[:_USER_WORDS], tuple(numbers)[:_USER_WORDS])
+
+
+def user_words(messages: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The words of the first user message (:class:`UserValues`)."""
+    return list(user_values(messages).words)
 
 
 def words_pattern(words: Sequence[str]) -> str | None:
@@ -284,17 +332,64 @@ def words_pattern(words: Sequence[str]) -> str | None:
     return f"^({alternatives})( ({alternatives})){{0,{_GROUNDED_WORDS - 1}}}$"
 
 
-def _grounded(schema: Mapping[str, Any], args: Sequence[str], pattern: str) -> Mapping[str, Any]:
-    """``schema`` with each string argument of ``args`` held to ``pattern``."""
+def _grounded(
+    schema: Mapping[str, Any], args: Sequence[str], pattern: str | None, said: UserValues
+) -> Mapping[str, Any]:
+    """``schema`` with each argument of ``args`` held to what the user said: a plain
+    string to ``pattern`` (the user's words); a string with a ``pattern`` of its own to the
+    user's times and words that match it; a whole number to the user's numbers within its
+    bounds. An argument the user said nothing usable for is left as it is."""
     props = schema.get("properties")
     if not isinstance(props, Mapping):
         return schema
     changed = dict(props)
     for arg in args:
         prop = props.get(arg)
-        if isinstance(prop, Mapping) and prop.get("type", "string") == "string":
-            changed[arg] = {**prop, "type": "string", "pattern": pattern}
+        if not isinstance(prop, Mapping):
+            continue
+        kind = prop.get("type", "string")
+        if kind == "string" and "pattern" not in prop:
+            if pattern is not None:
+                changed[arg] = {**prop, "type": "string", "pattern": pattern}
+            continue
+        values: list[object]
+        if kind == "string":
+            own = _compiled(prop["pattern"])
+            candidates = (*said.times, *said.words)
+            values = [v for v in candidates if own is not None and own.search(v)]
+        elif kind in ("integer", "number"):
+            values = [n for n in said.numbers if _within(prop, n)]
+        else:
+            continue
+        if values:
+            changed[arg] = {**prop, "enum": values}
     return {**schema, "properties": changed}
+
+
+def _compiled(pattern: object) -> re.Pattern[str] | None:
+    """A schema's ``pattern`` as a Python regex (JSON Schema's ECMA dialect shares the
+    subset schemas use), or None when Python cannot read it."""
+    if not isinstance(pattern, str):
+        return None
+    try:
+        return re.compile(pattern)
+    except re.error:
+        return None
+
+
+def _within(schema: Mapping[str, Any], n: int) -> bool:
+    """Whether ``n`` meets the schema's numeric bounds."""
+    checks = (
+        ("minimum", operator.ge),
+        ("maximum", operator.le),
+        ("exclusiveMinimum", operator.gt),
+        ("exclusiveMaximum", operator.lt),
+    )
+    for key, ok in checks:
+        bound = schema.get(key)
+        if isinstance(bound, int | float) and not isinstance(bound, bool) and not ok(n, bound):
+            return False
+    return True
 
 
 def _values_under(data: object, key: str, depth: int = 0) -> Iterator[object]:
@@ -383,7 +478,7 @@ class WorkflowPolicy:
         self._terminal: tuple[str, object] | None = None
         # The grounded arguments' words, from the first user message (prepare()), less the
         # words of grounded calls whose results gave the workflow nothing (record()).
-        self._user_words: list[str] | None = None
+        self._said: UserValues | None = None
         self._spent_words: set[str] = set()
         # (tool, argument) -> argument-matched values whose call failed for good.
         self._failed_values: dict[tuple[str, str], set[str]] = {}
@@ -404,8 +499,8 @@ class WorkflowPolicy:
     def prepare(self, messages: list[Mapping[str, Any]]) -> Any:
         """The messages to send this turn: compacted by the hook, if one is plugged in."""
         self.history = messages
-        if self._user_words is None and self.workflow.grounded:
-            self._user_words = user_words(messages)
+        if self._said is None and self.workflow.grounded:
+            self._said = user_values(messages)
         if self.compactor is None:
             return messages
         return self.compactor(messages, self.steps.summary_hint())
@@ -434,14 +529,12 @@ class WorkflowPolicy:
                     changed["properties"] = {**props, prereq.match_arg: {"enum": values}}
                     narrowed[tool] = changed
                     schema = changed
-            pattern = words_pattern(
-                [w for w in self._user_words or () if w.lower() not in self._spent_words]
-            )
-            if pattern is not None:
-                for tool, args in self.workflow.grounded.items():
-                    base = narrowed.get(tool, self._schemas.get(tool))
-                    if base is not None:
-                        narrowed[tool] = _grounded(base, args, pattern)
+            said = self._said or UserValues()
+            pattern = words_pattern([w for w in said.words if w.lower() not in self._spent_words])
+            for tool, args in self.workflow.grounded.items():
+                base = narrowed.get(tool, self._schemas.get(tool))
+                if base is not None:
+                    narrowed[tool] = _grounded(base, args, pattern, said)
             if self.steps.tracker.is_satisfied() and any(
                 narrowed.get(t, True) is not None for t in self.workflow.terminal_tools
             ):

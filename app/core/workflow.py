@@ -23,12 +23,14 @@ argument-matched one, ``{"tool", "match_arg", "result_key"?}``: the call's argum
 anywhere in that tool's successful results (``"id"``: the search's place ids), or, without
 ``result_key``, the same argument of an earlier successful call of that tool.
 
-``grounded`` (tool → argument names) marks string arguments the model must write from the
-user's own words: in constrained mode the grammar lets such an argument be only a few words
-of the user's first message (a search query drawn from "Find pizza near me; ...", never
-SQL or a made-up term); the words of a grounded call whose result gave an argument-matched
-prerequisite nothing are not offered again. Like argument-matched prerequisites it is a
-narrowing, off with ``narrow: false``.
+``grounded`` (tool → argument names) marks arguments the model must take from the user's
+first message: in constrained mode the grammar lets a plain string be only a few of its
+words (a search query drawn from "Find pizza near me; ...", never SQL or a made-up term),
+a string with a ``pattern`` only its times of day as ``HH:MM`` ("7pm" → "19:00") or words
+that match, a number only the numbers it states ("for 2"); an argument the user said
+nothing usable for keeps its schema (``toolforge.core.steps.user_values``). The words of a
+grounded call whose result gave an argument-matched prerequisite nothing are not offered
+again. Like argument-matched prerequisites it is a narrowing, off with ``narrow: false``.
 
 ``respond`` (:data:`RESPOND`) is a built-in tool a workflow may list: the model's answer
 as a call, ``{"content": "..."}``; make it a terminal tool for a conversational workflow.

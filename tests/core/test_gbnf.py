@@ -7,11 +7,12 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
+from decimal import Decimal
 from typing import Any
 
 import orjson
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from jsonschema import Draft202012Validator
 
@@ -293,8 +294,8 @@ FEATURES: dict[str, tuple[dict[str, Any], list[str], list[str]]] = {
     ),
     "integer lower bound": (
         {"type": "integer", "exclusiveMinimum": 0},
-        ["1", "0", "1234567890123456"],
-        ["-1", "12345678901234567", "1.5"],
+        ["1", "10", "1234567890123456"],
+        ["0", "-1", "12345678901234567", "1.5"],
     ),
     "integer": ({"type": "integer"}, ["-5", "0", "42"], ["+1", "1e3", "--1"]),
     "number": (
@@ -302,7 +303,47 @@ FEATURES: dict[str, tuple[dict[str, Any], list[str], list[str]]] = {
         ["0", "-0.5", "1.25e-3", "3E+2", "10"],
         ["1.", ".5", "+1", "NaN", "Infinity", "01", "1e"],
     ),
-    "non-negative number": ({"type": "number", "minimum": 0}, ["0", "2.5"], ["-1"]),
+    "non-negative number": ({"type": "number", "minimum": 0}, ["0", "2.5"], ["-1", "-0.5"]),
+    "number range, strict below": (  # places.search's radius_km: > 0, <= 50
+        {"type": "number", "exclusiveMinimum": 0, "maximum": 50},
+        ["50", "50.0", "0.5", "0.05", "0.100", "49.99", "5", "12.25", "10"],
+        ["50.5", "51", "0", "0.0", "00.5", "-1", "1e1", "100", "5.", "50.01"],
+    ),
+    "number range, negative": (
+        {"type": "number", "minimum": -20, "exclusiveMaximum": -1},
+        ["-20", "-20.000", "-1.5", "-19.99", "-2"],
+        ["-1", "-1.0", "-20.5", "-21", "0", "1", "-0.5", "-0"],
+    ),
+    "number range around zero": (
+        {"type": "number", "exclusiveMinimum": -1, "exclusiveMaximum": 1},
+        ["0", "0.0", "-0.5", "0.999", "-0.001"],
+        ["1", "-1", "1.0", "-1.0", "-0", "-0.0", "2"],
+    ),
+    "number, only an upper bound": (
+        {"type": "number", "maximum": 7.5},
+        ["7", "7.5", "-123456.5", "0"],
+        ["8", "10", "75"],
+    ),
+    "number, draft 4 boolean exclusive": (
+        {"type": "number", "minimum": 1, "exclusiveMinimum": True},
+        ["1.5", "2", "1000000"],
+        ["1", "1.0", "0.5"],
+    ),
+    "integer range, wide": (
+        {"type": "integer", "minimum": 7, "maximum": 10_000},
+        ["7", "9", "10", "99", "100", "1234", "9999", "10000"],
+        ["6", "0", "10001", "07", "20000", "99999"],
+    ),
+    "integer range, fractional bounds": (
+        {"type": "integer", "minimum": -2.5, "maximum": 3.5},
+        ["-2", "0", "3"],
+        ["-3", "4", "2.5"],
+    ),
+    "integer, only an upper bound": (
+        {"type": "integer", "maximum": -5},
+        ["-5", "-6", "-1000"],
+        ["-4", "0", "5"],
+    ),
     "boolean and null": (
         {"type": ["boolean", "null"]},
         ["true", "false", "null"],
@@ -592,8 +633,12 @@ def values(schema: object, doc: Mapping[str, Any]) -> st.SearchStrategy[object]:
         return st.integers(schema.get("minimum", -(10**9)), schema.get("maximum", 10**9))
     if kind == "number":
         low = schema.get("minimum", schema.get("exclusiveMinimum", -1e9))
+        # A bounded number is written positionally (the grammar has no exponent for it).
         return st.floats(low, schema.get("maximum", 1e9), allow_nan=False).filter(
-            lambda x: x > schema.get("exclusiveMinimum", -1e10)
+            lambda x: (
+                x > schema.get("exclusiveMinimum", -1e10)
+                and "e" not in repr(x) + orjson.dumps(x).decode()
+            )
         )
     if kind == "boolean":
         return st.booleans()
@@ -645,3 +690,57 @@ def test_any_text_then_a_valid_frame_is_accepted(data: st.DataObject, text: str)
     assert FRAMES.accepts(text + call(spell(args, 0)))
     reply = data.draw(values(REPLY, REPLY))
     assert FRAMES.accepts(text + result(spell(reply, 1)))
+
+
+# --- numeric ranges, exactly ----------------------------------------------------------------
+
+_BOUND = st.one_of(st.none(), st.integers(-120, 120))
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    lo=_BOUND,
+    hi=_BOUND,
+    strict=st.tuples(st.booleans(), st.booleans()),
+    kind=st.sampled_from(["integer", "number"]),
+    values=st.lists(
+        st.tuples(
+            st.integers(-150, 150),
+            st.one_of(st.none(), st.text("0123456789", min_size=1, max_size=4)),
+        ),
+        min_size=1,
+        max_size=12,
+    ),
+)
+def test_whole_bounds_are_exact(
+    lo: int | None,
+    hi: int | None,
+    strict: tuple[bool, bool],
+    kind: str,
+    values: list[tuple[int, str | None]],
+) -> None:
+    """With whole-number bounds, a positional numeral is accepted exactly when it is in
+    range (an integer's never has a fraction; "-0" is never written)."""
+    if lo is not None and hi is not None:
+        # An empty range falls back to the plain type (the schema cannot be met).
+        assume(
+            lo + strict[0] + strict[1] <= hi
+            if kind == "integer"
+            else lo < hi or (not any(strict) and lo == hi)
+        )
+    schema: dict[str, Any] = {"type": kind}
+    if lo is not None:
+        schema["exclusiveMinimum" if strict[0] else "minimum"] = lo
+    if hi is not None:
+        schema["exclusiveMaximum" if strict[1] else "maximum"] = hi
+    grammar = value_grammar(schema)
+    validator = Draft202012Validator(schema)
+    for whole, fraction in values:
+        if kind == "integer" and fraction is not None:
+            continue
+        texts = [str(whole)] if fraction is None else [f"{whole}.{fraction}"]
+        if whole == 0 and fraction is not None and fraction.strip("0"):
+            texts.append(f"-0.{fraction}")
+        for text in texts:
+            value = int(text) if fraction is None else float(Decimal(text))
+            assert grammar.accepts(text) == validator.is_valid(value), (schema, text)

@@ -303,6 +303,58 @@ def test_user_words_come_from_the_first_user_message_text_parts_too() -> None:
     assert words_pattern([]) is None
 
 
+@pytest.mark.parametrize(
+    ("text", "times", "numbers"),
+    [
+        ("Find pizza near me; book a table for 2 at 7pm if open.", ("19:00",), (2,)),
+        ("table for two at 7:30 p.m. or 21:00", ("19:30", "21:00"), (2,)),
+        ("12am, 12 PM, noon and midnight", ("00:00", "12:00"), ()),
+        ("6 people at 19:00, 3 kids, 0700", ("19:00",), (6, 3, 700)),
+        ("at 13pm or 25:00", (), (25, 0)),  # no such times: the digits are only numbers
+        ("ONE table, Eleven guests", (), (1, 11)),
+        ("nothing here", (), ()),
+    ],
+)
+def test_user_values_read_times_and_numbers(
+    text: str, times: tuple[str, ...], numbers: tuple[int, ...]
+) -> None:
+    from toolforge.core.steps import user_values
+
+    said = user_values([{"role": "system", "content": "at 9pm"}, {"role": "user", "content": text}])
+    assert said.times == times and said.numbers == numbers
+    assert said.words[0] == text.split()[0].strip(",")  # the first message's words too
+
+
+def test_grounded_times_and_numbers_hold_the_booking_to_what_the_user_said() -> None:
+    p = policy(grounded={"bookings.create": ["time", "party_size"]})
+    ids = TurnIds("t1", (), "r1")
+    p.prepare([{"role": "user", "content": "Find pizza near me; book a table for 2 at 7pm."}])
+    p.begin_turn()
+    p.record("places.search", {"query": "pizza"}, FOUND)
+    p.end_batch()
+    booking = p.hints().narrowed["bookings.create"]["properties"]
+    assert booking["time"]["enum"] == ["19:00"] and booking["party_size"]["enum"] == [2]
+    g = parse(_grammar().for_turn(ids, narrowed=p.hints().narrowed, allow_result=False))
+
+    def books(time: str, size: int) -> bool:
+        args = f'{{"place_id": "trattoria-roma", "time": "{time}", "party_size": {size}}}'
+        return g.accepts(_call("bookings.create", args))
+
+    assert books("19:00", 2)
+    assert not books("20:00", 2) and not books("07:00", 2) and not books("19:00", 3)
+    # Said nothing usable: the argument keeps the tool's own schema. "7:15pm" is not a
+    # slot (the schema's pattern wants :00 or :30), 40 is over party_size's maximum of 20.
+    for text in ("book a table at trattoria", "40 of us at 7:15pm"):
+        p = policy(grounded={"bookings.create": ["time", "party_size"]})
+        p.prepare([{"role": "user", "content": text}])
+        p.begin_turn()
+        p.record("places.search", {"query": "pizza"}, FOUND)
+        p.end_batch()
+        props = p.hints().narrowed["bookings.create"]["properties"]
+        assert props["time"] == SCHEMAS["bookings.create"]["properties"]["time"]
+        assert props["party_size"] == SCHEMAS["bookings.create"]["properties"]["party_size"]
+
+
 def test_words_that_found_nothing_are_not_offered_again() -> None:
     p = policy(grounded={"places.search": ["query"]})
     ids = TurnIds("t1", (), "r1")

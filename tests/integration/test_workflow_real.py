@@ -1,6 +1,7 @@
 """The booking workflow on the real SmolLM2-135M (SPEC §7), constrained mode: the runner's
 steps and the narrowed grammar make a 135M model search, then book a place the search
-returned. Asserts the protocol and the step order, never the model's wording."""
+returned, at the time and for the party the user asked. Asserts the protocol and the step
+order, never the model's wording."""
 
 from __future__ import annotations
 
@@ -48,6 +49,10 @@ async def test_the_booking_workflow_completes_on_the_embedded_model(live: Live) 
         for p in r["result"]["places"]
     }
     assert booking["args"]["place_id"] in searched  # the narrowed grammar's doing
+    # "for 2 at 7pm": grounded, every booking attempt is at 19:00 for 2.
+    for call in calls:
+        if call["name"] == "bookings.create":
+            assert (call["args"]["time"], call["args"]["party_size"]) == ("19:00", 2), call
     (end,) = [e.data for e in events if e.event == "result.end"]
     assert end["value"]["place_id"] == booking["args"]["place_id"]
     done = events[-1].data

@@ -113,6 +113,17 @@ async def test_more_matching_words_rank_first_and_filler_is_ignored(
     assert ids(anything) == ["morning-brew", "le-petit-bistro", "green-garden"]  # by distance
 
 
+async def test_the_words_of_the_booking_itself_are_filler(executor: ToolExecutor) -> None:
+    """A small model copies the user's request into the query: "book a table for 2 at
+    7pm" names no place, so it finds the places in range; "pizza" among them still ranks."""
+    nearest = ["morning-brew", "le-petit-bistro", "green-garden"]
+    for query in ("book a table for 2 at 7pm", "2", "7pm", "19:00", "Reserve tables, 4 people"):
+        assert ids(await call(executor, "places.search", {"query": query, "limit": 3})) == nearest
+    found = await call(executor, "places.search", {"query": "pizza table for 2 at 7pm"})
+    assert ids(found) == ["trattoria-roma", "bella-napoli"]
+    assert ids(await call(executor, "places.search", {"query": "sushi 7pm", "radius_km": 1})) == []
+
+
 async def test_plurals_and_hyphenated_tags_match(executor: ToolExecutor) -> None:
     assert ids(await call(executor, "places.search", {"query": "tacos"})) == ["taco-loco"]
     assert ids(await call(executor, "places.search", {"query": "gluten free"})) == ["green-garden"]
