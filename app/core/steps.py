@@ -62,6 +62,15 @@ _MAX_VALUES: Final = 64  # narrowed argument values per prerequisite (the gramma
 _GROUNDED_WORDS: Final = 6
 _USER_WORDS: Final = 64
 _WORD: Final = re.compile(r"[A-Za-z0-9]{1,32}")
+# English function words: a grounded string made of them says nothing ("at if", "for a"),
+# and a 135M model picks them (they are the likeliest tokens), so they are not offered.
+_FUNCTION_WORDS: Final = frozenset(
+    "a about after all also am an and any are as at be been before but by can could did do "
+    "does for from had has have he her him his how i if in into is it its me my no nor not "
+    "of on or our ours she so some than that the their them then there these they this "
+    "those to too us very was we were what when where which while who whom why will with "
+    "would you your".split()
+)
 # Times of day in the user's words: "7pm", "7:30 p.m.", "19:00", "noon", "midnight".
 _TIME: Final = re.compile(
     r"\b(?:(?P<hour>\d{1,2})(?::(?P<minute>[0-5]\d))?\s?(?P<half>[ap])\.?m\b\.?"
@@ -530,7 +539,9 @@ class WorkflowPolicy:
                     narrowed[tool] = changed
                     schema = changed
             said = self._said or UserValues()
-            pattern = words_pattern([w for w in said.words if w.lower() not in self._spent_words])
+            pattern = words_pattern(
+                [w for w in said.words if w.lower() not in self._spent_words | _FUNCTION_WORDS]
+            )
             for tool, args in self.workflow.grounded.items():
                 base = narrowed.get(tool, self._schemas.get(tool))
                 if base is not None:
