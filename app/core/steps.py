@@ -32,11 +32,12 @@ called early is nudged at tiers 1, 2 and 3 and refused for good the fourth time.
 
 from __future__ import annotations
 
-import operator
 import re
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
+
+from jsonschema import Draft202012Validator
 
 from toolforge.core.messages import content_text, first_user_index
 from toolforge.core.redact import redact_text
@@ -367,7 +368,8 @@ def _grounded(
             candidates = (*said.times, *said.words)
             values = [v for v in candidates if own is not None and own.search(v)]
         elif kind in ("integer", "number"):
-            values = [n for n in said.numbers if _within(prop, n)]
+            fits = Draft202012Validator(prop).is_valid  # its bounds, multipleOf, type
+            values = [n for n in said.numbers if fits(n)]
         else:
             continue
         if values:
@@ -384,21 +386,6 @@ def _compiled(pattern: object) -> re.Pattern[str] | None:
         return re.compile(pattern)
     except re.error:
         return None
-
-
-def _within(schema: Mapping[str, Any], n: int) -> bool:
-    """Whether ``n`` meets the schema's numeric bounds."""
-    checks = (
-        ("minimum", operator.ge),
-        ("maximum", operator.le),
-        ("exclusiveMinimum", operator.gt),
-        ("exclusiveMaximum", operator.lt),
-    )
-    for key, ok in checks:
-        bound = schema.get(key)
-        if isinstance(bound, int | float) and not isinstance(bound, bool) and not ok(n, bound):
-            return False
-    return True
 
 
 def _values_under(data: object, key: str, depth: int = 0) -> Iterator[object]:
@@ -539,9 +526,8 @@ class WorkflowPolicy:
                     narrowed[tool] = changed
                     schema = changed
             said = self._said or UserValues()
-            pattern = words_pattern(
-                [w for w in said.words if w.lower() not in self._spent_words | _FUNCTION_WORDS]
-            )
+            unsaid = self._spent_words | _FUNCTION_WORDS
+            pattern = words_pattern([w for w in said.words if w.lower() not in unsaid])
             for tool, args in self.workflow.grounded.items():
                 base = narrowed.get(tool, self._schemas.get(tool))
                 if base is not None:

@@ -197,7 +197,9 @@ async def start_gateway(
     )
     app = create_app(config, tools=tools)
     url = await stack.enter_async_context(serve(app))
-    client = await stack.enter_async_context(httpx.AsyncClient(timeout=10, verify=_tls_context()))
+    client = await stack.enter_async_context(
+        httpx.AsyncClient(timeout=client_timeout, verify=_tls_context())
+    )
     return Harness(url, app, client, artifacts, upstream=upstream)
 
 

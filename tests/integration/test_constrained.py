@@ -33,9 +33,10 @@ async def test_the_resumed_turn_comes_from_the_prompt_cache(live: Live) -> None:
     metrics = await live.metrics(events[0].data["stream_id"])
     timings = metrics["upstream_timings"]
     assert len(timings) >= 2, metrics  # a tool call, then the resumed turn
-    resumed = timings[1]
-    # Only the model's call and the tool result are new; the rest was cached.
-    assert resumed["cache_n"] > 4 * resumed["prompt_n"], resumed
+    first, resumed = timings[0], timings[1]
+    # The first turn's whole prompt came from the cache: only the model's call and the
+    # tool result (up to five places, hundreds of tokens) are read anew.
+    assert resumed["cache_n"] >= first["prompt_n"] + first["cache_n"], timings
     assert len(metrics["turn_ttft_ms"]) == len(timings)
 
 
