@@ -75,8 +75,12 @@ again and again) runs into ``max_tokens`` inside its frame, which is then malfor
 (``FRAME_UNCLOSED``). Given the turn's ``max_tokens``, what the schemas leave unbounded is
 bounded to fit: strings to ``max_tokens / 4`` characters, arrays and open objects to
 ``max_tokens / 128`` members (at least 16 and 2); an explicit ``maxLength`` or ``maxItems``
-is kept as it is. The values this excludes are valid, but a turn that spends its budget on
-one of them would most likely not have closed its frame anyway. Without ``max_tokens``,
+is kept as it is. The members of an array of unbounded strings share one string's budget
+(``max_tokens / 4`` characters over the member bound: 32 characters each, at least 16): a
+135M model looping inside every citation writes about one token per character, and
+seven full-length strings did not fit their turn. The values this excludes are valid, but
+a turn that spends its budget on one of them would most likely not have closed its frame
+anyway. Without ``max_tokens``,
 nothing is added.
 
 Sizes: llama.cpp expands ``x{m,n}`` into ``n - m`` rules and refuses a grammar whose
@@ -133,6 +137,8 @@ _ZERO_FRACTION: Final = '( "." "0"{1,24} )?'
 _ANY_FRACTION: Final = '( "." [0-9]{1,24} )?'
 # $ref chains followed before giving up (a -> b -> a).
 _MAX_REF_HOPS: Final = 32
+# An array's string members share a string's budget, down to this many characters each.
+_MIN_SHARED_CHARS: Final = 16
 # Per-turn bounds from max_tokens (see "Budget" above): characters and members per token.
 _CHARS_PER_TOKEN_BUDGET: Final = 1 / 4
 _ITEMS_PER_TOKEN_BUDGET: Final = 1 / 128
@@ -726,12 +732,29 @@ class _Converter:
         hi = _int(schema.get("maxItems"))
         if items is False or hi == 0:
             return self._rules.add(hint, '"[" ws "]"')
-        item = self.value(items, f"{hint}-item", depth + 1)
+        item = self._shared_string(items, hi) or self.value(items, f"{hint}-item", depth + 1)
         tail = self._rules.more(f"{hint}-more", item, lo - 1, None if hi is None else hi - 1)
         body = f"{item} {tail}".strip()
         if lo == 0:
             return self._rules.add(hint, f'"[" ws ( {body} ws )? "]"')
         return self._rules.add(hint, f'"[" ws {body} ws "]"')
+
+    def _shared_string(self, items: object, declared: int | None) -> str | None:
+        """The members of an array of unbounded strings share one string's budget (see
+        "Budget"), or None when ``items`` is anything else or nothing is budgeted."""
+        limits = self._rules.limits
+        if limits.max_chars is None or limits.max_items is None:
+            return None
+        schema = self._deref(items)
+        if not isinstance(schema, Mapping) or _types(schema) != ("string",):
+            return None
+        if any(k in schema for k in ("maxLength", "pattern", "enum", "const", "format")):
+            return None
+        members = declared if declared is not None else limits.max_items
+        chars = max(_MIN_SHARED_CHARS, limits.max_chars // max(members, 1))
+        if chars >= limits.max_chars:
+            return None
+        return self._rules.add("shared-string", f'"\\"" {_repeat("char", 0, chars)} "\\""')
 
     def _string(self, schema: Mapping[str, Any], hint: str) -> str:
         pattern = schema.get("pattern")

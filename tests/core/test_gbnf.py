@@ -744,3 +744,18 @@ def test_whole_bounds_are_exact(
         for text in texts:
             value = int(text) if fraction is None else float(Decimal(text))
             assert grammar.accepts(text) == validator.is_valid(value), (schema, text)
+
+
+def test_an_array_of_strings_shares_one_strings_budget() -> None:
+    """Under max_tokens, each string member gets max_chars / max_items characters, so a
+    model looping inside every member still closes its frame within the turn."""
+    reply = value_grammar(REPLY, max_tokens=768)  # 192 characters a string, 6 members
+    answer = "a" * 192
+    for n, length in ((6, 32), (1, 32), (0, 0)):
+        citations = ",".join(f'"{"c" * length}"' for _ in range(n))
+        assert reply.accepts(f'{{"answer":"{answer}","citations":[{citations}]}}'), (n, length)
+    assert not reply.accepts(f'{{"answer":"{answer}","citations":["{"c" * 33}"]}}')
+    # A declared maxLength, or no max_tokens, keeps the strings as they were.
+    declared = {"type": "array", "items": {"type": "string", "maxLength": 100}}
+    assert value_grammar(declared, max_tokens=768).accepts(f'["{"d" * 100}"]')
+    assert value_grammar(REPLY).accepts(f'{{"answer":"x","citations":["{"c" * 500}"]}}')
