@@ -84,6 +84,7 @@ __all__ = [
     "run_compaction",
     "steps_hint",
     "strategy_named",
+    "workflow_context",
 ]
 
 DEFAULT_THRESHOLD: Final = 0.75
@@ -205,20 +206,32 @@ class _Window:
     @classmethod
     def of(cls, messages: Sequence[Message], keep_recent: int) -> _Window:
         opening = max(first_user_index(messages), 0) + 1 if messages else 0
-        steps = list(
-            dict.fromkeys(m.meta.step if m.meta.step is not None else 0 for m in messages[opening:])
-        )
-        recent = set(steps[-keep_recent:]) if keep_recent > 0 else set()
+        later = messages[opening:]
+        iterations = _iterations(later)
+        recent = set(list(dict.fromkeys(iterations))[-keep_recent:]) if keep_recent > 0 else set()
         first = {id(m) for m in messages[:opening]}
-        keep = first | {
-            id(m)
-            for m in messages[opening:]
-            if (m.meta.step if m.meta.step is not None else 0) in recent
-        }
+        keep = first | {id(m) for m, it in zip(later, iterations, strict=True) if it in recent}
         return cls(opening, frozenset(keep), frozenset(first))
 
     def old(self, item: Message) -> bool:
         return id(item) not in self.keep
+
+
+def _iterations(messages: Sequence[Message]) -> list[int]:
+    """Each message's iteration: its ``step``, stamped by the engine (turns count from 1).
+    Messages a request brought without one (an earlier conversation: a multi-turn
+    ``messages``, the Python runner's ``initial_messages``) are iterations too, numbered
+    below 1: each assistant message starts one, and what follows it belongs to it."""
+    out: list[int] = []
+    earlier = 0
+    for item in messages:
+        if item.meta.step is not None:
+            out.append(item.meta.step)
+            continue
+        if item.role == "assistant":
+            earlier -= 1
+        out.append(earlier)
+    return out
 
 
 _EXPENDABLE: Final = (MessageType.TEXT_RESPONSE, MessageType.REASONING)
@@ -479,3 +492,29 @@ def run_compaction(
     except StopIteration as stop:
         result: Compaction | None = stop.value
         return result
+
+
+def workflow_context(
+    base: ContextPolicy | None,
+    *,
+    strategy: StrategyName | str,
+    keep_recent: int,
+    budget_tokens: int | None,
+) -> ContextPolicy | None:
+    """The context policy of a workflow run: the workflow's own ``compaction`` and
+    ``keep_recent`` over ``base``, the gateway's budget (the managed server's, the manual
+    one, the upstream's report), or over the workflow's ``budget_tokens``.
+
+    The workflow's budget is taken when it is the smaller (source ``workflow``): a
+    workflow may ask to stay well inside the model's context, never to go past it, since
+    the server would cut the prompt itself. ``None``: no budget from either, nothing is
+    measured."""
+    threshold = base.threshold if base is not None else DEFAULT_THRESHOLD
+    source: BudgetSource
+    if budget_tokens is not None and (base is None or budget_tokens <= base.budget_tokens):
+        tokens, source = budget_tokens, "workflow"
+    elif base is not None:
+        tokens, source = base.budget_tokens, base.source
+    else:
+        return None
+    return ContextPolicy(strategy_named(strategy, keep_recent), tokens, source, threshold)

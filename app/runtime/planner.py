@@ -21,7 +21,7 @@ from typing import Any, Final, Literal, Protocol
 
 import httpx
 
-from toolforge.core.context import ContextPolicy
+from toolforge.core.context import ContextPolicy, workflow_context
 from toolforge.core.engine import ConstrainedMode, Mode, mode_named
 from toolforge.core.gbnf import FrameGrammar
 from toolforge.core.native_tools import to_openai_tools
@@ -97,6 +97,9 @@ class StreamPlan:
     owner: str | None = None
     # A workflow run (SPEC §7): its policy, fresh for this stream (it counts steps).
     workflow: WorkflowPolicy | None = None
+    # Measure (and compact) the first turn's prompt too (ConversationConfig.fit_first_turn):
+    # the Python runner's initial_messages.
+    fit_first_turn: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,9 +217,19 @@ class StreamPlanner:
     workflow_nudges: WorkflowNudges = field(default_factory=WorkflowNudges)
     workflow_template: str = ""  # prompts/workflow.txt: the workflow's part of the prompt
 
-    async def plan(self, req: StreamAsk, stream_id: str, idempotency_key: str | None) -> StreamPlan:
-        """The plan of one stream: its mode decided, then everything else."""
-        workflow = self.workflow_for(req.workflow)
+    async def plan(
+        self,
+        req: StreamAsk,
+        stream_id: str,
+        idempotency_key: str | None,
+        *,
+        workflow: WorkflowDef | None = None,
+    ) -> StreamPlan:
+        """The plan of one stream: its mode decided, then everything else. ``workflow``:
+        the request's workflow, resolved already (:meth:`workflow_for`) by a caller that
+        checked or changed it; by default ``req.workflow`` is resolved here."""
+        if workflow is None:
+            workflow = self.workflow_for(req.workflow)
         decision = await self.decide_mode(req)
         mode = decision.mode
         shape = self._shape(req, mode, workflow)
@@ -247,7 +260,15 @@ class StreamPlanner:
         }
         max_tool_calls = req.max_tool_calls
         policy: WorkflowPolicy | None = None
+        context = self.context
         if workflow is not None:
+            # The workflow's own compaction, keep_recent and budget_tokens (SPEC §7).
+            context = workflow_context(
+                context,
+                strategy=workflow.compaction,
+                keep_recent=workflow.keep_recent,
+                budget_tokens=workflow.budget_tokens,
+            )
             prompt_record["workflow"] = workflow.to_dict()
             # The workflow's own budgets bound it; the stream's call limit must not cut in.
             max_tool_calls = max(max_tool_calls, 4 * workflow.max_iterations)
@@ -272,15 +293,18 @@ class StreamPlanner:
             max_tool_calls=max_tool_calls,
             idempotency_key=idempotency_key,
             awaited_tools=shape.client_schemas,
-            context=self.context,
+            context=context,
             workflow=policy,
         )
 
     def workflow_for(self, asked: str | Mapping[str, Any] | None) -> WorkflowDef | None:
         """The request's ``workflow``: a registered name, or an inline definition (checked
         like a file: WORKFLOW_INVALID, 422); an unknown name is WORKFLOW_NOT_FOUND (404)."""
-        if asked is None:
-            return None
+        return None if asked is None else self.resolve_workflow(asked)
+
+    def resolve_workflow(self, asked: str | Mapping[str, Any]) -> WorkflowDef:
+        """A registered workflow by name, or an inline definition, checked (see
+        :meth:`workflow_for`)."""
         if isinstance(asked, str):
             found = self.workflows.get(asked)
             if found is None:

@@ -143,6 +143,7 @@ class StreamSession:
                 client_tools=plan.client_tools,
                 awaited_tools=plan.awaited_tools,
                 context=plan.context,
+                fit_first_turn=plan.fit_first_turn,
                 workflow=plan.workflow,
                 # Compaction's summary says what the workflow's tracker knows (SPEC §7).
                 step_hint=plan.workflow.steps.summary_hint if plan.workflow is not None else None,
@@ -382,6 +383,8 @@ class StreamSession:
                         self._refused(action)  # type: ignore[arg-type]
                     elif kind is CountTokens:
                         assert self._counter is not None
+                        if self._opening:  # measured before the first turn: begin goes out
+                            self._open_log()
                         result = await self._counter.count(action.text)  # type: ignore[attr-defined]
                     elif kind is Finish:
                         return action  # type: ignore[return-value]

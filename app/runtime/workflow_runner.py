@@ -41,6 +41,7 @@ from jsonschema import Draft202012Validator
 from pydantic import BaseModel, ConfigDict, model_validator
 
 from toolforge.core.chat import ChatRequest
+from toolforge.core.context import ContextPolicy, strategy_named, workflow_context
 from toolforge.core.engine import ConstrainedMode, Mode, mode_named
 from toolforge.core.gbnf import FrameGrammar
 from toolforge.core.native_tools import to_openai_tools
@@ -151,6 +152,9 @@ class Workflow:
         rescue: bool = True,
         narrow: bool = True,
         respond: bool = False,
+        compaction: str = "tiered",
+        keep_recent: int = 2,
+        budget_tokens: int | None = None,
     ) -> None:
         self.tools = {tool.name: tool for tool in tools}
         terminals = [terminal_tools] if isinstance(terminal_tools, str) else list(terminal_tools)
@@ -171,6 +175,9 @@ class Workflow:
             "max_tool_errors": max_tool_errors,
             "rescue": rescue,
             "narrow": narrow,
+            "compaction": compaction,
+            "keep_recent": keep_recent,
+            "budget_tokens": budget_tokens,
             "grounded": {t.name: list(t.grounded) for t in tools if t.grounded},
             "instructions": instructions,
         }
@@ -205,7 +212,11 @@ class WorkflowRunner:
     ``mode``: ``sentinel`` (any OpenAI-compatible upstream), ``constrained`` (a
     llama-server: each turn's grammar, narrowed by argument-matched prerequisites) or
     ``native`` (the upstream's own tool calls). ``sampling``: ``ChatRequest`` fields
-    (``temperature``, ``seed``, ``max_tokens``, ``top_p``).
+    (``temperature``, ``seed``, ``max_tokens``, ``top_p``). ``budget_tokens``: the model's
+    context (its server's ``n_ctx``): with it, or with the workflow's own
+    ``budget_tokens``, every turn's prompt is measured (the upstream's ``tokenize`` when
+    it has one, characters / 4 otherwise) and compacted with the workflow's
+    ``compaction`` over 75 % of the budget, as over HTTP (docs/context.md).
     """
 
     def __init__(
@@ -220,6 +231,7 @@ class WorkflowRunner:
         compactor: Compactor | None = None,
         limits: SessionLimits | None = None,
         tool_timeout_s: float = 30.0,
+        budget_tokens: int | None = None,
     ) -> None:
         if mode not in ("sentinel", "constrained", "native"):
             raise ValueError(f"mode must be sentinel, constrained or native, not {mode!r}")
@@ -232,6 +244,7 @@ class WorkflowRunner:
         self.compactor = compactor
         self.limits = limits or SessionLimits()
         self.tool_timeout_s = tool_timeout_s
+        self.budget_tokens = budget_tokens
         self._system = _text("system")
         self._workflow_prompt = _text("workflow")
         self._repair = _text("repair")
@@ -252,7 +265,7 @@ class WorkflowRunner:
             conversation.append({"role": "user", "content": user_message})
         if not conversation:
             raise ValueError("give a user_message, initial_messages or both")
-        session, policy = self._session(workflow, conversation)
+        session, policy = self._session(workflow, conversation, bool(initial_messages))
         frames: list[Frame] = []
         seen = len(conversation) + 1  # our system prompt, then the caller's messages
         watcher = asyncio.create_task(_cancel_on(cancel_event, session)) if cancel_event else None
@@ -287,7 +300,7 @@ class WorkflowRunner:
         return _outcome(workflow, session, policy, frames)
 
     def _session(
-        self, workflow: Workflow, conversation: list[dict[str, Any]]
+        self, workflow: Workflow, conversation: list[dict[str, Any]], history: bool
     ) -> tuple[StreamSession, WorkflowPolicy]:
         definition = workflow.definition
         registry = ToolRegistry(tool.spec() for tool in workflow.tools.values())
@@ -333,6 +346,16 @@ class WorkflowRunner:
             tools_allow=tuple(registry.names()),
             max_tool_calls=min(64, 4 * definition.max_iterations),
             workflow=policy,
+            context=workflow_context(
+                None
+                if self.budget_tokens is None
+                else ContextPolicy(strategy_named("none"), self.budget_tokens, "manual"),
+                strategy=definition.compaction,
+                keep_recent=definition.keep_recent,
+                budget_tokens=definition.budget_tokens,
+            ),
+            # A conversation brought in (initial_messages) may be over the budget already.
+            fit_first_turn=history,
         )
         executor = ToolExecutor(registry, default_timeout_s=self.tool_timeout_s)
         session = StreamSession(

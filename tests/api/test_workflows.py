@@ -12,6 +12,7 @@ import orjson
 from httpx_sse import aconnect_sse
 
 from tests.api.conftest import HarnessFactory, assert_well_formed
+from toolforge.core.context import MESSAGE_OVERHEAD_TOKENS, chars_per_token, count_text
 from toolforge.core.events import FrameKind
 from toolforge.core.protocol import sentinels
 from toolforge.eval.loopback import Event
@@ -454,3 +455,103 @@ async def test_workflows_are_listed_and_bad_ones_refused(make_gateway: HarnessFa
         response = await gw.client.post(f"{gw.url}/v1/stream", json=body(workflow))
         assert response.status_code == status, (workflow, response.text)
         assert response.json()["error"]["code"] == code
+
+
+# -- the workflow's own context settings (compaction, keep_recent, budget_tokens) ------------
+
+SEARCHES = ['{"query": "italian"}', '{"query": "pizza"}', '{"query": "cafe"}']
+
+
+def _searching(name: str = "searching", **settings: Any) -> dict[str, Any]:
+    """An inline workflow that searches three times before it books: enough history to
+    cross a small budget."""
+    return {
+        "name": name,
+        "tools": ["places.search", "bookings.create"],
+        "required_steps": ["places.search"],
+        "terminal_tools": ["bookings.create"],
+        **settings,
+    }
+
+
+def _searching_script() -> list[Script]:
+    searches = [call(f"t{i}", "places.search", q) for i, q in enumerate(SEARCHES, 1)]
+    return [*searches, call("t9", "bookings.create", BOOK)]
+
+
+def _sent(gw: Any) -> list[list[dict[str, Any]]]:
+    return [orjson.loads(r.body)["messages"] for r in gw.upstream.requests]
+
+
+def _size(messages: list[dict[str, Any]]) -> int:
+    return len(orjson.dumps(messages))
+
+
+def _tokens(messages: list[dict[str, Any]]) -> int:
+    """The engine's own measure (characters / 4 on an OpenAI-compatible upstream)."""
+    return chars_per_token(count_text(messages)) + MESSAGE_OVERHEAD_TOKENS * len(messages)
+
+
+async def test_the_workflows_budget_and_strategy_compact_its_history(
+    make_gateway: HarnessFactory,
+) -> None:
+    # Dry: the same run with no budget anywhere; nothing is measured.
+    dry = await make_gateway(_searching_script())
+    events = await dry.stream(body(_searching()))
+    assert of(events, "done")[0]["reason"] == "stop"
+    assert "budget_source" not in of(events, "stream.begin")[0]
+    grown = _sent(dry)
+    # A budget whose trigger (75 %) the third turn's prompt crosses, the second's not.
+    trigger = (_tokens(grown[1]) + _tokens(grown[2])) // 2
+    budget = trigger * 4 // 3 + 1
+    gw = await make_gateway(_searching_script())
+    workflow = _searching(compaction="sliding", keep_recent=1, budget_tokens=budget)
+    events = await gw.stream(body(workflow))
+    assert_well_formed(events)
+    begin = of(events, "stream.begin")[0]
+    assert begin["budget_tokens"] == budget and begin["budget_source"] == "workflow"
+    compacted = of(events, "context.compacted")
+    assert compacted and compacted[0]["budget_tokens"] == budget
+    assert compacted[0]["phase"] == 1  # sliding has one phase
+    assert of(events, "done")[0]["reason"] == "stop"
+    sent = _sent(gw)
+    assert sent[:2] == grown[:2]  # under the threshold nothing changed
+    assert _size(sent[2]) < _size(grown[2])
+    # Sliding with keep_recent 1: the first search's call and result are gone, the step
+    # hint stands in for them, and the last iteration is whole.
+    assert not any("t1" in str(m.get("content")) for m in sent[2][2:])
+    assert "[Steps completed: places.search]" in sent[2][1]["content"]
+    assert sent[2][-2:] == grown[2][-2:]
+    metrics = await gw.metrics(begin["stream_id"])
+    assert metrics["context"]["strategy"] == "sliding"
+    assert metrics["context"]["budget_source"] == "workflow"
+
+
+async def test_a_workflow_that_never_compacts_ends_over_its_budget(
+    make_gateway: HarnessFactory,
+) -> None:
+    gw = await make_gateway(_searching_script())
+    events = await gw.stream(body(_searching(compaction="none", budget_tokens=256)))
+    assert_well_formed(events)
+    assert not of(events, "context.compacted")
+    (error,) = of(events, "error")
+    assert error["code"] == "CONTEXT_BUDGET_EXCEEDED"
+    done = of(events, "done")[0]
+    assert done["reason"] == "error"
+    assert done["workflow"]["completed_steps"] == ["places.search"]
+    assert len(gw.upstream.requests) == 1  # the second turn was never sent
+
+
+async def test_a_workflow_cannot_ask_for_more_than_the_models_context(
+    make_gateway: HarnessFactory,
+) -> None:
+    gw = await make_gateway(_searching_script(), budget_tokens=50_000)
+    events = await gw.stream(body(_searching(budget_tokens=1_000_000)))
+    begin = of(events, "stream.begin")[0]
+    assert begin["budget_tokens"] == 50_000 and begin["budget_source"] == "manual"
+    smaller = await make_gateway(_searching_script(), budget_tokens=50_000)
+    events = await smaller.stream(body(_searching(budget_tokens=40_000)))
+    begin = of(events, "stream.begin")[0]
+    assert begin["budget_tokens"] == 40_000 and begin["budget_source"] == "workflow"
+    metrics = await smaller.metrics(begin["stream_id"])
+    assert metrics["context"]["strategy"] == "tiered"  # the workflow's default

@@ -14,12 +14,14 @@ import pytest
 from pydantic import BaseModel
 
 from toolforge import ToolDef, Workflow, WorkflowRunner
+from toolforge.core.context import MESSAGE_OVERHEAD_TOKENS, chars_per_token, count_text
 from toolforge.core.events import FrameKind
 from toolforge.core.protocol import sentinels
 from toolforge.errors import (
     ErrorCode,
     StepEnforcementError,
     ToolExecutionError,
+    ToolForgeError,
     WorkflowCancelledError,
 )
 from toolforge.eval.scripted_upstream import Script, ScriptedUpstream
@@ -233,3 +235,106 @@ def test_a_workflow_of_python_tools_is_validated() -> None:
     assert grounded.definition.grounded == {"a": ("city",)}
     with pytest.raises(ValueError, match="mode"):
         WorkflowRunner(OpenAICompatUpstream(httpx.AsyncClient(), "http://x/v1"), mode="magic")
+
+
+# -- context compaction in the Python runner (the workflow's settings, the model's budget) ---
+
+
+def _tokens(messages: list[dict[str, Any]]) -> int:
+    return chars_per_token(count_text(messages)) + MESSAGE_OVERHEAD_TOKENS * len(messages)
+
+
+def atlas(**settings: Any) -> Workflow:
+    """Cities looked up one by one (each result long), then one forecast."""
+
+    def lookup_long(city: str) -> dict[str, Any]:
+        return {"cities": [{"id": f"{city.lower()}-1", "name": city, "about": "x" * 2400}]}
+
+    return Workflow(
+        "atlas",
+        [
+            ToolDef("cities.lookup", lookup_long, Lookup),
+            ToolDef("weather.forecast", forecast, FORECAST_SCHEMA),
+        ],
+        required_steps=["cities.lookup"],
+        terminal_tools="weather.forecast",
+        **settings,
+    )
+
+
+def atlas_script(upstream: ScriptedUpstream) -> None:
+    scripted(
+        upstream,
+        *(call(f"t{i}", "cities.lookup", f'{{"city": "{c}"}}') for i, c in enumerate("ABC", 1)),
+        call("t9", "weather.forecast", '{"city_id": "c-1"}'),
+    )
+
+
+async def test_the_workflows_budget_compacts_the_runners_history(
+    model: tuple[ScriptedUpstream, OpenAICompatUpstream],
+) -> None:
+    upstream, adapter = model
+    atlas_script(upstream)
+    await WorkflowRunner(adapter).run(atlas(), "Weather where?")
+    dry = [orjson.loads(r.body)["messages"] for r in upstream.requests]
+    upstream.requests.clear()
+    trigger = (_tokens(dry[1]) + _tokens(dry[2])) // 2
+    budget = trigger * 4 // 3 + 1
+    atlas_script(upstream)
+    seen: list[Any] = []
+    runner = WorkflowRunner(adapter, on_chunk=seen.append)
+    result = await runner.run(atlas(budget_tokens=budget, keep_recent=1), "Weather where?")
+    assert result.value == {"city_id": "c-1", "sky": "clear", "days": 1}
+    begin = seen[0].data
+    assert begin["budget_tokens"] == budget and begin["budget_source"] == "workflow"
+    compacted = [f.data for f in seen if f.event == "context.compacted"]
+    assert compacted and compacted[0]["phase"] == 1  # truncating the first result is enough
+    sent = [orjson.loads(r.body)["messages"] for r in upstream.requests]
+    assert sent[:2] == dry[:2]
+    assert _tokens(sent[2]) < _tokens(dry[2]) and "[truncated:" in str(sent[2])
+    assert result.completed_steps == ["cities.lookup", "weather.forecast"]
+
+
+async def test_a_long_earlier_conversation_is_compacted_before_the_first_turn(
+    model: tuple[ScriptedUpstream, OpenAICompatUpstream],
+) -> None:
+    upstream, adapter = model
+    scripted(
+        upstream,
+        call("t1", "cities.lookup", '{"city": "Bergen"}'),
+        call("t2", "weather.forecast", '{"city_id": "bergen-1"}'),
+    )
+    earlier: list[dict[str, Any]] = [{"role": "user", "content": "Tell me about Norway."}]
+    for i in range(6):
+        earlier += [
+            {"role": "assistant", "content": f"Part {i}: " + "y" * 2000},
+            {"role": "user", "content": f"Go on ({i})."},
+        ]
+    seen: list[Any] = []
+    runner = WorkflowRunner(adapter, on_chunk=seen.append, budget_tokens=2000)
+    workflow = atlas(compaction="sliding", keep_recent=1)
+    result = await runner.run(workflow, "Now: weather in Bergen?", initial_messages=earlier)
+    assert result.value["city_id"] == "bergen-1"  # type: ignore[index]
+    begin = seen[0].data
+    assert begin["budget_tokens"] == 2000 and begin["budget_source"] == "manual"
+    assert seen[1].event == "context.compacted"  # before the first request went out
+    first = orjson.loads(upstream.requests[0].body)["messages"]
+    assert _tokens(first) <= 1500
+    # The opening (system prompt, the first user message) and the last earlier iteration
+    # with the new question stay; the parts between went.
+    assert first[1]["content"].startswith("Tell me about Norway.")
+    assert first[-1]["content"] == "Now: weather in Bergen?"
+    assert first[-3]["content"].startswith("Part 5: ")
+    assert not any(str(m["content"]).startswith("Part 0: ") for m in first)
+
+
+async def test_an_earlier_conversation_over_a_budget_that_nothing_can_fit_is_refused(
+    model: tuple[ScriptedUpstream, OpenAICompatUpstream],
+) -> None:
+    upstream, adapter = model
+    earlier = [{"role": "user", "content": "z" * 20_000}]
+    runner = WorkflowRunner(adapter, budget_tokens=1000)
+    with pytest.raises(ToolForgeError) as caught:
+        await runner.run(atlas(), "And the weather?", initial_messages=earlier)
+    assert caught.value.code == ErrorCode.CONTEXT_BUDGET_EXCEEDED
+    assert not upstream.requests  # nothing was sent

@@ -241,11 +241,16 @@ class Conversation:
                     if isinstance(decided, Nudge):
                         self._note("nudge")
                         yield Emit((_nudge_frame(decided, None),))
+                        step = self.stats.turns  # compaction drops an old nudge (phase 1)
                         messages = [
                             *messages,
-                            {"role": "assistant", "content": self.last_text},
-                            {"role": "user", "content": decided.message},
+                            message(
+                                "assistant", self.last_text, MessageType.TEXT_RESPONSE, step=step
+                            ),
+                            message("user", decided.message, MessageType.RETRY_NUDGE, step=step),
                         ]
+                        if config.context is not None:
+                            messages = yield from self._fit(messages)
                         continue
                     turn = self._rescued_turn(decided)
                 if not turn.calls:
