@@ -28,6 +28,7 @@ from fastapi import Depends, Request
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from starlette.types import Scope
 
+from toolforge.core.workflow import RESPOND, WorkflowDef
 from toolforge.errors import ErrorCode, RequestError, ToolForgeError
 from toolforge.runtime.planner import StreamPlan
 from toolforge.runtime.ratelimit import RateLimit, RateLimiter
@@ -44,7 +45,9 @@ __all__ = [
     "KeyRing",
     "RateLimited",
     "allowed_tools",
+    "allowed_workflow",
     "check_owner",
+    "check_workflow",
     "digest",
     "exposure_warning",
     "is_loopback",
@@ -302,6 +305,23 @@ def allowed_tools(
             http_status=403,
         )
     return list(requested)
+
+
+def allowed_workflow(key: ApiKey | None, workflow: WorkflowDef) -> bool:
+    """Whether ``key`` may use every tool ``workflow`` runs (its built-in ``respond``
+    aside): a workflow names its own tools, so a key's allowlist bounds it whole."""
+    return (
+        key is None
+        or key.tools is None
+        or all(key.allows(name) for name in workflow.tools if name != RESPOND)
+    )
+
+
+def check_workflow(key: ApiKey | None, workflow: WorkflowDef) -> WorkflowDef:
+    """``workflow``, or a 403 naming the tools of it that ``key`` may not use."""
+    if not allowed_workflow(key, workflow):
+        allowed_tools(key, [name for name in workflow.tools if name != RESPOND], ())
+    return workflow
 
 
 def own(plan: StreamPlan, key: ApiKey | None) -> None:

@@ -235,16 +235,9 @@ class ToolForgeExtension(BaseModel):
     server_tools: list[SchemaName] = Field(default_factory=list, max_length=64)
     guardrails: GuardSwitches = GuardSwitches()
     max_tool_calls: Annotated[int, Field(ge=0, le=64)] = 8
-    workflow: Any = None  # SPEC §7: with the workflow runner; refused until then
-
-    @model_validator(mode="after")
-    def _no_workflow_yet(self) -> ToolForgeExtension:
-        if self.workflow is not None:
-            raise ValueError(
-                "'toolforge.workflow' is not available yet: workflows come with the workflow "
-                "runner; use 'server_tools' to have the gateway run tools in the loop"
-            )
-        return self
+    # SPEC §7: the gateway runs this workflow (a registered name, GET /v1/workflows, or an
+    # inline definition) and answers with its terminal tool's result (docs/proxy.md).
+    workflow: Annotated[str, Field(min_length=1, max_length=64)] | dict[str, Any] | None = None
 
 
 _NO_EXTENSION: Final = ToolForgeExtension()

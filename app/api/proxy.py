@@ -22,14 +22,14 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 from starlette.types import Receive
 
-from toolforge.api.auth import ApiKey, allowed_tools, own, request_key
+from toolforge.api.auth import ApiKey, allowed_tools, check_workflow, own, request_key
 from toolforge.api.deps import Gateway, GatewayDep
 from toolforge.api.models import ChatCompletionRequest
 from toolforge.api.routes import read_body
 from toolforge.api.sse import FrameStreamResponse
 from toolforge.core.protocol.openai import ChunkWriter, CompletionBuilder, error_body
 from toolforge.errors import ErrorCode, RequestError, ToolForgeError
-from toolforge.runtime.completion_plan import plan_completion
+from toolforge.runtime.completion_plan import plan_completion, plan_workflow_completion
 from toolforge.runtime.frame_log import decode_events
 from toolforge.runtime.session import StreamSession
 
@@ -37,6 +37,17 @@ __all__ = ["complete", "openai_error", "router"]
 
 router = APIRouter(tags=["openai"])
 
+# How a workflow run fails (SPEC §7): the model did not follow it within its budgets.
+_WORKFLOW_FAILURES: Final = frozenset(
+    {
+        ErrorCode.STEP_ENFORCEMENT_EXHAUSTED,
+        ErrorCode.PREREQUISITE_EXHAUSTED,
+        ErrorCode.RETRIES_EXHAUSTED,
+        ErrorCode.TOOL_ERRORS_EXHAUSTED,
+        ErrorCode.MAX_ITERATIONS,
+        ErrorCode.CONTEXT_BUDGET_EXCEEDED,
+    }
+)
 _COMMENT_PING: Final = b": ping\n\n"  # an SSE comment: the SDKs skip it (an event they would not)
 _STARTED: Final = int(time.time())
 
@@ -105,15 +116,25 @@ async def complete(
         if key is not None and req.toolforge.server_tools:
             allowed_tools(key, req.toolforge.server_tools, ())
         stream_id = "s_" + secrets.token_hex(10)
-        plan = await plan_completion(
-            gw.planner,
-            req,
-            stream_id,
-            tools_template=gw.proxy_tools_template,
-            nudges=gw.proxy_nudges,
-        )
+        workflow = req.toolforge.workflow
+        if workflow is not None:  # the gateway runs it; the answer is its result
+            plan = await plan_workflow_completion(
+                gw.planner,
+                req,
+                stream_id,
+                check_workflow(key, gw.planner.resolve_workflow(workflow)),
+            )
+        else:
+            plan = await plan_completion(
+                gw.planner,
+                req,
+                stream_id,
+                tools_template=gw.proxy_tools_template,
+                nudges=gw.proxy_nudges,
+            )
     except ToolForgeError as exc:
         return openai_error(exc)
+    runs_workflow = plan.workflow is not None
     own(plan, key)
     session = gw.session(plan)
     completion_id = "chatcmpl-" + stream_id[2:]
@@ -136,6 +157,7 @@ async def complete(
             model=req.model,
             include_usage=req.stream_options is not None and req.stream_options.include_usage,
             mode=mode,
+            workflow=runs_workflow,
         )
         return FrameStreamResponse(
             session,
@@ -153,6 +175,7 @@ async def complete(
         created=created,
         model=req.model,
         mode=mode,
+        workflow=runs_workflow,
     )
     builder.feed(decode_events(session.log.encoded_after(0)))
     guardrails = builder.toolforge.get("guardrails") or {}
@@ -164,8 +187,13 @@ async def complete(
         status = 504 if error["code"] == ErrorCode.UPSTREAM_TIMEOUT else 502
         if error["code"] in (ErrorCode.INTERNAL,):
             status = 500
+        elif error["code"] in _WORKFLOW_FAILURES:
+            status = 422  # the model did not finish the workflow: not retried by the SDKs
         payload = error_body(error["code"], error["message"], status)
         payload["error"]["retryable"] = error["retryable"]
+        if error.get("details"):  # a workflow's steps, iterations, last text (SPEC §7)
+            payload["error"]["details"] = error["details"]
+        payload["toolforge"] = builder.toolforge
         return JSONResponse(payload, status_code=status, headers=headers)
     return Response(orjson.dumps(builder.build()), media_type="application/json", headers=headers)
 

@@ -16,11 +16,21 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 from starlette.types import Receive
 
-from toolforge.api.auth import ApiKey, KeyDep, allowed_tools, check_owner, own, request_key
+from toolforge.api.auth import (
+    ApiKey,
+    KeyDep,
+    allowed_tools,
+    allowed_workflow,
+    check_owner,
+    check_workflow,
+    own,
+    request_key,
+)
 from toolforge.api.deps import Gateway, GatewayDep
 from toolforge.api.models import ApprovalDecision, ClientToolResult, Sampling, StreamRequest
 from toolforge.api.sse import FrameStreamResponse, RemoteStreamResponse
 from toolforge.core.tools import ToolError
+from toolforge.core.workflow import WorkflowDef
 from toolforge.errors import ErrorCode, RequestError, ToolForgeError
 from toolforge.runtime.cluster import RemoteError
 from toolforge.runtime.session import ClientAnswer, StreamSession
@@ -147,11 +157,14 @@ async def start_stream(
             http_status=422,
         )
     req = _parse(body)
+    workflow: WorkflowDef | None = None
     if key is not None:
         if key.tools is not None:
             visible = (spec.name for spec in gw.executor.registry.visible())
             tools = allowed_tools(key, req.tools, visible)
             req = req.model_copy(update={"tools": tools})
+            if req.workflow is not None:  # a workflow's tools are its own: the key bounds them
+                workflow = check_workflow(key, gw.planner.resolve_workflow(req.workflow))
         if idempotency_key is not None:  # another key's record is never replayed
             idempotency_key = f"{key.name}:{idempotency_key}"
     body_hash = ""
@@ -177,7 +190,7 @@ async def start_stream(
                     headers={"Idempotent-Replayed": "true"},
                 )
     stream_id = "s_" + secrets.token_hex(10)
-    plan = await gw.planner.plan(req, stream_id, idempotency_key)
+    plan = await gw.planner.plan(req, stream_id, idempotency_key, workflow=workflow)
     if idempotency_key is not None and gw.cluster is not None:
         claimed = await gw.cluster.claim(
             idempotency_key, body_hash, stream_id, None if key is None else key.name
@@ -388,8 +401,13 @@ async def list_tools(gw: GatewayDep, key: KeyDep) -> dict[str, Any]:
 
 
 @router.get("/v1/workflows", summary="The registered workflows (SPEC §7), as their definitions")
-async def list_workflows(gw: GatewayDep) -> dict[str, Any]:
-    return {"workflows": [w.to_dict() for w in gw.planner.workflows.values()]}
+async def list_workflows(gw: GatewayDep, key: KeyDep) -> dict[str, Any]:
+    """Those whose every tool the caller's key may use (SPEC §11), like ``/v1/tools``."""
+    return {
+        "workflows": [
+            w.to_dict() for w in gw.planner.workflows.values() if allowed_workflow(key, w)
+        ]
+    }
 
 
 @router.get("/v1/schemas/{name}", summary="A JSON Schema: a frame schema or a tool's input")

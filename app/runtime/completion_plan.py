@@ -34,10 +34,11 @@ from toolforge.core.engine.completion import RESPOND, CompletionMode, Guards, Nu
 from toolforge.core.gbnf import json_value_grammar
 from toolforge.core.native_tools import to_openai_tools
 from toolforge.core.schemas import CompiledSchema, compile_schema
+from toolforge.core.workflow import WorkflowDef
 from toolforge.errors import ErrorCode, RequestError
 from toolforge.runtime.planner import StreamPlan, StreamPlanner
 
-__all__ = ["CompletionAsk", "call_schema", "plan_completion"]
+__all__ = ["CompletionAsk", "call_schema", "plan_completion", "plan_workflow_completion"]
 
 _ANY_OBJECT: Final[Mapping[str, Any]] = {"type": "object"}
 _RESPOND_TEXT: Final[Mapping[str, Any]] = {
@@ -315,6 +316,132 @@ async def plan_completion(
         max_tool_calls=req.toolforge.max_tool_calls,
         client_tools=frozenset(client),
     )
+
+
+# -- toolforge.workflow: the gateway runs a workflow and answers with its result ---------------
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Sampling:
+    temperature: float | None
+    seed: int | None
+    max_tokens: int | None
+    top_p: float | None
+
+    def model_dump(self, *, exclude_none: bool = False) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        return {k: v for k, v in out.items() if v is not None} if exclude_none else out
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _WorkflowAsk:
+    """A proxy request with a workflow, as the stream planner reads a ``POST /v1/stream``
+    body (:class:`~toolforge.runtime.planner.StreamAsk`): the workflow names the tools."""
+
+    mode: str
+    model: str | None
+    sampling: _Sampling
+    max_tool_calls: int
+    workflow: str | Mapping[str, Any] | None
+    messages: list[dict[str, Any]]
+    tools: Sequence[str] | None = None
+    result_schema: str = "AssistantReply"
+    object_schemas: Sequence[str] = ()
+    client_tools: Sequence[Any] = ()
+    profile: str | None = None
+    on_disconnect: Any = "cancel"
+
+    def chat_messages(self) -> list[dict[str, Any]]:
+        return self.messages
+
+
+def workflow_refusals(req: CompletionAsk) -> str | None:
+    """What a request with ``toolforge.workflow`` asks that a workflow run cannot honour
+    (the message of a 400), or None. A workflow names its own tools and its answer is its
+    terminal tool's result: OpenAI's tool and answer parameters have no meaning there, and
+    are refused rather than ignored."""
+    fmt = req.response_format
+    switches = req.toolforge.guardrails
+    checks = (
+        (req.tools, "'tools': a workflow runs its own tools (GET /v1/workflows lists them)"),
+        (
+            req.toolforge.server_tools,
+            "'toolforge.server_tools': a workflow runs its own tools",
+        ),
+        (
+            req.tool_choice not in (None, "auto"),
+            "'tool_choice': a workflow decides which tool comes next",
+        ),
+        (req.parallel_tool_calls, "'parallel_tool_calls': a workflow makes one call a turn"),
+        (
+            fmt is not None and fmt.type != "text",
+            "'response_format': a workflow's answer is its terminal tool's result",
+        ),
+        (req.stop, "'stop': a stop sequence would cut the workflow's tool calls"),
+        (
+            not (switches.respond and switches.json_ and switches.reasoning),
+            "'toolforge.guardrails': a workflow takes 'grammar', 'rescue' and 'nudge'; "
+            "'respond', 'json' and 'reasoning' are not switches of a workflow run",
+        ),
+    )
+    for asked, why in checks:
+        if asked:
+            return f"not with 'toolforge.workflow': {why}; leave it out"
+    return None
+
+
+async def plan_workflow_completion(
+    planner: StreamPlanner, req: CompletionAsk, stream_id: str, workflow: WorkflowDef
+) -> StreamPlan:
+    """The plan of a proxy request that runs ``workflow`` (``toolforge.workflow``, resolved
+    and checked by the route): the same plan ``POST /v1/stream`` makes for it — its tools,
+    its prompt, its policy, each turn's grammar narrowed on llama-server — from the
+    client's messages and sampling. The guardrail switches map to the workflow's own:
+    ``grammar`` off asks ``sentinel`` where ``auto`` would pick ``constrained``,
+    ``rescue`` off is the workflow's ``rescue: false``, ``nudge`` off its
+    ``max_retries_per_step: 0``."""
+    refused = workflow_refusals(req)
+    if refused is not None:
+        raise _bad(refused)
+    switches = req.toolforge.guardrails
+    if not switches.rescue:
+        workflow = dataclasses.replace(workflow, rescue=False)
+    if not switches.nudge:
+        workflow = dataclasses.replace(workflow, max_retries_per_step=0)
+    mode = "auto"
+    if not switches.grammar and (await planner.probe(req.model)).mode == "constrained":
+        mode = "sentinel"
+    ask = _WorkflowAsk(
+        mode=mode,
+        model=req.model,
+        sampling=_Sampling(
+            temperature=req.temperature,
+            seed=req.seed,
+            max_tokens=req.max_completion_tokens or req.max_tokens,
+            top_p=req.top_p,
+        ),
+        max_tool_calls=req.toolforge.max_tool_calls,
+        workflow=workflow.name,
+        messages=_messages(req.messages),
+    )
+    plan = await planner.plan(ask, stream_id, None, workflow=workflow)
+    extra: dict[str, Any] = {}
+    for name in ("presence_penalty", "frequency_penalty", "reasoning_effort"):
+        value = getattr(req, name)
+        if value is not None:
+            extra[name] = value
+    if extra:
+        plan.chat = dataclasses.replace(plan.chat, extra={**plan.chat.extra, **extra})
+    _, guard_record = _guards(switches)
+    plan.prompt_record = {
+        **plan.prompt_record,
+        "api": "chat.completions",
+        "guardrails": dict(guard_record),
+        "request_extra": extra,
+        "user": req.user,
+        "metadata": req.metadata,
+    }
+    return plan
 
 
 @functools.lru_cache(maxsize=64)

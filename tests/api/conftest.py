@@ -13,6 +13,7 @@ from typing import Any
 
 import orjson
 import pytest
+from openai import AsyncOpenAI
 
 from toolforge.core.events import FrameKind
 from toolforge.core.protocol import sentinels
@@ -21,6 +22,7 @@ from toolforge.eval.loopback import Event, Harness, frames, open_raw_stream, ser
 from toolforge.eval.scripted_upstream import ScriptLike
 
 __all__ = [
+    "SDK",
     "Event",
     "Harness",
     "HarnessFactory",
@@ -28,12 +30,14 @@ __all__ = [
     "frames",
     "make_gateway",
     "open_raw_stream",
+    "sdk",
     "sentinel_reply",
     "serve",
     "upstream_closed_within",
 ]
 
 HarnessFactory = Callable[..., Awaitable[Harness]]
+SDK = Callable[[Harness], AsyncOpenAI]
 
 
 @pytest.fixture
@@ -74,3 +78,18 @@ def assert_well_formed(events: list[Event]) -> None:
 def sentinel_reply(answer: str = "Two places are open.") -> str:
     body = orjson.dumps({"answer": answer}).decode()
     return "Here you go. " + sentinels.frame(FrameKind.RESULT, "r1", "AssistantReply", body)
+
+
+@pytest.fixture
+async def sdk() -> AsyncIterator[SDK]:
+    """The official ``openai`` client, pointed at a harness gateway (closed after the test)."""
+    clients: list[AsyncOpenAI] = []
+
+    def make(gw: Harness) -> AsyncOpenAI:
+        client = AsyncOpenAI(base_url=f"{gw.url}/v1", api_key="unused", max_retries=0, timeout=10)
+        clients.append(client)
+        return client
+
+    yield make
+    for client in clients:
+        await client.close()

@@ -302,6 +302,49 @@ async def test_a_keys_tool_allowlist_bounds_what_is_shown_and_what_runs(
             )
 
 
+async def test_a_keys_tool_allowlist_bounds_the_workflows_it_may_run(
+    make_gateway: HarnessFactory, tmp_path: Path
+) -> None:
+    """A workflow names its own tools: a key that may not use one of them may not run it,
+    over /v1/stream and the proxy alike, named or inline, and does not see it listed."""
+    search = sentinels.frame(FrameKind.TOOL_CALL, "t1", "places.search", '{"query": "pizza"}')
+    answer = sentinels.frame(FrameKind.TOOL_CALL, "t2", "respond", '{"content": "Bella Napoli."}')
+    keys = _keys_file(tmp_path, [{"name": "search-only", "key": KEY_A, "tools": ["places.search"]}])
+    gw = await make_gateway(
+        [Script.from_tokens([search]), Script.from_tokens([answer])], api_keys_file=keys
+    )
+    listed = await gw.client.get(f"{gw.url}/v1/workflows", headers=bearer(KEY_A))
+    assert [w["name"] for w in listed.json()["workflows"]] == ["find_and_answer"]
+    inline = {
+        "name": "sneaky",
+        "tools": ["places.search", "bookings.create"],
+        "terminal_tools": ["bookings.create"],
+    }
+    for workflow in ("book_a_table", inline):
+        asked = await gw.client.post(
+            f"{gw.url}/v1/stream",
+            json={"input": "book", "workflow": workflow, "mode": "sentinel"},
+            headers=bearer(KEY_A),
+        )
+        assert asked.status_code == 403, workflow
+        assert "bookings.create" in asked.json()["error"]["message"]
+        async with AsyncOpenAI(base_url=f"{gw.url}/v1", api_key=KEY_A, max_retries=0) as sdk:
+            with pytest.raises(openai.PermissionDeniedError):
+                await sdk.chat.completions.create(
+                    model="m",
+                    messages=[{"role": "user", "content": "book"}],
+                    extra_body={"toolforge": {"workflow": workflow}},
+                )
+    assert gw.upstream is not None and gw.upstream.requests == []
+    # A workflow of tools the key may use runs.
+    events = await gw.stream(
+        {"input": "pizza?", "workflow": "find_and_answer", "mode": "sentinel"},
+        headers=bearer(KEY_A),
+    )
+    assert_well_formed(events)
+    assert [e.data["reason"] for e in events if e.event == "done"] == ["stop"]
+
+
 async def test_an_allowlist_naming_a_tool_the_gateway_lacks_still_serves(
     make_gateway: HarnessFactory, tmp_path: Path
 ) -> None:

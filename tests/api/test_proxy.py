@@ -4,15 +4,13 @@ case asserts what the SDK returns or raises, and what the upstream was sent."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import openai
 import orjson
 import pytest
-from openai import AsyncOpenAI
 
-from tests.api.conftest import Harness, HarnessFactory
+from tests.api.conftest import SDK, Harness, HarnessFactory
 from toolforge.eval.scripted_upstream import Script, Step
 
 WEATHER = {
@@ -38,24 +36,6 @@ TIME = {
 }
 USER = [{"role": "user", "content": "Weather in Paris?"}]
 USAGE = {"prompt_tokens": 11, "completion_tokens": 3, "total_tokens": 14}
-
-
-SDK = Callable[[Harness], AsyncOpenAI]
-
-
-@pytest.fixture
-async def sdk() -> AsyncIterator[SDK]:
-    """The official client pointed at a harness gateway (closed after the test)."""
-    clients: list[AsyncOpenAI] = []
-
-    def make(gw: Harness) -> AsyncOpenAI:
-        client = AsyncOpenAI(base_url=f"{gw.url}/v1", api_key="unused", max_retries=0, timeout=10)
-        clients.append(client)
-        return client
-
-    yield make
-    for client in clients:
-        await client.close()
 
 
 def call_chunk(calls: list[dict[str, Any]], *, finish: str | None = None) -> Step:
@@ -589,7 +569,10 @@ async def test_server_tools_run_in_the_loop(make_gateway: HarnessFactory, sdk: S
         ({"stream_options": {"include_usage": True}}, "stream_options"),
         ({"response_format": {"type": "json_schema"}}, "json_schema"),
         ({"extra_body": {"toolforge": {"server_tools": ["nope"]}}}, "nope"),
-        ({"extra_body": {"toolforge": {"workflow": "booking"}}}, "workflow runner"),
+        (
+            {"extra_body": {"toolforge": {"workflow": "book_a_table", "server_tools": ["x"]}}},
+            "not with 'toolforge.workflow'",
+        ),
     ],
 )
 async def test_bad_requests_raise_bad_request(

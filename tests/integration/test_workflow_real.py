@@ -7,7 +7,9 @@ from __future__ import annotations
 
 from typing import Any
 
+import orjson
 import pytest
+from openai import AsyncOpenAI
 
 from tests.integration.conftest import Live
 
@@ -59,3 +61,34 @@ async def test_the_booking_workflow_completes_on_the_embedded_model(live: Live) 
     assert done["reason"] == "stop"
     assert done["workflow"]["completed_steps"] == ["places.search", "bookings.create"]
     assert done["workflow"]["iterations"] == len(calls) and done["workflow"]["nudges"] == 0
+
+
+async def test_the_booking_workflow_through_the_openai_sdk(live: Live) -> None:
+    """The same run asked for with the official OpenAI SDK (``toolforge.workflow``): the
+    completion's content is the booking, of a place the search returned."""
+    async with AsyncOpenAI(
+        base_url=f"{live.url}/v1", api_key="none", max_retries=0, timeout=1200
+    ) as sdk:
+        reply = await sdk.chat.completions.create(
+            model="toolforge",
+            messages=[{"role": "user", "content": BODY["input"]}],
+            temperature=0.2,
+            seed=42,
+            max_tokens=384,
+            extra_body={"toolforge": {"workflow": "book_a_table"}},
+        )
+    choice = reply.choices[0]
+    assert choice.finish_reason == "stop"
+    booking = orjson.loads(choice.message.content or "")
+    trace = (reply.model_extra or {})["toolforge"]
+    assert trace["mode"] == "constrained"
+    calls = trace["server_tools"]
+    searched = {
+        p["id"]
+        for c in calls
+        if c["name"] == "places.search" and c.get("ok")
+        for p in c["result"]["places"]
+    }
+    assert calls[-1]["name"] == "bookings.create" and calls[-1]["ok"]
+    assert booking["place_id"] == calls[-1]["args"]["place_id"] in searched
+    assert trace["workflow"]["completed_steps"] == ["places.search", "bookings.create"]

@@ -19,6 +19,12 @@ what the OpenAI SDKs read, one way for each kind of response:
     others                         nothing (server tools, stream.begin, …: their trace is
                                    in the ``toolforge`` extension field)
 
+A workflow run (``toolforge.workflow``) answers with its terminal tool's result and nothing
+else: the model's text between calls is not the answer (it stays in the artifacts), and
+the last ``result.end`` — the gateway's, for the terminal tool that ended the run — is the
+content when the run ends well, as a ``respond`` call's ``content`` text or as JSON. The
+``toolforge`` field carries ``done.workflow`` (steps, iterations, nudges, rescues).
+
 Every chunk and the completion carry a ``toolforge`` extension object at the end (the
 stream id, the mode, what the guardrails did): the SDKs keep unknown fields.
 """
@@ -34,11 +40,13 @@ from toolforge.core.protocol.frames import (
     DONE,
     ERROR,
     REASONING_DELTA,
+    RESULT_BEGIN,
     RESULT_END,
     TEXT_DELTA,
     TOOL_CALL,
     TOOL_RESULT,
 )
+from toolforge.core.workflow import RESPOND
 
 __all__ = ["DONE_LINE", "ChunkWriter", "CompletionBuilder", "error_body", "finish_reason"]
 
@@ -107,6 +115,11 @@ class _Trace:
                     call["result" if data["ok"] else "error"] = data.get(
                         "result" if data["ok"] else "error"
                     )
+                    break
+            else:  # a call refused before it ran (a workflow's rule): a result alone
+                self.server_tools.append(
+                    {"id": data["id"], "name": data["name"], "ok": False, "error": data["error"]}
+                )
         elif event == RESULT_END:
             self.ext["repaired"] = data["repaired"]
             self.ext["degraded"] = data["degraded"]
@@ -116,6 +129,29 @@ class _Trace:
             self.ext["guardrails"] = dict(data.get("guardrails") or {})
             if self.server_tools:
                 self.ext["server_tools"] = self.server_tools
+            if data.get("workflow") is not None:
+                self.ext["workflow"] = data["workflow"]
+
+
+class _WorkflowAnswer:
+    """A workflow run's answer (see the module docstring): the last ``result.end``."""
+
+    __slots__ = ("_schemas", "text")
+
+    def __init__(self) -> None:
+        self._schemas: dict[str, str] = {}
+        self.text: str | None = None
+
+    def frame(self, event: str, data: Mapping[str, Any]) -> None:
+        if event == RESULT_BEGIN:
+            self._schemas[data["id"]] = data["schema"]
+        elif event == RESULT_END:
+            value = data["value"]
+            said = value.get("content") if isinstance(value, dict) else None
+            if self._schemas.get(data["id"]) == RESPOND and isinstance(said, str):
+                self.text = said
+            else:
+                self.text = orjson.dumps(value).decode()
 
 
 class ChunkWriter:
@@ -131,9 +167,11 @@ class ChunkWriter:
         model: str,
         include_usage: bool,
         mode: str,
+        workflow: bool = False,
     ) -> None:
         self._include_usage = include_usage
         self._trace = _Trace(stream_id, mode)
+        self._answer = _WorkflowAnswer() if workflow else None
         self._calls = 0
         head = orjson.dumps(
             {"id": completion_id, "object": "chat.completion.chunk", "created": created}
@@ -168,6 +206,7 @@ class ChunkWriter:
     def batch(self, encoded: bytes) -> bytes:
         """The chunks for one batch of encoded frames (several ``id/event/data`` blocks)."""
         out: list[bytes] = []
+        text = self._answer is None  # a workflow's text between calls is not the answer
         for block in encoded.split(b"\n\n"):
             if not block:
                 continue
@@ -176,7 +215,8 @@ class ChunkWriter:
             _, event_line, data_line = block.split(b"\n", 2)
             event = event_line[7:]
             if event == b"text.delta":  # the per-token path: {"chunk":"..."} spliced in
-                out.append(self._text_head + data_line[15:-1] + self._text_tail)
+                if text:
+                    out.append(self._text_head + data_line[15:-1] + self._text_tail)
                 continue
             out.append(self.frame(event.decode(), orjson.loads(data_line[6:])))
         return b"".join(out)
@@ -184,6 +224,11 @@ class ChunkWriter:
     def frame(self, event: str, data: Mapping[str, Any]) -> bytes:
         """The chunk(s) for one frame, or nothing."""
         self._trace.frame(event, data)
+        answer = self._answer
+        if answer is not None and event != DONE:
+            answer.frame(event, data)
+            if event in (TEXT_DELTA, RESULT_END):
+                return b""  # held: the run's answer is known at its end
         if event == TEXT_DELTA:
             return self._chunk({"content": data["chunk"]}, None)
         if event == REASONING_DELTA:
@@ -213,7 +258,10 @@ class ChunkWriter:
                 return b""
             self.ended = True
             finish = finish_reason(data["reason"], self._trace.handed > 0)
-            last = self._chunk({}, finish)[:-3] + b',"toolforge":'
+            last = b""
+            if answer is not None and answer.text is not None and data["reason"] == "stop":
+                last = self._chunk({"content": answer.text}, None)
+            last += self._chunk({}, finish)[:-3] + b',"toolforge":'
             last += orjson.dumps(self._trace.ext) + b"}\n\n"
             if self._include_usage:
                 usage = orjson.loads(self._prefix[6:] + b'"delta":{}}]}')
@@ -228,7 +276,14 @@ class CompletionBuilder:
     """The non-streaming response: the stream's frames in, one ``chat.completion`` out."""
 
     def __init__(
-        self, *, stream_id: str, completion_id: str, created: int, model: str, mode: str
+        self,
+        *,
+        stream_id: str,
+        completion_id: str,
+        created: int,
+        model: str,
+        mode: str,
+        workflow: bool = False,
     ) -> None:
         self._head = {
             "id": completion_id,
@@ -237,6 +292,7 @@ class CompletionBuilder:
             "model": model,
         }
         self._trace = _Trace(stream_id, mode)
+        self._answer = _WorkflowAnswer() if workflow else None
         self._content: list[str] = []
         self._reasoning: list[str] = []
         self._calls: list[dict[str, Any]] = []
@@ -246,6 +302,9 @@ class CompletionBuilder:
     def feed(self, events: Iterable[tuple[str, Mapping[str, Any]]]) -> None:
         for event, data in events:
             self._trace.frame(event, data)
+            if self._answer is not None and event in (TEXT_DELTA, RESULT_BEGIN, RESULT_END):
+                self._answer.frame(event, data)
+                continue
             if event == TEXT_DELTA:
                 self._content.append(data["chunk"])
             elif event == REASONING_DELTA:
@@ -270,6 +329,8 @@ class CompletionBuilder:
 
     def build(self) -> dict[str, Any]:
         done = self._done or {"reason": "stop", "usage": {}}
+        if self._answer is not None and self._answer.text is not None:
+            self._content = [self._answer.text]
         message: dict[str, Any] = {
             "role": "assistant",
             "content": "".join(self._content) if self._content or not self._calls else None,

@@ -25,7 +25,7 @@ export type Diagnostics = {
   "last_validator_errors": SchemaViolation[];
 };
 
-/** Exactly one, always last. `reason`: stop, length, error, cancelled, client_disconnected or shutdown (docs/protocol.md §6); `usage`: the upstream's token counts summed over the stream's calls, or `{"completion_chunks": n}`. `workflow` (SPEC §3) is not sent yet: absent unless set. */
+/** Exactly one, always last. `reason`: stop, length, error, cancelled, client_disconnected or shutdown (docs/protocol.md §6); `usage`: the upstream's token counts summed over the stream's calls, or `{"completion_chunks": n}`. `workflow` (SPEC §3): a workflow run's summary (its steps, iterations, nudges, rescues); absent for other streams. */
 export type DoneData = {
   "reason": string;
   "usage": Record<string, unknown>;

@@ -155,7 +155,8 @@ class Done(Frame_):
     """Exactly one, always last. ``reason``: stop, length, error, cancelled,
     client_disconnected or shutdown (docs/protocol.md §6); ``usage``: the upstream's token
     counts summed over the stream's calls, or ``{"completion_chunks": n}``. ``workflow``
-    (SPEC §3) is not sent yet: absent unless set.
+    (SPEC §3): a workflow run's summary (its steps, iterations, nudges, rescues); absent for
+    other streams.
     """
 
     EVENT: ClassVar[str] = "done"
