@@ -52,6 +52,35 @@ async def test_the_perfect_model_scores_the_other_scenarios(scenario: str) -> No
 
 
 @pytest.mark.parametrize(
+    ("scenario", "phase"),
+    [
+        ("compaction_stress", 1),
+        ("phase2_compaction", 2),
+        ("compaction_chain_p1", 1),
+        ("compaction_chain_p2", 2),
+        ("compaction_chain_p3", 2),  # the perfect model writes no text for phase 3 to drop
+    ],
+)
+@pytest.mark.parametrize("mode", ["sentinel", "native"])
+async def test_the_compaction_scenarios_compact_at_their_budgets(
+    scenario: str, phase: int, mode: str
+) -> None:
+    """Each scenario's budget reaches the gateway (the workflow's budget_tokens) and needs
+    the phase it was picked for. Without compaction nothing is cut: a phase-1 budget is
+    crossed at its threshold (75 %) but not beyond, and the run goes on as is; a tighter
+    one ends over its budget."""
+    result = await run("perfect", scenario, "reforged", mode)
+    assert result.correct, (result.error_code, result.error_message)
+    assert max(int(p) for p in result.compactions) == phase, result.compactions
+    bare = await run("perfect", scenario, "no_compact", mode)
+    assert not bare.compactions
+    if phase == 1:
+        assert bare.correct, (bare.error_code, bare.error_message)
+    else:
+        assert bare.error_code == "CONTEXT_BUDGET_EXCEEDED"
+
+
+@pytest.mark.parametrize(
     ("model", "ablation", "failure"),
     [
         ("needs_rescue", "no_rescue", "RETRIES_EXHAUSTED"),

@@ -202,6 +202,8 @@ COMPACTION_STRESS: Final = Scenario(
     name="compaction_stress",
     tags=frozenset({"plumbing", "compaction"}),
     description="Completion after compaction fires (a 2048-token budget, a long log).",
+    # Three turns: with the default keep_recent of 2 the log's iteration is never old
+    # enough to cut, and compaction could not fire at any budget.
     prompt=(
         "The checkout service is failing. Fetch its log, record the error code you find, "
         "then file an incident with that code."
@@ -216,6 +218,7 @@ COMPACTION_STRESS: Final = Scenario(
     ),
     grade=lambda a, _c: _eq(a.get("error_code"), "E-4417"),
     budget_tokens=2048,
+    keep_recent=1,
 )
 
 # -- error_recovery ------------------------------------------------------------------------
@@ -713,7 +716,7 @@ def _supplier_tools() -> list[ToolSpec[Any]]:
 PHASE2_COMPACTION: Final = Scenario(
     name="phase2_compaction",
     tags=frozenset({"compaction", "reasoning"}),
-    description="A five-supplier audit under a tight budget (925 tokens).",
+    description="A five-supplier audit under a tight budget (1,600 tokens: phase 2).",
     prompt=(
         "Audit our five suppliers (Northwind, Contoso, Fabrikam, Tailspin, Litware): read "
         "each one's report, then submit the audit naming the one with the highest defect rate."
@@ -726,7 +729,10 @@ PHASE2_COMPACTION: Final = Scenario(
         ("submit_audit", {"worst_supplier": "Fabrikam"}),
     ),
     grade=lambda a, _c: _eq(a.get("worst_supplier"), "Fabrikam"),
-    budget_tokens=925,
+    # Seed 001's 925 tokens is less than the gateway's own opening (its system prompt and
+    # the tools: ~1,000). Scanned with the perfect model (sentinel, native): phase 2 is
+    # needed from 2,000 down to 1,400, phase 1 from 2,600, and under 1,400 nothing fits.
+    budget_tokens=1600,
     max_iterations=12,
 )
 
@@ -1015,15 +1021,18 @@ def _chain(name: str, budget: int | None, tags: set[str]) -> Scenario:
     )
 
 
-# Budgets picked against the chain's ideal transcript (~3,400 tokens by chars/4 with the
-# tools prompt): the full budget never compacts; 2,600 needs phase 1, 1,900 phase 2 and
-# 1,300 phase 3 (tests/eval/test_catalog.py checks the ordering, not the phase reached:
-# that depends on the model's own words).
+# Budgets picked against the chain's ideal transcript through the gateway (its system
+# prompt with the frame protocol and the ten tools; ~4,200 tokens by chars/4 at the last
+# turn), scanned with the scripted perfect model in sentinel and native mode: no budget
+# never compacts; at 3,500 phase 1 is enough, at 2,500 phase 2; 2,100 is the tightest the
+# perfect model still finishes (phase 2: its transcript has no text for phase 3 to drop,
+# a model that writes text between calls needs phase 3 there); under ~1,900 nothing fits.
+# tests/eval/test_catalog.py checks the ordering; test_offline the perfect model's runs.
 COMPACTION_CHAIN: Final = (
     _chain("compaction_chain_baseline", None, set()),
-    _chain("compaction_chain_p1", 2600, {"compaction"}),
-    _chain("compaction_chain_p2", 1900, {"compaction"}),
-    _chain("compaction_chain_p3", 1300, {"compaction"}),
+    _chain("compaction_chain_p1", 3500, {"compaction"}),
+    _chain("compaction_chain_p2", 2500, {"compaction"}),
+    _chain("compaction_chain_p3", 2100, {"compaction"}),
 )
 
 ALL_SCENARIOS: Final = (

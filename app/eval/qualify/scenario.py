@@ -140,6 +140,7 @@ class Scenario:
     system: str | None = None
     budget_tokens: int | None = None
     max_iterations: int = 10
+    keep_recent: int | None = None  # the workflow's (2 when None): iterations never compacted
 
     @property
     def ideal_iterations(self) -> int:
@@ -161,6 +162,8 @@ class Scenario:
         }
         if self.budget_tokens is not None:
             body["budget_tokens"] = self.budget_tokens
+        if self.keep_recent is not None:
+            body["keep_recent"] = self.keep_recent
         return body
 
     def variant(self, **changes: Any) -> Scenario:
