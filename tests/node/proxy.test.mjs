@@ -89,3 +89,33 @@ test('n: 2 is refused with a BadRequestError', { timeout: 15_000 }, async () => 
     return true;
   });
 });
+
+// Upstream scripts 3 and 4: the booking workflow's search, then its booking (sentinel frames).
+test('a workflow run by the gateway answers with its result', { timeout: 15_000 }, async () => {
+  const reply = await client.chat.completions.create({
+    model,
+    messages: [{ role: 'user', content: 'Book a table for 2 at an italian place at 20:00.' }],
+    toolforge: { workflow: 'book_a_table' },
+  });
+  const choice = reply.choices[0];
+  assert.equal(choice.finish_reason, 'stop');
+  assert.equal(JSON.parse(choice.message.content).place_id, 'trattoria-roma');
+  assert.deepEqual(reply.toolforge.workflow.completed_steps, ['places.search', 'bookings.create']);
+  assert.deepEqual(
+    reply.toolforge.server_tools.map((c) => [c.name, c.ok]),
+    [['places.search', true], ['bookings.create', true]],
+  );
+});
+
+// Upstream scripts 5 to 8: a booking before any search, four times: the workflow fails.
+test('a workflow the model does not follow is an UnprocessableEntityError', { timeout: 15_000 }, async () => {
+  await assert.rejects(
+    client.chat.completions.create({ model, messages, toolforge: { workflow: 'book_a_table' } }),
+    (err) => {
+      assert.ok(err instanceof OpenAI.UnprocessableEntityError, `not a 422: ${err}`);
+      assert.equal(err.code, 'STEP_ENFORCEMENT_EXHAUSTED');
+      assert.equal(err.error.details[0].pending_steps, 'places.search');
+      return true;
+    },
+  );
+});
