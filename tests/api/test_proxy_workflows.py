@@ -27,6 +27,10 @@ def call(frame_id: str, name: str, args: str, before: str = "") -> Script:
     return Script.from_tokens([before, sentinels.frame(FrameKind.TOOL_CALL, frame_id, name, args)])
 
 
+def search_then_book() -> list[Script]:
+    return [call("t1", "places.search", SEARCH), call("t2", "bookings.create", BOOK)]
+
+
 def sent(gw: Harness, index: int = 0) -> dict[str, Any]:
     assert gw.upstream is not None
     return orjson.loads(gw.upstream.requests[index].body)  # type: ignore[no-any-return]
@@ -189,7 +193,7 @@ async def test_on_llama_server_the_booking_grammar_holds_only_the_searched_ids(
     make_gateway: HarnessFactory, sdk: SDK
 ) -> None:
     gw = await make_gateway(
-        [call("t1", "places.search", SEARCH), call("t2", "bookings.create", BOOK)],
+        search_then_book(),
         upstream_kind="llama_server",
     )
     reply = await sdk(gw).chat.completions.with_raw_response.create(
@@ -212,7 +216,7 @@ async def test_guardrail_switches_map_to_the_workflows_own(
 ) -> None:
     # grammar off: sentinel, no grammar, where llama-server would get constrained mode.
     gw = await make_gateway(
-        [call("t1", "places.search", SEARCH), call("t2", "bookings.create", BOOK)],
+        search_then_book(),
         upstream_kind="llama_server",
     )
     reply = await sdk(gw).chat.completions.with_raw_response.create(

@@ -93,6 +93,15 @@ def scripted(scripted_upstream: ScriptedUpstream, *scripts: Script) -> None:
         scripted_upstream.add(script)
 
 
+def bergen(upstream: ScriptedUpstream) -> None:
+    """The model looks Bergen up, then asks for its forecast."""
+    scripted(
+        upstream,
+        call("t1", "cities.lookup", '{"city": "Bergen"}'),
+        call("t2", "weather.forecast", '{"city_id": "bergen-1"}'),
+    )
+
+
 async def test_a_workflow_runs_in_process_with_callbacks(
     model: tuple[ScriptedUpstream, OpenAICompatUpstream],
 ) -> None:
@@ -208,11 +217,7 @@ async def test_initial_messages_continue_a_conversation(
     model: tuple[ScriptedUpstream, OpenAICompatUpstream],
 ) -> None:
     upstream, adapter = model
-    scripted(
-        upstream,
-        call("t1", "cities.lookup", '{"city": "Bergen"}'),
-        call("t2", "weather.forecast", '{"city_id": "bergen-1"}'),
-    )
+    bergen(upstream)
     earlier = [
         {"role": "user", "content": "Weather in Oslo?"},
         {"role": "assistant", "content": "Clear skies in Oslo."},
@@ -299,11 +304,7 @@ async def test_a_long_earlier_conversation_is_compacted_before_the_first_turn(
     model: tuple[ScriptedUpstream, OpenAICompatUpstream],
 ) -> None:
     upstream, adapter = model
-    scripted(
-        upstream,
-        call("t1", "cities.lookup", '{"city": "Bergen"}'),
-        call("t2", "weather.forecast", '{"city_id": "bergen-1"}'),
-    )
+    bergen(upstream)
     earlier: list[dict[str, Any]] = [{"role": "user", "content": "Tell me about Norway."}]
     for i in range(6):
         earlier += [
