@@ -188,13 +188,7 @@ async def plan_completion(
     max_tokens = req.max_completion_tokens or req.max_tokens
     messages = _messages(req.messages)
 
-    extra: dict[str, Any] = {}
-    if req.presence_penalty is not None:
-        extra["presence_penalty"] = req.presence_penalty
-    if req.frequency_penalty is not None:
-        extra["frequency_penalty"] = req.frequency_penalty
-    if req.reasoning_effort is not None:
-        extra["reasoning_effort"] = req.reasoning_effort
+    extra = _forwarded(req)
     turn: dict[str, Any] = {}
     final: dict[str, Any] = {}
     repair_grammar: str | None = None
@@ -425,11 +419,7 @@ async def plan_workflow_completion(
         messages=_messages(req.messages),
     )
     plan = await planner.plan(ask, stream_id, None, workflow=workflow)
-    extra: dict[str, Any] = {}
-    for name in ("presence_penalty", "frequency_penalty", "reasoning_effort"):
-        value = getattr(req, name)
-        if value is not None:
-            extra[name] = value
+    extra = _forwarded(req)
     if extra:
         plan.chat = dataclasses.replace(plan.chat, extra={**plan.chat.extra, **extra})
     _, guard_record = _guards(switches)
@@ -442,6 +432,18 @@ async def plan_workflow_completion(
         "metadata": req.metadata,
     }
     return plan
+
+
+def _forwarded(req: CompletionAsk) -> dict[str, Any]:
+    """The request's parameters every turn forwards as given (the upstream's own)."""
+    extra: dict[str, Any] = {}
+    if req.presence_penalty is not None:
+        extra["presence_penalty"] = req.presence_penalty
+    if req.frequency_penalty is not None:
+        extra["frequency_penalty"] = req.frequency_penalty
+    if req.reasoning_effort is not None:
+        extra["reasoning_effort"] = req.reasoning_effort
+    return extra
 
 
 @functools.lru_cache(maxsize=64)

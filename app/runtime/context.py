@@ -4,11 +4,13 @@
 facts it needs from the world:
 
 * **the budget**, and where it came from (``stream.begin.budget_source``):
-  ``workflow`` (the workflow's own ``budget_tokens``), ``server_manager`` (the decision the
-  gateway made for the model server it manages: llama-server or Ollama's ``num_ctx``,
-  :mod:`toolforge.core.budget`), ``manual`` (``CTX_BUDGET_TOKENS`` for a remote upstream), or
-  ``upstream`` (the remote server's own report: llama-server's ``/props`` n_ctx, read
-  once at start-up). None of them: no budget, nothing is measured.
+  ``server_manager`` (the decision the gateway made for the model server it manages:
+  llama-server or Ollama's ``num_ctx``, :mod:`toolforge.core.budget`), ``manual``
+  (``CTX_BUDGET_TOKENS`` for a remote upstream), or ``upstream`` (the remote server's own
+  report: llama-server's ``/props`` n_ctx, read once at start-up). None of them: no budget,
+  nothing is measured. A workflow's own ``budget_tokens`` (``workflow``) is applied per
+  stream over this one, when it is the smaller (:func:`toolforge.core.context.
+  workflow_context`).
 * **the count**: llama-server's ``POST /tokenize`` when the upstream has it (the model's own
   tokenizer: exact), characters / 4 otherwise. :class:`TokenCounter` says which it used,
   and metrics.json says it too (``context.token_counting``).
@@ -75,7 +77,6 @@ def context_policy(
     *,
     keep_recent: int = 2,
     threshold: float = 0.75,
-    workflow_tokens: int | None = None,
     server_budget: Mapping[str, Any] | None = None,
     manual_tokens: int | None = None,
     reported_tokens: int | None = None,
@@ -83,7 +84,6 @@ def context_policy(
     """The policy for a stream: the first budget known, in the order of the module
     docstring, with ``strategy``; ``None`` when no budget is known."""
     candidates: tuple[tuple[int | None, BudgetSource], ...] = (
-        (workflow_tokens, "workflow"),
         (
             server_budget.get("budget_tokens") if server_budget is not None else None,
             "server_manager",
