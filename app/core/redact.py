@@ -10,8 +10,15 @@ Two rules, applied to any JSON-like value:
   and ``X-API-KEY`` are one name. Names match whole, never as substrings: ``max_tokens``
   and ``prompt_tokens`` are usage figures, not secrets.
 * **By shape.** Any string (values *and* keys, free text included) has OpenAI/Groq/Stripe
-  style keys (``sk-…``, ``sk_…``, ``gsk_…``), ``Bearer …`` credentials and
-  ``api_key=…``-style assignments (query strings, env dumps) replaced in place.
+  style keys (``sk-…``, ``sk_…``, ``gsk_…``), ``Bearer …`` credentials,
+  ``api_key=…``-style assignments (query strings, env dumps), a URL's ``user:pass@``
+  and a ``?key=…`` query parameter replaced in place.
+* **By value.** The secrets this gateway is configured with (the upstream's API key, the
+  credentials in a configured URL, the API keys clients present) have no shape to
+  recognise: a 401 that repeats the key it was sent repeats it verbatim. The app factory
+  hands them to :func:`remember_secrets` at start-up; from then on every one of them is
+  replaced wherever it occurs, before the shape rules run. The set only grows (several apps
+  in one process, as in tests, each keep theirs redacted).
 
 Redaction is *total*: it never raises, whatever it is given, because it runs inside the
 logging pipeline and the artifact writer, where an exception would turn a diagnostic into
@@ -35,14 +42,19 @@ import re
 import uuid
 from collections.abc import Iterable, Mapping
 from typing import Final
+from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
 __all__ = [
+    "MIN_SECRET_CHARS",
     "REDACTED",
     "SENSITIVE_KEYS",
     "normalize_key",
+    "public_url",
     "redact",
     "redact_serialisable",
     "redact_text",
+    "remember_secrets",
+    "url_credentials",
 ]
 
 REDACTED: Final = "[REDACTED]"
@@ -98,11 +110,19 @@ _ASSIGNMENT = rf"{_NOT_WORD_BEFORE}(?i:{_NAMES})[ \t]*=[ \t]*['\"]?"
 # ...except in JSON text, where a quoted secret name before ":" is unambiguous. The value
 # runs to the closing quote, or to the end of a truncated document.
 _JSON_MEMBER = rf"\"(?i:{_NAMES})\"[ \t\r\n]*:[ \t\r\n]*\""
+# A URL's userinfo (RFC 3986 §3.2.1: "user:password@" before the host). It runs to the
+# first "@" before any "/", "?", "#" or space, so a path's "@" (a mailto, a scope) is left.
+_USERINFO = r"(?<=://)[^/?#\s@\"'<>]+@"
+# "?key=…" / "&key=…": Google-style API keys in a query string. Only after "?" or "&":
+# "key" alone is too common a word to redact as an assignment in prose or JSON.
+_QUERY_KEY = r"(?<=[?&])(?i:key|sig|signature)="
 _PATTERN: Final = re.compile(
     rf"(?P<key>{_API_KEY})"
     rf"|(?P<bearer>{_BEARER})"
     rf"|(?P<assign>{_ASSIGNMENT})(?:(?i:bearer|basic)[ \t]+)?[^\s&,;\"'<>]+"
     rf"|(?P<member>{_JSON_MEMBER})(?:[^\"\\]|\\.)*"
+    rf"|(?P<userinfo>{_USERINFO})"
+    rf"|(?P<query>{_QUERY_KEY})[^\s&#,;\"'<>]+"
 )
 
 # A substring of every possible match, case-folded: what redact_text checks before the
@@ -117,6 +137,10 @@ _TRIGGERS: Final = (
     "passw",  # password, passwd
     "cookie",
     "authorization",
+    "@",  # a URL's userinfo
+    "key=",  # ?key=…
+    "sig=",
+    "signature=",
 )
 
 # Scalars that cannot carry a secret and that serialisers (orjson) handle natively: kept
@@ -127,6 +151,10 @@ _OPAQUE_SAFE = (bool, int, float, type(None), _dt.datetime, _dt.date, _dt.time, 
 def _replace(match: re.Match[str]) -> str:
     if match.group("key") is not None:
         return REDACTED
+    if match.group("userinfo") is not None:
+        return f"{REDACTED}@"
+    if match.group("query") is not None:
+        return f"{match.group('query')}{REDACTED}"
     if match.group("bearer") is not None:
         scheme = match.group("bearer").split(None, 1)[0]
         return f"{scheme} {REDACTED}"
@@ -137,7 +165,8 @@ def _replace(match: re.Match[str]) -> str:
 
 
 def redact_text(s: str) -> str:
-    """Return ``s`` with every API key, Bearer credential and ``secret=…`` replaced.
+    """Return ``s`` with every configured secret (:func:`remember_secrets`), API key,
+    Bearer credential, URL credential and ``secret=…`` replaced.
 
     For free text: log messages, error strings, tool output, model text, raw JSON bodies
     (``"password": "…"``). Only :data:`SENSITIVE_KEYS` are recognised as names in text;
@@ -146,6 +175,9 @@ def redact_text(s: str) -> str:
     """
     if not s:
         return s
+    remembered = _remembered.pattern
+    if remembered is not None and remembered.search(s) is not None:
+        s = remembered.sub(REDACTED, s)
     # Most text holds no secret: a few substring scans (C speed) on the case-folded text
     # rule that out far faster than running the regex over every position.
     folded = s.casefold()
@@ -153,6 +185,98 @@ def redact_text(s: str) -> str:
         if trigger in folded:
             return _PATTERN.sub(_replace, s)
     return s
+
+
+MIN_SECRET_CHARS: Final = 8
+"""Configured secrets shorter than this are not replaced by value: a four-letter password
+would turn every occurrence of a common word into ``[REDACTED]``. Such a value is still
+redacted where it has a shape (a URL's userinfo, ``password=…``)."""
+
+
+class _Remembered:
+    """The configured secret values, as one alternation (longest first, so a secret that
+    contains another is replaced whole)."""
+
+    __slots__ = ("pattern", "values")
+
+    def __init__(self) -> None:
+        self.values: set[str] = set()
+        self.pattern: re.Pattern[str] | None = None
+
+    def add(self, values: Iterable[str | None]) -> None:
+        fresh = set(self.values)
+        for value in values:
+            if not isinstance(value, str):
+                continue
+            value = value.strip()
+            # A value inside the replacement itself would make redaction grow each pass.
+            if len(value) < MIN_SECRET_CHARS or value in REDACTED:
+                continue
+            fresh.add(value)
+            encoded = quote(value, safe="")  # as it appears in a URL or a form body
+            if encoded != value:
+                fresh.add(encoded)
+        if fresh == self.values:
+            return
+        self.values = fresh
+        ordered = sorted(fresh, key=lambda v: (-len(v), v))
+        self.pattern = re.compile("|".join(re.escape(v) for v in ordered))
+
+
+_remembered: Final = _Remembered()
+
+
+def remember_secrets(values: Iterable[str | None]) -> None:
+    """Redact each of ``values`` (exact substrings) wherever :func:`redact_text`,
+    :func:`redact` and :func:`redact_serialisable` run, from now on, in this process.
+
+    Called by the app factory with the secrets it is configured with. ``None`` and values
+    shorter than :data:`MIN_SECRET_CHARS` are skipped; a value's percent-encoded form is
+    remembered with it. Remembering only adds: what was remembered stays remembered.
+    """
+    _remembered.add(values)
+
+
+def url_credentials(url: str | None) -> list[str]:
+    """The user name and password a URL carries (``scheme://user:pass@host``), decoded:
+    what :func:`remember_secrets` is given for a configured URL."""
+    if not url:
+        return []
+    try:
+        parts = urlsplit(url)
+        found = [parts.username, parts.password]
+    except ValueError:  # a malformed URL: nothing to take from it
+        return []
+    return [unquote(v) for v in found if v]
+
+
+# Query parameters whose value is a credential in the URLs people configure (Google's
+# "key", Azure SAS "sig", presigned "signature", OAuth's tokens, ...).
+_SECRET_PARAMS: Final = frozenset(
+    {*SENSITIVE_KEYS, "key", "sig", "signature", "auth", "pass", "passwd", "pwd"}
+)
+
+
+def public_url(url: str | None) -> str | None:
+    """``url`` as the gateway may show it (``/readyz``, ``/v1/servers``, error messages,
+    logs): any ``user:pass@`` removed and secret-looking query parameters' values replaced
+    by :data:`REDACTED`. Never raises; a URL it cannot parse comes back through
+    :func:`redact_text` instead."""
+    if url is None:
+        return None
+    try:
+        parts = urlsplit(url)
+        netloc = parts.netloc.rpartition("@")[2]
+        query = "&".join(
+            f"{name}={REDACTED}" if normalize_key(unquote(name)) in _SECRET_PARAMS and sep else pair
+            for pair in parts.query.split("&")
+            if pair
+            for name, sep, _ in (pair.partition("="),)
+        )
+        cleaned = urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+    except ValueError:
+        return redact_text(url)
+    return redact_text(cleaned)
 
 
 @functools.lru_cache(maxsize=4096)
