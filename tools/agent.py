@@ -16,6 +16,13 @@ Tools see only what their settings give them (SPEC §11):
   authorizer that refuses ``ATTACH`` (which could open another file read-write) and
   every write: read-only is enforced by SQLite, not guessed by parsing the SQL. At most
   ``SQLITE_MAX_ROWS`` rows come back (``truncated`` says more exist).
+  Memory is bounded before the result cap could apply: SQLite's own limits
+  (``setlimit``) keep any one string or blob within ``SQLITE_MAX_VALUE_BYTES`` (so
+  ``randomblob(50000000)`` fails before it allocates), rows are counted in bytes as they
+  are fetched and the query stops with ``TOOL_OUTPUT_TOO_LARGE`` once they pass
+  ``SQLITE_MAX_RESULT_BYTES``, and the authorizer lets a statement call only the ordinary
+  functions of :data:`ALLOWED_FUNCTIONS` (no ``fts3_tokenizer``, which hands out a native
+  pointer, no ``load_extension``).
 * ``time.now``: the current time, in UTC or an IANA time zone.
 
 A tool whose setting is unset is not registered (an agent pack without ``FS_READ_ROOTS``
@@ -43,6 +50,7 @@ from toolforge.errors import ErrorCode
 from toolforge.settings import Settings
 
 __all__ = [
+    "ALLOWED_FUNCTIONS",
     "FsReadArgs",
     "ReadRoot",
     "SqliteQueryArgs",
@@ -245,22 +253,107 @@ _WRITES: Final = frozenset(
 )
 
 
-def _authorize(action: int, arg1: str | None, *_: object) -> int:
-    if action in _WRITES:
-        return sqlite3.SQLITE_DENY
-    if action == sqlite3.SQLITE_PRAGMA and arg1 not in {"table_info", "table_list", "index_list"}:
-        return sqlite3.SQLITE_DENY  # query_only, journal_mode, writable_schema...: no
-    return sqlite3.SQLITE_OK
+ALLOWED_FUNCTIONS: Final = frozenset(
+    {
+        # core scalar functions
+        *("abs", "char", "coalesce", "concat", "concat_ws", "format", "glob", "hex"),
+        *("ifnull", "iif", "instr", "length", "like", "likelihood", "likely", "lower"),
+        *("ltrim", "max", "min", "nullif", "octet_length", "printf", "quote", "random"),
+        *("randomblob", "replace", "round", "rtrim", "sign", "substr", "substring"),
+        *("trim", "typeof", "unhex", "unicode", "unlikely", "upper", "zeroblob"),
+        # aggregates
+        *("avg", "count", "group_concat", "string_agg", "sum", "total"),
+        # window functions
+        *("row_number", "rank", "dense_rank", "percent_rank", "cume_dist", "ntile"),
+        *("lag", "lead", "first_value", "last_value", "nth_value"),
+        # dates and times
+        *("date", "time", "datetime", "julianday", "unixepoch", "strftime", "timediff"),
+        # math (where SQLite was built with it)
+        *("acos", "acosh", "asin", "asinh", "atan", "atan2", "atanh", "ceil", "ceiling"),
+        *("cos", "cosh", "degrees", "exp", "floor", "ln", "log", "log10", "log2", "mod"),
+        *("pi", "pow", "power", "radians", "sin", "sinh", "sqrt", "tan", "tanh", "trunc"),
+        # JSON (json_each and json_tree are tables, read like any table)
+        *("json", "json_array", "json_array_length", "json_extract", "json_insert"),
+        *("json_object", "json_patch", "json_quote", "json_remove", "json_replace"),
+        *("json_set", "json_type", "json_valid", "json_group_array", "json_group_object"),
+    }
+)
+"""The functions a ``sqlite.query`` statement may call. Anything else is refused by the
+authorizer before the statement runs: ``fts3_tokenizer`` (it returns a native pointer and,
+with two arguments, installs one), ``load_extension``, ``sqlite_*`` introspection, and any
+function an extension or a later SQLite adds. ``randomblob`` and ``zeroblob`` stay, bounded
+by ``SQLITE_MAX_VALUE_BYTES`` like every value."""
+
+# Structural caps, far above what a one-statement read needs and far below SQLite's
+# defaults (a 1 GB statement, 2000 columns, 500 UNION arms, an expression 1000 deep).
+_FIXED_LIMITS: Final = (
+    (sqlite3.SQLITE_LIMIT_SQL_LENGTH, 4 * _SQL_MAX_CHARS),  # UTF-8: 4 bytes a char at most
+    (sqlite3.SQLITE_LIMIT_COLUMN, 200),
+    (sqlite3.SQLITE_LIMIT_EXPR_DEPTH, 100),
+    (sqlite3.SQLITE_LIMIT_COMPOUND_SELECT, 50),
+    (sqlite3.SQLITE_LIMIT_FUNCTION_ARG, 32),
+    (sqlite3.SQLITE_LIMIT_LIKE_PATTERN_LENGTH, 1_000),
+    (sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, 100),  # SqliteQueryArgs.params holds 100
+    (sqlite3.SQLITE_LIMIT_ATTACHED, 0),
+    (sqlite3.SQLITE_LIMIT_TRIGGER_DEPTH, 1),
+)
+
+
+@dataclass(slots=True)
+class _Authorizer:
+    """Read-only, named pragmas only, allowlisted functions only; remembers the function
+    it refused, so that the error can name it."""
+
+    refused: str | None = None
+
+    def __call__(self, action: int, arg1: str | None, arg2: str | None, *_: object) -> int:
+        if action in _WRITES:
+            return sqlite3.SQLITE_DENY
+        if action == sqlite3.SQLITE_PRAGMA and arg1 not in {
+            "table_info",
+            "table_list",
+            "index_list",
+        }:
+            return sqlite3.SQLITE_DENY  # query_only, journal_mode, writable_schema...: no
+        if action == sqlite3.SQLITE_FUNCTION and (arg2 or "").lower() not in ALLOWED_FUNCTIONS:
+            self.refused = arg2
+            return sqlite3.SQLITE_DENY
+        return sqlite3.SQLITE_OK
 
 
 def _cell(value: object) -> object:
     return value.hex() if isinstance(value, bytes) else value
 
 
+def _cell_bytes(value: object) -> int:
+    """About what a cell costs in the JSON result (a little over, never under by much)."""
+    if isinstance(value, str):
+        return len(value.encode("utf-8", "surrogatepass")) + 2
+    if isinstance(value, bytes):
+        return 2 * len(value) + 2  # as hex
+    if value is None:
+        return 4
+    return len(repr(value))
+
+
+def _too_large(message: str) -> PermanentToolError:
+    return PermanentToolError(message, code=ErrorCode.TOOL_OUTPUT_TOO_LARGE)
+
+
 def run_query(
-    path: Path, sql: str, params: Sequence[object], *, max_rows: int, timeout_s: float
+    path: Path,
+    sql: str,
+    params: Sequence[object],
+    *,
+    max_rows: int,
+    timeout_s: float,
+    max_result_bytes: int = 32 * 1024,
+    max_value_bytes: int = 1024 * 1024,
 ) -> dict[str, object]:
-    """The blocking query behind ``sqlite.query`` (run in a thread)."""
+    """The blocking query behind ``sqlite.query`` (run in a thread).
+
+    ``max_value_bytes`` is SQLite's own length limit (no string, blob or row larger is
+    ever built); ``max_result_bytes`` bounds the rows fetched, counted as they come."""
     for i, value in enumerate(params):
         if not (value is None or isinstance(value, str | int | float)):
             raise PermanentToolError(
@@ -273,15 +366,50 @@ def run_query(
     except sqlite3.Error as exc:
         raise PermanentToolError(f"the database cannot be opened: {exc}") from None
     deadline = time.monotonic() + timeout_s
+    authorizer = _Authorizer()
     try:
         conn.execute("PRAGMA query_only = ON")
-        conn.set_authorizer(_authorize)
+        conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, max_value_bytes)
+        for limit, value in _FIXED_LIMITS:
+            conn.setlimit(limit, value)
+        conn.set_authorizer(authorizer)
         conn.set_progress_handler(lambda: int(time.monotonic() > deadline), _PROGRESS_STEPS)
         try:
             cursor = conn.execute(sql, tuple(params))
-            rows = cursor.fetchmany(max_rows + 1)
+            rows: list[tuple[object, ...]] = []
+            size = 0
+            # Row by row, counted: a query of a million wide rows stops at the cap, with
+            # no more than one row past it ever held.
+            for row in cursor:
+                if len(rows) == max_rows:
+                    rows.append(row)  # one more than shown: the answer is truncated
+                    break
+                size += sum(_cell_bytes(v) for v in row) + 2
+                if size > max_result_bytes:
+                    raise _too_large(
+                        f"the rows come to more than {max_result_bytes} bytes after "
+                        f"{len(rows)} of them (SQLITE_MAX_RESULT_BYTES); select fewer "
+                        "columns, shorter values (substr) or fewer rows (LIMIT)"
+                    )
+                rows.append(row)
+        except sqlite3.DataError as exc:  # SQLITE_TOOBIG: a value over the length limit
+            raise _too_large(
+                f"a value would be larger than {max_value_bytes} bytes "
+                f"(SQLITE_MAX_VALUE_BYTES): {exc}; ask for less"
+            ) from None
         except sqlite3.DatabaseError as exc:
             message = str(exc)
+            if authorizer.refused is not None and "not authorized" in message:
+                raise PermanentToolError(
+                    f"sqlite.query does not allow the function {authorizer.refused}(); "
+                    "use ordinary scalar, aggregate, window, date, math or JSON functions",
+                    code=ErrorCode.TOOL_ARGS_INVALID,
+                ) from None
+            if "too big" in message:
+                raise _too_large(
+                    f"{message}: a value, the statement or the row is over a limit "
+                    f"(values: {max_value_bytes} bytes, SQLITE_MAX_VALUE_BYTES)"
+                ) from None
             if "not authorized" in message or "readonly" in message or "query_only" in message:
                 raise PermanentToolError(
                     f"sqlite.query is read-only: {message}; use SELECT", code=ErrorCode.READ_ONLY
@@ -304,16 +432,31 @@ def run_query(
         conn.close()
 
 
-def sqlite_query_spec(path: Path, max_rows: int, timeout_s: float) -> ToolSpec[SqliteQueryArgs]:
+def sqlite_query_spec(
+    path: Path,
+    max_rows: int,
+    timeout_s: float,
+    *,
+    max_result_bytes: int = 32 * 1024,
+    max_value_bytes: int = 1024 * 1024,
+) -> ToolSpec[SqliteQueryArgs]:
     async def sqlite_query(args: SqliteQueryArgs) -> dict[str, object]:
         return await asyncio.to_thread(
-            run_query, path, args.sql, args.params, max_rows=max_rows, timeout_s=timeout_s
+            run_query,
+            path,
+            args.sql,
+            args.params,
+            max_rows=max_rows,
+            timeout_s=timeout_s,
+            max_result_bytes=max_result_bytes,
+            max_value_bytes=max_value_bytes,
         )
 
     return ToolSpec(
         name="sqlite.query",
         description=f"Run one read-only SQL query (SQLite) on the database {path.name}. "
-        f"Returns columns and at most {max_rows} rows; writes are refused.",
+        f"Returns columns and at most {max_rows} rows ({max_result_bytes} bytes); writes "
+        "and unusual functions are refused.",
         args_model=SqliteQueryArgs,
         fn=sqlite_query,
         idempotent=True,
@@ -372,7 +515,11 @@ def pack_tools(settings: Settings) -> list[ToolSpec[Any]]:
             raise ValueError(f"SQLITE_PATH: {settings.sqlite_path} is not a file")
         specs.append(
             sqlite_query_spec(
-                settings.sqlite_path, settings.sqlite_max_rows, settings.tool_timeout_ms / 1000
+                settings.sqlite_path,
+                settings.sqlite_max_rows,
+                settings.tool_timeout_ms / 1000,
+                max_result_bytes=settings.sqlite_max_result_bytes,
+                max_value_bytes=settings.sqlite_max_value_bytes,
             )
         )
     return specs
