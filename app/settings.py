@@ -116,6 +116,16 @@ class Settings(BaseSettings):
     sqlite_path: Path | None = Field(None, validation_alias="SQLITE_PATH")
     # Rows per answer: enough to read, bounded for the model's context.
     sqlite_max_rows: int = Field(200, ge=1, le=10_000, validation_alias="SQLITE_MAX_ROWS")
+    # Rows are counted in bytes as they are fetched: past this the query stops with an
+    # error, before a huge answer is built (a tool result is at most 64 KB of JSON).
+    sqlite_max_result_bytes: int = Field(
+        32 * 1024, ge=1024, le=48 * 1024, validation_alias="SQLITE_MAX_RESULT_BYTES"
+    )
+    # SQLite's own length limit: no string, blob or row larger is ever built in memory
+    # (randomblob(50000000) fails before it allocates).
+    sqlite_max_value_bytes: int = Field(
+        1024 * 1024, ge=64 * 1024, le=64 * 1024 * 1024, validation_alias="SQLITE_MAX_VALUE_BYTES"
+    )
     # MCP servers, {"mcpServers": {...}}: a file, and/or the same JSON inline.
     mcp_config: Path | None = Field(None, validation_alias="MCP_CONFIG")
     mcp_servers: str | None = Field(None, validation_alias="MCP_SERVERS")
