@@ -159,6 +159,31 @@ class Settings(BaseSettings):
     rate_limit_streams: int = Field(0, ge=0, validation_alias="RATE_LIMIT_STREAMS")
     # Comma-separated origins ("https://app.example.com"); unset: CORS off.
     cors_origins: str | None = Field(None, validation_alias="CORS_ORIGINS")
+    # Host names the gateway answers to besides localhost, 127.0.0.1 and [::1]
+    # (comma-separated, "*" for any, "*.example.com" for a domain's subdomains). Checked
+    # when set and whenever no keys are configured: a DNS-rebinding page never gets in.
+    allowed_hosts: str | None = Field(None, validation_alias="ALLOWED_HOSTS")
+    # A request's head arrives in one packet or two; 10 s covers a slow link and closes a
+    # slowloris connection long before a flood of them exhausts anything.
+    header_timeout_s: float = Field(10.0, gt=0, le=300, validation_alias="HEADER_TIMEOUT_S")
+    # 32 KB: nginx's default head buffers; browsers' own cookie jars for localhost fit.
+    max_header_bytes: int = Field(
+        32 * 1024, ge=4 * 1024, le=1024 * 1024, validation_alias="MAX_HEADER_BYTES"
+    )
+    # 100 header lines: Apache's LimitRequestFields; no client of ours sends 20.
+    max_headers: int = Field(100, ge=16, le=10_000, validation_alias="MAX_HEADERS")
+    # A whole MAX_BODY_BYTES body at 17 KB/s; a body dripped slower is an attack.
+    body_timeout_s: float = Field(60.0, gt=0, le=3600, validation_alias="BODY_TIMEOUT_S")
+    # Well above the streams a replica serves at once (each waits on a model); a flood is
+    # refused before it takes every file the process may open (`ulimit -n`).
+    max_connections: int = Field(1000, ge=1, validation_alias="MAX_CONNECTIONS")
+    # An idle kept-alive connection: uvicorn's own 5 s default.
+    keepalive_timeout_s: float = Field(5.0, gt=0, le=3600, validation_alias="KEEPALIVE_TIMEOUT_S")
+    # nginx's keepalive_requests default: a connection cannot be held for ever by reuse.
+    keepalive_max_requests: int = Field(1000, ge=1, validation_alias="KEEPALIVE_MAX_REQUESTS")
+    # Request bodies nested deeper are a 422 at parse time; orjson writes at most 254
+    # levels, so a deeper request could never be sent upstream or stored.
+    max_request_depth: int = Field(64, ge=8, le=200, validation_alias="MAX_REQUEST_DEPTH")
 
     # -- storage and ops --------------------------------------------------------------
     artifacts_dir: Path = Field(Path("artifacts"), validation_alias="ARTIFACTS_DIR")

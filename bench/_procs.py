@@ -282,7 +282,9 @@ def _event_source_front(app: Any) -> Any:
         declared = dict(scope["headers"]).get(b"content-length", b"").decode() or None
         body = await read_body(receive, declared, gw.settings.max_body_bytes)
         stream_id = "s_" + secrets.token_hex(10)
-        session = gw.session(await gw.planner.plan(_parse(body), stream_id, None))
+        session = gw.session(
+            await gw.planner.plan(_parse(body, gw.settings.max_request_depth), stream_id, None)
+        )
         session.log.attach_primary()
         gw.registry.start(session, idempotency_key=None, body_hash="")
         await asyncio.sleep(0)  # as start_stream: the upstream request goes out first

@@ -138,7 +138,7 @@ async def _serve_and_poke(tmp_path: Path, **env: str) -> str:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         body = b'{"input": "x"}'
         writer.write(
-            b"POST /v1/stream HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"POST /v1/stream HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
             b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
         )
         await writer.drain()

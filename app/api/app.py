@@ -26,8 +26,10 @@ from toolforge.api.deps import Gateway
 from toolforge.api.fastpath import GatewayApp
 from toolforge.api.openapi import install_openapi
 from toolforge.api.proxy import router as proxy_router
+from toolforge.api.request_guard import RequestGuard
 from toolforge.api.routes import ClientGone, local_command, router
 from toolforge.api.runs import router as runs_router
+from toolforge.api.server_limits import ServerLimits
 from toolforge.api.servers import router as servers_router
 from toolforge.api.web import install_web
 from toolforge.core.context import ContextPolicy
@@ -444,6 +446,9 @@ def create_app(
             metrics_public=settings.metrics_public,
         )
     app.allow_origins([o.strip() for o in (settings.cors_origins or "").split(",") if o.strip()])
+    # Host allowlist, JSON-only POSTs, every POST's body limits; the server's own limits.
+    app.guard = RequestGuard.from_settings(settings, keys=bool(keys))
+    app.server_limits = ServerLimits.from_settings(settings)
     app.include_router(router)
     app.include_router(servers_router)
     app.include_router(proxy_router)

@@ -18,6 +18,12 @@ every FastAPI route share the one check, and a route added later is covered by d
 The key goes in the scope (``toolforge.api.auth.SCOPE_KEY``); requests that open a stream
 also take one of the key's concurrent streams for as long as the response lasts.
 
+**The request's shape** (:class:`toolforge.api.request_guard.RequestGuard`): before the
+access check, the ``Host`` allowlist and the JSON-only rule for POSTs (a 403 or 415, in
+the route's error shape); in the dispatch, the body of a POST that FastAPI serves is read
+within ``MAX_BODY_BYTES`` and ``MAX_REQUEST_DEPTH`` first, as the hot routes read theirs.
+The server underneath has its own limits (:mod:`toolforge.api.server_limits`).
+
 **CORS.** With ``CORS_ORIGINS`` set, Starlette's ``CORSMiddleware`` wraps all of it:
 preflights are answered before the access check (browsers send them without the key), and
 every response, refusals included, carries the CORS headers for an allowed origin.
@@ -34,7 +40,9 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from toolforge.api.auth import SCOPE_KEY, Access, ApiKey, RateLimited
 from toolforge.api.proxy import complete, openai_error
+from toolforge.api.request_guard import RequestGuard
 from toolforge.api.routes import ClientGone, read_body, start_stream
+from toolforge.api.server_limits import ServerLimits
 from toolforge.errors import ErrorCode, ToolForgeError
 from toolforge.log import STREAM_INTERNAL_ERROR, get_logger
 
@@ -84,6 +92,8 @@ class GatewayApp(FastAPI):
     routes served first (see the module docstring)."""
 
     access: Access | None = None  # None: no keys configured, every request goes on
+    guard: RequestGuard | None = None  # None: no Host, Content-Type or routed-body checks
+    server_limits: ServerLimits = ServerLimits()  # what GatewayServer serves it with
     _cors: ASGIApp | None = None
 
     def allow_origins(self, origins: list[str]) -> None:
@@ -110,6 +120,12 @@ class GatewayApp(FastAPI):
             await self._serve(scope, receive, send)
 
     async def _serve(self, scope: Scope, receive: Receive, send: Send) -> None:
+        guard = self.guard
+        if guard is not None:
+            refused = guard.refusal(scope)
+            if refused is not None:
+                await refusal(refused, scope["path"])(scope, receive, send)
+                return
         access = self.access
         if access is None:
             await self._dispatch(scope, receive, send)
@@ -143,6 +159,15 @@ class GatewayApp(FastAPI):
             if path == _PROXY:
                 await self._complete(scope, receive, send)
                 return
+            if self.guard is not None:
+                try:
+                    receive = await self.guard.buffered(scope, receive)
+                except ToolForgeError as exc:
+                    await refusal(exc, path)(scope, receive, send)
+                    return
+                except ClientGone:
+                    await Response(status_code=499)(scope, receive, send)
+                    return
         await super().__call__(scope, receive, send)
 
     async def _stream(self, scope: Scope, receive: Receive, send: Send) -> None:

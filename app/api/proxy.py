@@ -24,6 +24,7 @@ from starlette.types import Receive
 
 from toolforge.api.auth import ApiKey, allowed_tools, check_workflow, own, request_key
 from toolforge.api.deps import Gateway, GatewayDep
+from toolforge.api.json_depth import check_depth
 from toolforge.api.models import ChatCompletionRequest
 from toolforge.api.routes import read_body
 from toolforge.api.sse import FrameStreamResponse
@@ -65,11 +66,12 @@ def openai_error(exc: ToolForgeError, status: int | None = None) -> JSONResponse
     return JSONResponse(body, status_code=code)
 
 
-def _parse(body: bytes) -> ChatCompletionRequest:
+def _parse(body: bytes, max_depth: int) -> ChatCompletionRequest:
     try:
         raw = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
         raise RequestError(ErrorCode.BAD_REQUEST, f"the body is not valid JSON: {exc}") from exc
+    check_depth(body, raw, max_depth)  # 422 here, not a 500 when it is written
     try:
         return ChatCompletionRequest.model_validate(raw)
     except ValidationError as exc:
@@ -112,7 +114,7 @@ async def complete(
     the stream."""
     try:
         body = await read_body(receive, declared, gw.settings.max_body_bytes)
-        req = _parse(body)
+        req = _parse(body, gw.settings.max_request_depth)
         if key is not None and req.toolforge.server_tools:
             allowed_tools(key, req.toolforge.server_tools, ())
         stream_id = "s_" + secrets.token_hex(10)

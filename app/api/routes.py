@@ -27,6 +27,7 @@ from toolforge.api.auth import (
     request_key,
 )
 from toolforge.api.deps import Gateway, GatewayDep
+from toolforge.api.json_depth import check_depth
 from toolforge.api.models import ApprovalDecision, ClientToolResult, Sampling, StreamRequest
 from toolforge.api.sse import FrameStreamResponse, RemoteStreamResponse
 from toolforge.core.tools import ToolError
@@ -81,13 +82,14 @@ class ClientGone(Exception):
     """The client left while sending its body: nobody is there to answer."""
 
 
-def _parse(body: bytes) -> StreamRequest:
+def _parse(body: bytes, max_depth: int) -> StreamRequest:
     try:
         raw = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
         raise RequestError(
             ErrorCode.BAD_REQUEST, f"the body is not valid JSON: {exc}", http_status=422
         ) from exc
+    check_depth(body, raw, max_depth)  # 422 here, not a 500 when it is written
     try:
         return StreamRequest.model_validate(raw)
     except ValidationError as exc:
@@ -156,7 +158,7 @@ async def start_stream(
             f"{_MAX_KEY_CHARS} are allowed",
             http_status=422,
         )
-    req = _parse(body)
+    req = _parse(body, gw.settings.max_request_depth)
     workflow: WorkflowDef | None = None
     if key is not None:
         if key.tools is not None:

@@ -7,6 +7,11 @@ at the graceful-shutdown timeout without its ``done``. :class:`GatewayServer` ca
 every running stream the moment shutdown starts (a signal, or ``should_exit = True``
 from code), so each ends with ``done`` (reason ``shutdown``), its artifacts are written,
 and the connections close on their own.
+
+It also serves with the app's :class:`~toolforge.api.server_limits.ServerLimits` (header
+and body timeouts, header size and count, the connection cap, keep-alive): whoever serves
+the gateway through it (``toolforge serve``, the Docker image, the test harness) gets
+them without a flag of its own.
 """
 
 from __future__ import annotations
@@ -18,13 +23,18 @@ from typing import Any
 import uvicorn
 from fastapi import FastAPI
 
-__all__ = ["GatewayServer", "run"]
+from toolforge.api.server_limits import ServerLimits
+
+__all__ = ["GatewayServer", "apply_limits", "run"]
 
 
 class GatewayServer(uvicorn.Server):
     """``uvicorn.Server`` for an app from :func:`toolforge.api.app.create_app`."""
 
     def __init__(self, config: uvicorn.Config, app: FastAPI) -> None:
+        limits = getattr(app, "server_limits", None)  # the GatewayApp's, from its settings
+        if isinstance(limits, ServerLimits):
+            apply_limits(config, limits)
         self._app = app
         self._loop: asyncio.AbstractEventLoop | None = None
         self._exiting = False
@@ -52,6 +62,16 @@ class GatewayServer(uvicorn.Server):
         gateway = getattr(self._app.state, "gateway", None)
         if gateway is not None:
             gateway.registry.cancel_all("shutdown")
+
+
+def apply_limits(config: uvicorn.Config, limits: ServerLimits) -> None:
+    """Serve ``config`` with ``limits``: the limited httptools protocol (unless the
+    caller chose h11, which gets the head limit h11 has), the keep-alive timeout."""
+    if config.http in ("auto", "httptools"):
+        config.http = limits.protocol()
+    elif config.http == "h11":
+        config.h11_max_incomplete_event_size = limits.max_header_bytes
+    config.timeout_keep_alive = max(1, round(limits.keepalive_timeout_s))
 
 
 def run(app: FastAPI, *, host: str, port: int, **options: Any) -> None:

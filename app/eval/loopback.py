@@ -160,7 +160,7 @@ async def open_raw_stream(
     payload = orjson.dumps(body)
     extra = b"".join(b"%s: %s\r\n" % (k.encode(), v.encode()) for k, v in (headers or {}).items())
     writer.write(
-        b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"POST %s HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
         b"Content-Length: %d\r\n%s%s\r\n%s"
         % (path.encode(), len(payload), extra, b"Connection: close\r\n" if close else b"", payload)
     )
