@@ -83,8 +83,8 @@ class RunRecord:
             "upstream_timings": counts.upstream_timings,
             "guardrails": dict(counts.guardrails),
             "context": context,
-            # SPEC §7: the workflow's steps, iterations and nudges (None: no workflow).
-            "workflow": counts.workflow.summary() if counts.workflow is not None else None,
+            # The workflow's steps, iterations and nudges (None: no workflow).
+            "workflow": counts.workflow.to_dict() if counts.workflow is not None else None,
         }
 
     @staticmethod
@@ -102,7 +102,7 @@ class RunRecord:
             usage=usage,
             metrics=metrics,
             guardrails=dict(counts.guardrails) if counts.guardrails else None,
-            workflow=counts.workflow.summary() if counts.workflow is not None else None,
+            workflow=counts.workflow.to_dict() if counts.workflow is not None else None,
         )
 
     async def write(

@@ -144,9 +144,8 @@ class StreamSession:
                 awaited_tools=plan.awaited_tools,
                 context=plan.context,
                 fit_first_turn=plan.fit_first_turn,
+                # A workflow's policy (None: a plain stream); compaction's step hint is its too.
                 workflow=plan.workflow,
-                # Compaction's summary says what the workflow's tracker knows (SPEC §7).
-                step_hint=plan.workflow.steps.summary_hint if plan.workflow is not None else None,
             )
         )
         # Measures the prompt for compaction (SPEC §7): only streams with a budget use it.

@@ -42,6 +42,7 @@ from pydantic import BaseModel, ConfigDict, model_validator
 
 from toolforge.core.chat import ChatRequest
 from toolforge.core.context import ContextPolicy, strategy_named, workflow_context
+from toolforge.core.decisions import WorkflowSummary
 from toolforge.core.engine import ConstrainedMode, Mode, mode_named
 from toolforge.core.gbnf import FrameGrammar
 from toolforge.core.native_tools import to_openai_tools
@@ -278,7 +279,7 @@ class WorkflowRunner:
                 cursor += len(fresh)
                 for frame in decode_frames(fresh):
                     frames.append(frame)
-                    history = policy.history
+                    history = policy.summary().messages
                     while seen < len(history):
                         await _call(self.on_message, history[seen])
                         seen += 1
@@ -287,7 +288,7 @@ class WorkflowRunner:
                     break
                 await log.wait()
             await session.wait()
-            for message in policy.history[seen:]:
+            for message in policy.summary().messages[seen:]:
                 await _call(self.on_message, message)
         finally:
             if watcher is not None:
@@ -297,7 +298,7 @@ class WorkflowRunner:
             if session.running:
                 session.cancel("cancelled")
                 await session.wait()
-        return _outcome(workflow, session, policy, frames)
+        return _outcome(workflow, session, policy.summary(), frames)
 
     def _session(
         self, workflow: Workflow, conversation: list[dict[str, Any]], history: bool
@@ -404,35 +405,33 @@ def _usage(done: Mapping[str, object]) -> Mapping[str, object] | None:
 def _outcome(
     workflow: Workflow,
     session: StreamSession,
-    policy: WorkflowPolicy,
+    summary: WorkflowSummary,
     frames: list[Frame],
 ) -> WorkflowResult:
     """The result, or the failure as its typed exception."""
     done = frames[-1].data if frames else {}
-    summary = policy.summary()
+    context = summary.to_dict()
     if session.reason in ("cancelled", "shutdown", "client_disconnected"):
         raise workflow_error(
             ErrorCode.WORKFLOW_CANCELLED,
-            f"workflow {workflow.name!r} was cancelled after {policy.iterations} model turns",
-            context={**summary, "messages": list(policy.history)},
+            f"workflow {workflow.name!r} was cancelled after {summary.iterations} model turns",
+            context={**context, "messages": list(summary.messages)},
         )
-    if policy.failure is not None:
-        raise policy.failure
+    if summary.failure is not None:
+        raise summary.failure
     errors = [f.data for f in frames if f.event == "error"]
     if errors:
         error = errors[0]
         raise ToolForgeError(ErrorCode(str(error["code"])), str(error["message"]))
-    if not policy.finished:  # cannot happen: a workflow ends at its terminal tool or fails
-        raise WorkflowError(
-            ErrorCode.INTERNAL, "the run ended without a result", context=dict(summary)
-        )
+    if not summary.finished:  # cannot happen: a workflow ends at its terminal tool or fails
+        raise WorkflowError(ErrorCode.INTERNAL, "the run ended without a result", context=context)
     return WorkflowResult(
-        tool=policy.result_tool or "",
-        value=policy.result,
-        completed_steps=list(policy.steps.completed_steps),
-        iterations=policy.iterations,
-        nudges=policy.nudge_count,
+        tool=summary.result_tool or "",
+        value=summary.result,
+        completed_steps=list(summary.completed_steps),
+        iterations=summary.iterations,
+        nudges=summary.nudges,
         frames=frames,
-        messages=list(policy.history[1:]),
+        messages=list(summary.messages[1:]),
         usage=_usage(done),
     )

@@ -1,6 +1,6 @@
 """The workflow runner's pure parts (SPEC §7, seed 001), without a loop: definitions and
-their validation, the step and error trackers, the policy's every budget, and the
-narrowed constrained-mode grammar (checked with the GBNF matcher)."""
+their validation, the step and error trackers, and the policy's every decision and
+budget, as the values it returns. Narrowing and grounding: tests/core/test_grounding.py."""
 
 from __future__ import annotations
 
@@ -8,17 +8,21 @@ from typing import Any
 
 import pytest
 
-from tests.core.gbnf_matcher import parse
-from toolforge.core.events import FrameKind
-from toolforge.core.gbnf import FrameGrammar, TurnIds
-from toolforge.core.protocol import sentinels
-from toolforge.core.steps import (
-    ErrorTracker,
-    StepEnforcer,
-    StepTracker,
-    WorkflowPolicy,
-    words_pattern,
+from toolforge.core.decisions import (
+    ACCEPT,
+    CONTINUE,
+    OPEN,
+    Complete,
+    Fail,
+    Proceed,
+    Refuse,
+    Rescue,
+    Respond,
+    Retry,
+    Run,
+    WorkflowSummary,
 )
+from toolforge.core.steps import ErrorTracker, StepEnforcer, StepTracker, WorkflowPolicy
 from toolforge.core.workflow import Prerequisite, WorkflowDef, parse_workflow
 from toolforge.errors import ErrorCode, RequestError, WorkflowError
 from toolforge.tools import default_registry
@@ -45,6 +49,9 @@ def workflow(**changes: Any) -> WorkflowDef:
 
 def policy(**changes: Any) -> WorkflowPolicy:
     return WorkflowPolicy(workflow(**changes), schemas=SCHEMAS)
+
+
+ASK = [{"role": "user", "content": "Find pizza near me; book a table for 2 at 7pm."}]
 
 
 # -- definitions --------------------------------------------------------------------------------
@@ -134,316 +141,163 @@ def test_argument_matched_values_come_from_results_or_arguments() -> None:
     assert steps.unmet("c", {"x": "3", "y": 5}) == Prerequisite("b", "y")
 
 
-# -- the policy --------------------------------------------------------------------------------
+# -- the policy's decisions ----------------------------------------------------------------
+
+
+def refused(decision: object) -> Refuse:
+    assert isinstance(decision, Refuse), decision
+    return decision
+
+
+def failed(decision: object) -> WorkflowError:
+    assert isinstance(decision, Fail), decision
+    return decision.error
 
 
 def test_premature_terminal_calls_escalate_then_exhaust() -> None:
     p = policy()
-    refusals = [p.check_call("bookings.create", {"place_id": "x"}) for _ in range(4)]
-    assert all(r is not None for r in refusals)
-    assert [r.nudge.tier for r in refusals if r] == [1, 2, 3, 3]
-    assert [r.code for r in refusals if r] == [ErrorCode.STEP_REQUIRED] * 4
-    assert [r.fatal is not None for r in refusals if r] == [False, False, False, True]
-    fatal = refusals[3].fatal if refusals[3] else None
+    refusals = [refused(p.check_call("bookings.create", {"place_id": "x"})) for _ in range(4)]
+    assert [r.nudge.tier for r in refusals] == [1, 2, 3, 3]
+    assert [r.code for r in refusals] == [ErrorCode.STEP_REQUIRED] * 4
+    assert [r.fatal is not None for r in refusals] == [False, False, False, True]
+    fatal = refusals[3].fatal
     assert fatal is not None and fatal.code is ErrorCode.STEP_ENFORCEMENT_EXHAUSTED
     assert fatal.context["pending_steps"] == ["places.search"]
+    assert p.summary().failure is fatal and p.summary().nudges == 4
 
 
 def test_progress_resets_the_escalation() -> None:
     p = policy()
-    p.begin_turn()
-    first = p.check_call("bookings.create", {})
-    p.check_call("bookings.create", {})
-    assert p.check_call("places.search", {"query": "x"}) is None
+    p.begin_turn(ASK)
+    assert refused(p.check_call("bookings.create", {})).nudge.tier == 1
+    assert refused(p.check_call("bookings.create", {})).nudge.tier == 2
+    assert p.check_call("places.search", {"query": "x"}) == Run("places.search")
     p.record("places.search", {"query": "x"}, {"ok": True, "data": {}})
-    assert p.end_batch() is None
-    assert first is not None and p.steps.premature_attempts == 0
+    assert p.end_batch() is CONTINUE
+    # The search succeeded: a premature call would start at tier 1 again (here the step
+    # is done, so the booking is refused for its prerequisite's value, tier 1 too).
+    again = refused(p.check_call("bookings.create", {"place_id": "x"}))
+    assert again.code is ErrorCode.PREREQUISITE_MISSING and again.nudge.tier == 1
 
 
 def test_a_terminal_call_with_a_matched_argument_ends_the_workflow() -> None:
     p = policy()
-    p.begin_turn()
+    p.begin_turn(ASK)
     p.record("places.search", {"query": "pizza"}, FOUND)
-    assert p.end_batch() is None
-    p.begin_turn()
-    bad = p.check_call("bookings.create", {"place_id": "7"})
-    assert bad is not None and bad.code is ErrorCode.PREREQUISITE_MISSING
+    assert p.end_batch() is CONTINUE
+    p.begin_turn(ASK)
+    bad = refused(p.check_call("bookings.create", {"place_id": "7"}))
+    assert bad.code is ErrorCode.PREREQUISITE_MISSING and bad.name == "bookings.create"
     assert "trattoria-roma" in bad.nudge.message and bad.fatal is None
-    assert p.check_call("bookings.create", {"place_id": "pizza-place"}) is None
+    assert p.check_call("bookings.create", {"place_id": "pizza-place"}) == Run("bookings.create")
+    assert not p.summary().finished
     p.record("bookings.create", {"place_id": "pizza-place"}, OK)
-    assert p.end_batch() == ("bookings.create", {"booking_id": "b1"})
-    assert p.summary()["completed_steps"] == ["places.search", "bookings.create"]
+    assert p.end_batch() == Complete("bookings.create", {"booking_id": "b1"})
+    summary = p.summary()
+    assert summary.completed_steps == ("places.search", "bookings.create")
+    assert summary.finished and summary.result_tool == "bookings.create"
+    assert summary.result == {"booking_id": "b1"} and summary.failure is None
 
 
 def test_tool_errors_and_retries_and_iterations_exhaust() -> None:
     p = policy(max_tool_errors=1, max_retries_per_step=1, max_iterations=4)
+    ended = []
     for _ in range(2):
-        p.begin_turn()
+        p.begin_turn(ASK)
         p.record("places.search", {}, FAILED)
-    with pytest.raises(WorkflowError) as caught:
-        p.end_batch()
-        p.begin_turn()
-        p.record("places.search", {}, FAILED)
-        p.end_batch()
-    assert caught.value.code is ErrorCode.TOOL_ERRORS_EXHAUSTED
+        ended.append(p.end_batch())
+    assert ended[0] is CONTINUE
+    assert failed(ended[1]).code is ErrorCode.TOOL_ERRORS_EXHAUSTED
+    assert p.summary().failure is failed(ended[1])
     p = policy(max_retries_per_step=1)
-    p.begin_turn()
-    assert p.no_call("thinking...").kind == "retry"  # type: ignore[union-attr]
-    with pytest.raises(WorkflowError) as caught:
-        p.no_call("still thinking, sk-abcdefghijklmnopqrstuvwxyz0123456789")
-    assert caught.value.code is ErrorCode.RETRIES_EXHAUSTED
-    assert "abcdefghijklmnop" not in str(caught.value.context["last_text"])  # redacted
+    p.begin_turn(ASK)
+    retry = p.no_call("thinking...")
+    assert isinstance(retry, Retry) and retry.nudge.kind == "retry"
+    error = failed(p.no_call("still thinking, sk-abcdefghijklmnopqrstuvwxyz0123456789"))
+    assert error.code is ErrorCode.RETRIES_EXHAUSTED
+    assert "abcdefghijklmnop" not in str(error.context["last_text"])  # redacted
     p = policy(max_iterations=2)
-    p.begin_turn()
-    p.begin_turn()
-    with pytest.raises(WorkflowError) as caught:
-        p.begin_turn()
-    assert caught.value.code is ErrorCode.MAX_ITERATIONS
-    assert caught.value.context["iterations"] == 2
+    assert isinstance(p.begin_turn(ASK), Proceed) and isinstance(p.begin_turn(ASK), Proceed)
+    error = failed(p.begin_turn(ASK))
+    assert error.code is ErrorCode.MAX_ITERATIONS
+    assert error.context["iterations"] == 2 and p.summary().iterations == 2
 
 
 def test_rescue_finds_calls_in_text_unless_switched_off() -> None:
     text = 'Calling Places_Search({"query": "pizza"})'
     found = policy().no_call(text)
-    assert isinstance(found, list) and found[0].name == "places.search"
-    assert not isinstance(policy(rescue=False).no_call(text), list)
+    assert isinstance(found, Rescue) and [c.name for c in found.calls] == ["places.search"]
+    assert isinstance(policy(rescue=False).no_call(text), Retry)
 
 
 def test_unknown_tools_use_the_retry_budget() -> None:
     p = policy(max_retries_per_step=0)
-    refusal = p.check_call("weather.get", {})
-    assert refusal is not None and refusal.code is ErrorCode.TOOL_NOT_FOUND
+    refusal = refused(p.check_call("weather.get", {}))
+    assert refusal.code is ErrorCode.TOOL_NOT_FOUND and refusal.name == "weather.get"
     assert refusal.fatal is not None and refusal.fatal.code is ErrorCode.RETRIES_EXHAUSTED
     assert "places.search, bookings.create" in refusal.nudge.message
-    assert policy().canonical("Bookings_Create") == "bookings.create"
 
 
-# -- narrowing -------------------------------------------------------------------------------
-
-
-def _grammar() -> FrameGrammar:
-    return FrameGrammar(
-        tools=SCHEMAS, result=("AssistantReply", {"type": "object"}), max_tokens=256
-    )
-
-
-def _call(name: str, args: str, frame_id: str = "t1") -> str:
-    return sentinels.frame(FrameKind.TOOL_CALL, frame_id, name, args)
-
-
-def test_narrowing_leaves_out_a_tool_until_its_values_exist_then_allows_only_them() -> None:
+def test_a_call_is_named_as_the_workflow_spells_the_tool() -> None:
     p = policy()
-    ids = TurnIds("t1", (), "r1")
-    hints = p.hints()
-    assert hints.narrowed == {"bookings.create": None} and not hints.allow_result
-    g = parse(
-        _grammar().for_turn(
-            ids, narrowed=hints.narrowed, allow_result=False, free_text=hints.free_text
-        )
-    )
-    booking = '{"place_id": "trattoria-roma", "time": "20:00", "party_size": 2}'
-    assert g.accepts(_call("places.search", '{"query": "pizza"}'))
-    assert not g.accepts(_call("bookings.create", booking))
-    assert not g.accepts("Sure! " + _call("places.search", '{"query": "pizza"}'))
-    assert not g.accepts(sentinels.frame(FrameKind.RESULT, "r1", "AssistantReply", "{}"))
-    p.begin_turn()
-    p.record("places.search", {"query": "pizza"}, FOUND)
-    p.end_batch()
-    hints = p.hints()
-    # Search done, booking callable: only the booking, with a searched id.
-    assert hints.narrowed["places.search"] is None
-    g = parse(_grammar().for_turn(ids, narrowed=hints.narrowed, allow_result=False))
-    assert g.accepts(_call("bookings.create", booking))
-    made_up = '{"place_id": "seven", "time": "20:00", "party_size": 2}'
-    assert not g.accepts(_call("bookings.create", made_up))
-    assert not g.accepts(_call("places.search", '{"query": "pizza"}'))
-    # Without narrowing the schema's own slug pattern is all there is.
-    wide = policy(narrow=False).hints()
-    g = parse(_grammar().for_turn(ids, narrowed=wide.narrowed, allow_result=False))
-    assert g.accepts(_call("bookings.create", made_up))
+    # Arguments that did not parse: only named (the engine refuses the call), no budget.
+    assert p.check_call("Bookings_Create", None, parsed=False) == Run("bookings.create")
+    assert p.check_call("weather.get", None, parsed=False) == Run("weather.get")
+    assert p.summary().nudges == 0
+    early = refused(p.check_call("Bookings_Create", {"place_id": "x"}))
+    assert early.name == "bookings.create" and early.code is ErrorCode.STEP_REQUIRED
+    assert p.check_call("places_search", {"query": "x"}) == Run("places.search")
 
 
-def test_the_plain_grammar_is_unchanged_without_hints() -> None:
-    ids = TurnIds("t1", (), "r1")
-    assert _grammar().for_turn(ids) == _grammar().for_turn(ids, narrowed={}, allow_result=True)
+def test_respond_is_answered_in_place() -> None:
+    p = policy(tools=[*TOOLS, "respond"], required_steps=[], terminal_tools=["respond"])
+    said = p.check_call("Respond", {"content": "Which city?"})
+    assert said == Respond("respond", {"content": "Which city?"})
+    assert p.check_call("respond", {"content": 7}) == Respond("respond", {"content": ""})
 
 
-def test_a_grounded_argument_is_a_few_of_the_users_own_words() -> None:
-    p = policy(grounded={"places.search": ["query"]})
-    ids = TurnIds("t1", (), "r1")
-    user = "Find pizza near me; book a table for 2 at 7pm if open."
-    p.prepare([{"role": "system", "content": "rules"}, {"role": "user", "content": user}])
-    hints = p.hints()
-    assert hints.narrowed["bookings.create"] is None  # nothing searched yet
-    query = hints.narrowed["places.search"]["properties"]["query"]
-    assert query["maxLength"] == SCHEMAS["places.search"]["properties"]["query"]["maxLength"]
-    g = parse(_grammar().for_turn(ids, narrowed=hints.narrowed, allow_result=False))
-    for ok in ("pizza", "Find pizza near", "find pizza", "pizza 7pm", "book table 2"):
-        assert g.accepts(_call("places.search", f'{{"query": "{ok}"}}')), ok
-    for bad in ("SELECT * FROM pizzas", "sushi", "pizza pizza pizza pizza pizza pizza pizza", ""):
-        assert not g.accepts(_call("places.search", f'{{"query": "{bad}"}}')), bad
-    # Function words say nothing: "at if", "Find pizza near me" are not offered.
-    for said_nothing in ("at if", "a", "Find pizza near me", "book a table"):
-        assert not g.accepts(_call("places.search", f'{{"query": "{said_nothing}"}}'))
-    # The later user turns do not change it; the other arguments keep their schema.
-    p.prepare([{"role": "user", "content": "sushi please"}])
-    g = parse(_grammar().for_turn(ids, narrowed=p.hints().narrowed, allow_result=False))
-    assert g.accepts(_call("places.search", '{"query": "pizza", "radius_km": 2}'))
-    assert not g.accepts(_call("places.search", '{"query": "sushi"}'))
-    # narrow: false turns it off; a grounded tool outside the workflow is refused.
-    assert policy(grounded={"places.search": ["query"]}, narrow=False).hints().narrowed == {}
-    with pytest.raises(RequestError, match="grounded names 'weather'"):
-        workflow(grounded={"weather": ["city"]})
+def test_the_turn_is_sent_compacted_and_the_summary_keeps_what_was_given() -> None:
+    seen: list[tuple[int, str]] = []
+
+    def compactor(messages: list[Any], hint: str) -> list[Any]:
+        seen.append((len(messages), hint))
+        return messages[-1:]
+
+    p = WorkflowPolicy(workflow(), schemas=SCHEMAS, compactor=compactor)
+    history = [{"role": "system", "content": "rules"}, *ASK]
+    started = p.begin_turn(history)
+    assert isinstance(started, Proceed) and list(started.messages) == ASK
+    assert started.hints is not None and started.hints.narrowed == {"bookings.create": None}
+    assert seen == [(2, "[No steps completed yet]")]
+    assert p.summary().messages == tuple(history) and p.step_hint() == seen[0][1]
 
 
-def test_user_words_come_from_the_first_user_message_text_parts_too() -> None:
-    from toolforge.core.steps import user_words
-
-    parts = [{"type": "text", "text": "Pizza?"}, {"type": "image_url", "image_url": {}}]
-    assert user_words([{"role": "user", "content": parts}]) == ["Pizza", "pizza"]
-    assert words_pattern(["Pizza", "pizza"]) == "^(Pizza|pizza)( (Pizza|pizza)){0,5}$"
-    assert user_words([{"role": "user", "content": "?!"}]) == []
-    assert words_pattern([]) is None
-
-
-@pytest.mark.parametrize(
-    ("text", "times", "numbers"),
-    [
-        ("Find pizza near me; book a table for 2 at 7pm if open.", ("19:00",), (2,)),
-        ("table for two at 7:30 p.m. or 21:00", ("19:30", "21:00"), (2,)),
-        ("12am, 12 PM, noon and midnight", ("00:00", "12:00"), ()),
-        ("6 people at 19:00, 3 kids, 0700", ("19:00",), (6, 3, 700)),
-        ("at 13pm or 25:00", (), (25, 0)),  # no such times: the digits are only numbers
-        ("ONE table, Eleven guests", (), (1, 11)),
-        ("nothing here", (), ()),
-    ],
-)
-def test_user_values_read_times_and_numbers(
-    text: str, times: tuple[str, ...], numbers: tuple[int, ...]
-) -> None:
-    from toolforge.core.steps import user_values
-
-    said = user_values([{"role": "system", "content": "at 9pm"}, {"role": "user", "content": text}])
-    assert said.times == times and said.numbers == numbers
-    assert said.words[0] == text.split()[0].strip(",")  # the first message's words too
-
-
-def test_grounded_times_and_numbers_hold_the_booking_to_what_the_user_said() -> None:
-    p = policy(grounded={"bookings.create": ["time", "party_size"]})
-    ids = TurnIds("t1", (), "r1")
-    p.prepare([{"role": "user", "content": "Find pizza near me; book a table for 2 at 7pm."}])
-    p.begin_turn()
-    p.record("places.search", {"query": "pizza"}, FOUND)
-    p.end_batch()
-    booking = p.hints().narrowed["bookings.create"]["properties"]
-    assert booking["time"]["enum"] == ["19:00"] and booking["party_size"]["enum"] == [2]
-    g = parse(_grammar().for_turn(ids, narrowed=p.hints().narrowed, allow_result=False))
-
-    def books(time: str, size: int) -> bool:
-        args = f'{{"place_id": "trattoria-roma", "time": "{time}", "party_size": {size}}}'
-        return g.accepts(_call("bookings.create", args))
-
-    assert books("19:00", 2)
-    assert not books("20:00", 2) and not books("07:00", 2) and not books("19:00", 3)
-    # Said nothing usable: the argument keeps the tool's own schema. "7:15pm" is not a
-    # slot (the schema's pattern wants :00 or :30), 40 is over party_size's maximum of 20.
-    for text in ("book a table at trattoria", "40 of us at 7:15pm"):
-        p = policy(grounded={"bookings.create": ["time", "party_size"]})
-        p.prepare([{"role": "user", "content": text}])
-        p.begin_turn()
-        p.record("places.search", {"query": "pizza"}, FOUND)
-        p.end_batch()
-        props = p.hints().narrowed["bookings.create"]["properties"]
-        assert props["time"] == SCHEMAS["bookings.create"]["properties"]["time"]
-        assert props["party_size"] == SCHEMAS["bookings.create"]["properties"]["party_size"]
-
-
-def test_words_that_found_nothing_are_not_offered_again() -> None:
-    p = policy(grounded={"places.search": ["query"]})
-    ids = TurnIds("t1", (), "r1")
-    p.prepare([{"role": "user", "content": "Find pizza near me; book a table for 2 at 7pm."}])
-
-    def accepts(query: str) -> bool:
-        g = parse(_grammar().for_turn(ids, narrowed=p.hints().narrowed, allow_result=False))
-        return g.accepts(_call("places.search", f'{{"query": "{query}"}}'))
-
-    assert accepts("2 7pm") and accepts("book table")
-    p.begin_turn()
-    p.record("places.search", {"query": "2 7pm"}, {"ok": True, "data": {"places": []}})
-    p.end_batch()
-    assert not accepts("2 7pm") and not accepts("7pm") and not accepts("2")
-    assert accepts("book table") and accepts("Find pizza")
-    p.begin_turn()
-    p.record("places.search", {"query": "book table"}, {"ok": True, "data": {"places": []}})
-    p.end_batch()
-    assert not accepts("book table") and accepts("pizza near")
-    # A search that found something spends nothing (and opens the booking).
-    p.begin_turn()
-    p.record("places.search", {"query": "pizza"}, FOUND)
-    p.end_batch()
-    assert p.hints().narrowed["places.search"] is None  # done: only the booking now
-    assert p._spent_words == {"2", "7pm", "book", "table"}
-
-
-def test_a_matched_value_whose_call_failed_for_good_is_not_offered_again() -> None:
+def test_the_summary_is_a_value_taken_when_asked() -> None:
     p = policy()
-    ids = TurnIds("t1", (), "r1")
-    p.begin_turn()
+    before = p.summary()
+    p.begin_turn(ASK)
     p.record("places.search", {"query": "pizza"}, FOUND)
-    p.end_batch()
-
-    def offered() -> list[Any] | None:
-        schema = p.hints().narrowed["bookings.create"]
-        return None if schema is None else schema["properties"]["place_id"]["enum"]
-
-    assert offered() == ["trattoria-roma", "pizza-place"]
-    booking = {"place_id": "trattoria-roma", "time": "19:00", "party_size": 2}
-
-    def failed(code: str, retryable: bool = False) -> dict[str, Any]:
-        error = {"code": code, "message": "no", "retryable": retryable}
-        return {"ok": False, "data": None, "errors": [error]}
-
-    for harmless in (failed("TOOL_ARGS_INVALID"), failed("TOOL_TIMEOUT", retryable=True)):
-        p.begin_turn()
-        p.record("bookings.create", booking, harmless)
-        p.end_batch()
-        assert offered() == ["trattoria-roma", "pizza-place"]
-    p = policy()
-    p.begin_turn()
-    p.record("places.search", {"query": "pizza"}, FOUND)
-    p.end_batch()
-    p.begin_turn()
-    p.record("bookings.create", booking, failed("BOOKING_FULL"))
-    p.end_batch()
-    assert offered() == ["pizza-place"]
-    g = parse(_grammar().for_turn(ids, narrowed=p.hints().narrowed, allow_result=False))
-    assert not g.accepts(_call("bookings.create", orjson_dumps(booking)))
-    p.begin_turn()
-    p.record("bookings.create", {**booking, "place_id": "pizza-place"}, failed("TOOL_FAILED"))
-    p.end_batch()
-    # None left: the booking is not offered, the search is again (another query).
-    assert p.hints().narrowed["bookings.create"] is None
-    assert "places.search" not in p.hints().narrowed
+    assert before == WorkflowSummary("book", pending_steps=("places.search",))
+    with pytest.raises(AttributeError):
+        before.iterations = 9  # type: ignore[misc]
+    assert p.summary().to_dict() == {
+        "name": "book",
+        "completed_steps": ["places.search"],
+        "pending_steps": [],
+        "iterations": 1,
+        "nudges": 0,
+        "rescued": 0,
+        "finished": False,
+    }
 
 
-def orjson_dumps(value: object) -> str:
-    import orjson
-
-    return orjson.dumps(value).decode()
-
-
-def test_a_search_whose_every_place_failed_spends_its_words() -> None:
-    p = policy(grounded={"places.search": ["query"]})
-    p.prepare([{"role": "user", "content": "Find pizza near me"}])
-    p.begin_turn()
-    p.record("places.search", {"query": "near me"}, FOUND)  # found two, both fail below
-    p.end_batch()
-    closed = {"ok": False, "data": None, "errors": [{"code": "TOOL_FAILED", "retryable": False}]}
-    for place in ("trattoria-roma", "pizza-place"):
-        assert "near" not in p._spent_words
-        p.begin_turn()
-        p.record("bookings.create", {"place_id": place, "time": "19:00", "party_size": 2}, closed)
-        p.end_batch()
-    assert p._spent_words == {"near", "me"}
-    query = p.hints().narrowed["places.search"]["properties"]["query"]
-    assert query["pattern"] == words_pattern(["Find", "find", "pizza"])
+def test_the_open_policy_never_objects() -> None:
+    messages = [{"role": "user", "content": "hi"}]
+    started = OPEN.begin_turn(messages)
+    assert started == Proceed(messages) and started.messages is messages
+    assert OPEN.no_call("anything") is ACCEPT
+    assert OPEN.check_call("Not_A.Tool", None, parsed=False) == Run("Not_A.Tool")
+    assert OPEN.check_call("bookings.create", {}) == Run("bookings.create")
+    OPEN.record("bookings.create", {}, FAILED)
+    assert OPEN.end_batch() is CONTINUE
+    assert OPEN.summary() is None and OPEN.step_hint() is None

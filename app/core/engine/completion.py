@@ -41,6 +41,7 @@ from typing import Any, Final, Literal
 import orjson
 
 from toolforge.core.chat import ChatRequest
+from toolforge.core.decisions import TurnHints
 from toolforge.core.engine.modes import (
     Messages,
     NativeMode,
@@ -61,7 +62,6 @@ from toolforge.core.protocol.frames import Frame, ModeName, ReasoningDelta, Text
 from toolforge.core.reasoning import ReasoningSplitter
 from toolforge.core.rescue import canonical_tool_name, find_unknown_call, rescue_tool_calls
 from toolforge.core.schemas import CompiledSchema
-from toolforge.core.steps import TurnHints
 from toolforge.errors import JSONError
 
 __all__ = [

@@ -35,12 +35,29 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final, cast
+from typing import Any, Final, TypeVar, assert_never, cast
 
 import orjson
 
 from toolforge.core.chat import ChatRequest, UpstreamDelta
 from toolforge.core.context import ContextPolicy, compact
+from toolforge.core.decisions import (
+    OPEN,
+    Accept,
+    Complete,
+    Continue,
+    Fail,
+    Nudge,
+    Proceed,
+    Refuse,
+    Rescue,
+    Respond,
+    Retry,
+    Run,
+    TurnHints,
+    TurnPolicy,
+    WorkflowSummary,
+)
 from toolforge.core.engine.actions import (
     MODEL_END,
     Action,
@@ -87,13 +104,12 @@ from toolforge.core.protocol.frames import (
 )
 from toolforge.core.rescue import RescuedCall
 from toolforge.core.schemas import CompiledSchema
-from toolforge.core.steps import Nudge, WorkflowPolicy
-from toolforge.core.workflow import RESPOND
 from toolforge.errors import ErrorCode, ModelBehaviorError, ToolForgeError
 
 __all__ = ["Conversation", "ConversationConfig", "ConversationStats", "Flow"]
 
 Flow = Generator[Action, Any, None]
+_Decision = TypeVar("_Decision")
 
 _READ: ReadModel = ReadModel()  # the usual answer to a token that completes no frame
 # The turn's text is kept as one string per this many deltas: a long open stream holds a
@@ -141,17 +157,18 @@ class ConversationConfig:
     # the conversation, the prompt is measured against the policy's budget and compacted
     # over its threshold. None: never measured (no budget known, or compaction off).
     context: ContextPolicy | None = None
-    # The step hint compaction puts in its summary ("[Steps completed: a, b]"); a workflow
-    # passes its StepTracker's. None: the tools whose calls succeeded, in order.
+    # The step hint compaction puts in its summary ("[Steps completed: a, b]"). None: the
+    # policy's (a workflow's StepTracker), else the tools whose calls succeeded, in order.
     step_hint: Callable[[], str] | None = None
     # Measure (and compact) the first turn's prompt too: for a caller that brings a long
     # history (a workflow's initial_messages). Off for /v1/stream: a measure before the
     # first request would be time to first token, and the request's own prompt is the
     # client's to size.
     fit_first_turn: bool = False
-    # A workflow run (SPEC §7): the policy that checks every turn and call, outside the
-    # message history (toolforge.core.steps). None: a plain stream.
-    workflow: WorkflowPolicy | None = None
+    # A workflow run: the policy that decides before every turn and call, outside the
+    # message history (toolforge.core.steps). None: a plain stream, whose policy never
+    # objects (toolforge.core.decisions.OPEN).
+    workflow: TurnPolicy | None = None
 
 
 @dataclass(slots=True)
@@ -172,8 +189,9 @@ class ConversationStats:
     upstream_timings: list[dict[str, Any]] = field(default_factory=list)
     # Each compaction's context.compacted numbers, in order (metrics.json).
     compactions: list[dict[str, int]] = field(default_factory=list)
-    # The workflow's policy, when the stream runs one: done.workflow is its summary.
-    workflow: WorkflowPolicy | None = None
+    # What the workflow's policy knows, as of its last decision (done.workflow is its
+    # to_dict()); None: no workflow.
+    workflow: WorkflowSummary | None = None
 
 
 class Conversation:
@@ -185,8 +203,8 @@ class Conversation:
         self._mode = config.mode
         self._seen_ids: set[str] = set()  # frame ids are unique across all turns
         self._completed: dict[str, None] = {}  # tools whose calls succeeded, in order
-        self._policy = config.workflow
-        self.stats.workflow = config.workflow
+        self._policy: TurnPolicy = config.workflow if config.workflow is not None else OPEN
+        self.stats.workflow = self._policy.summary()
         self.last_text = ""  # the last turn's text, as the model wrote it
 
     def flow(self) -> Flow:
@@ -211,9 +229,15 @@ class Conversation:
                 messages = yield from self._fit(messages)
             policy = self._policy
             while True:
-                if policy is not None:
-                    policy.begin_turn()  # MAX_ITERATIONS
-                turn = yield from self._turn(messages)
+                started = self._decided(policy.begin_turn(messages))
+                match started:
+                    case Proceed():
+                        pass
+                    case Fail(error):  # MAX_ITERATIONS
+                        raise error
+                    case _:
+                        assert_never(started)
+                turn = yield from self._turn(started.messages, started.hints)
                 for note in turn.notes:
                     self._note(note)
                 if turn.nudge is not None and self.stats.guardrails.get("nudge", 0) < (
@@ -235,24 +259,36 @@ class Conversation:
                     yield Emit(turn.frames)
                 for body in turn.bodies:
                     yield from self._decide(body)
-                if policy is not None and not turn.calls:
-                    # No call where a workflow needs one: rescue one from the text, or nudge.
-                    decided = policy.no_call(self.last_text)
-                    if isinstance(decided, Nudge):
-                        self._note("nudge")
-                        yield Emit((_nudge_frame(decided, None),))
-                        step = self.stats.turns  # compaction drops an old nudge (phase 1)
-                        messages = [
-                            *messages,
-                            message(
-                                "assistant", self.last_text, MessageType.TEXT_RESPONSE, step=step
-                            ),
-                            message("user", decided.message, MessageType.RETRY_NUDGE, step=step),
-                        ]
-                        if config.context is not None:
-                            messages = yield from self._fit(messages)
-                        continue
-                    turn = self._rescued_turn(decided)
+                if not turn.calls:
+                    # The answer, or (a workflow needs a call) a call rescued from the text,
+                    # or a nudge.
+                    after = self._decided(policy.no_call(self.last_text))
+                    match after:
+                        case Accept():
+                            pass
+                        case Retry(nudge):
+                            self._note("nudge")
+                            yield Emit((_nudge_frame(nudge, None),))
+                            step = self.stats.turns  # compaction drops an old nudge (phase 1)
+                            messages = [
+                                *messages,
+                                message(
+                                    "assistant",
+                                    self.last_text,
+                                    MessageType.TEXT_RESPONSE,
+                                    step=step,
+                                ),
+                                message("user", nudge.message, MessageType.RETRY_NUDGE, step=step),
+                            ]
+                            if config.context is not None:
+                                messages = yield from self._fit(messages)
+                            continue
+                        case Rescue(calls):
+                            turn = self._rescued_turn(calls)
+                        case Fail(error):  # RETRIES_EXHAUSTED
+                            raise error
+                        case _:
+                            assert_never(after)
                 if not turn.calls:
                     if self.stats.finish == "tool_calls":  # a call that was the answer
                         self.stats.finish = "stop"
@@ -280,12 +316,18 @@ class Conversation:
                     envelopes.append(envelope)
                     if envelope.get("ok"):
                         self._completed[call.name] = None
-                if policy is not None:
-                    ended = policy.end_batch()  # TOOL_ERRORS_EXHAUSTED
-                    if ended is not None:  # a terminal tool succeeded: its result is the answer
-                        yield Emit(self._terminal_result(*ended))
+                ended = self._decided(policy.end_batch())
+                match ended:
+                    case Continue():
+                        pass
+                    case Complete(tool, result):  # a terminal tool succeeded: the answer
+                        yield Emit(self._terminal_result(tool, result))
                         self.stats.finish = "stop"
                         break
+                    case Fail(error):  # TOOL_ERRORS_EXHAUSTED
+                        raise error
+                    case _:
+                        assert_never(ended)
                 known = len(messages)
                 messages = _stamped(
                     self._mode.continuation(messages, turn, envelopes), known, self.stats.turns
@@ -301,6 +343,12 @@ class Conversation:
             return
         yield Finish(self.stats.finish or "stop")
 
+    def _decided(self, decision: _Decision) -> _Decision:
+        """A decision of the policy, its state's summary kept for ``done`` (a cancel may
+        end the flow at any action)."""
+        self.stats.workflow = self._policy.summary()
+        return decision
+
     # -- the context budget (SPEC §7) -----------------------------------------------------
 
     def _fit(self, messages: Sequence[Mapping[str, Any]]) -> Generator[Action, Any, Any]:
@@ -308,12 +356,10 @@ class Conversation:
         over the budget with nothing left to cut, ``CONTEXT_BUDGET_EXCEEDED``."""
         policy = self.config.context
         assert policy is not None
-        if self.config.step_hint is not None:
-            hint = self.config.step_hint()
-        elif self._completed:
-            hint = f"[Steps completed: {', '.join(self._completed)}]"
-        else:
-            hint = ""
+        given = self.config.step_hint
+        hint = given() if given is not None else self._policy.step_hint()
+        if hint is None:
+            hint = f"[Steps completed: {', '.join(self._completed)}]" if self._completed else ""
         done = yield from compact(policy, messages, step_hint=hint)
         if done is None:
             return messages
@@ -323,17 +369,12 @@ class Conversation:
 
     # -- a turn -------------------------------------------------------------------------
 
-    def _turn(self, messages: Any) -> Generator[Action, Any, Turn]:
+    def _turn(self, messages: Any, hints: TurnHints | None) -> Generator[Action, Any, Turn]:
         """One generation, framed; ends early at a sentinel tool call."""
         stats = self.stats
         config = self.config
         stats.turns += 1
         reader = self._mode.reader(config.limits, self._seen_ids, stats.turns)
-        policy = self._policy
-        hints = None
-        if policy is not None:
-            messages = policy.prepare(messages)
-            hints = policy.hints()
         request = self._mode.turn_request(
             config.request,
             messages,
@@ -504,12 +545,33 @@ class Conversation:
     def _tool(
         self, closed: BodyClosed, rescued: bool = False
     ) -> Generator[Action, Any, Mapping[str, object]]:
-        """Run one tool call, or refuse it; return the envelope that goes back to the model."""
+        """Run one tool call, or refuse it; return the envelope that goes back to the model.
+        The policy decides first (a workflow's steps and prerequisites): a refused call
+        gets its ``tool.result`` error and a ``step.nudge``; nothing restarts."""
         self.stats.tool_calls += 1
         policy = self._policy
-        if policy is not None:
-            return (yield from self._workflow_tool(policy, closed, rescued))
-        return (yield from self._checked_tool(closed, rescued))
+        decided = self._decided(
+            policy.check_call(closed.name, closed.value, parsed=closed.error is None)
+        )
+        if decided.name != closed.name:  # the policy's spelling of the tool's name
+            closed = dataclasses.replace(closed, name=decided.name)
+        match decided:
+            case Run():
+                envelope = yield from self._checked_tool(closed, rescued)
+            case Respond(_, data):  # the built-in answer tool: nothing to run
+                envelope = yield from self._respond(closed, data, rescued)
+            case Refuse(_, code, nudge, fatal):
+                self._note("nudge")
+                envelope = yield from self._refuse(closed, code, nudge.message)
+                yield Emit((_nudge_frame(nudge, closed.id),))
+                if fatal is not None:
+                    raise fatal
+                return envelope
+            case _:
+                assert_never(decided)
+        policy.record(closed.name, closed.value, envelope)
+        self.stats.workflow = policy.summary()
+        return envelope
 
     def _checked_tool(
         self, closed: BodyClosed, rescued: bool = False
@@ -586,35 +648,11 @@ class Conversation:
 
     # -- workflows (SPEC §7) -------------------------------------------------------------------
 
-    def _workflow_tool(
-        self, policy: WorkflowPolicy, closed: BodyClosed, rescued: bool
-    ) -> Generator[Action, Any, Mapping[str, object]]:
-        """A call in a workflow: checked against its steps and prerequisites first. A
-        refused call gets its ``tool.result`` error and a ``step.nudge``; nothing restarts."""
-        name = policy.canonical(closed.name)
-        if name is not None and name != closed.name:
-            closed = dataclasses.replace(closed, name=name)
-        if closed.error is None:
-            refusal = policy.check_call(closed.name, closed.value)
-            if refusal is not None:
-                self._note("nudge")
-                envelope = yield from self._refuse(closed, refusal.code, refusal.nudge.message)
-                yield Emit((_nudge_frame(refusal.nudge, closed.id),))
-                if refusal.fatal is not None:
-                    raise refusal.fatal
-                return envelope
-            if closed.name == RESPOND:  # the built-in answer tool: nothing to run
-                envelope = yield from self._respond(policy, closed, rescued)
-                policy.record(closed.name, closed.value, envelope)
-                return envelope
-        envelope = yield from self._checked_tool(closed, rescued)
-        policy.record(closed.name, closed.value, envelope)
-        return envelope
-
     def _respond(
-        self, policy: WorkflowPolicy, closed: BodyClosed, rescued: bool
+        self, closed: BodyClosed, data: Mapping[str, object], rescued: bool
     ) -> Generator[Action, Any, Mapping[str, object]]:
-        data = policy.respond_data(closed.value)
+        """The built-in ``respond`` tool's call and result, with no run: ``data`` is the
+        answer the call carries."""
         yield Emit(
             (
                 ToolCall(
@@ -637,7 +675,7 @@ class Conversation:
         )
         return {"ok": True, "data": data, "warnings": [], "errors": []}
 
-    def _rescued_turn(self, found: list[RescuedCall]) -> Turn:
+    def _rescued_turn(self, found: Sequence[RescuedCall]) -> Turn:
         """The first call rescued from a turn's text, as the engine's call (an id the
         stream has not used); the turn's text is what the model said. One call, as a
         sentinel turn has: the continuation answers it with one result."""

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final, Protocol
 
 from toolforge.core.chat import ChatRequest, UpstreamDelta
+from toolforge.core.decisions import TurnHints
 from toolforge.core.events import FrameKind
 from toolforge.core.framer import BodyClosed, Framer
 from toolforge.core.gbnf import FrameGrammar
@@ -42,7 +43,6 @@ from toolforge.core.prompt import render_tool_result
 from toolforge.core.protocol import sentinels
 from toolforge.core.protocol.frames import Frame, ModeName
 from toolforge.core.schemas import CompiledSchema
-from toolforge.core.steps import TurnHints
 from toolforge.errors import JSONError
 
 __all__ = [
