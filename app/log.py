@@ -51,8 +51,11 @@ from structlog.typing import EventDict, FilteringBoundLogger, Processor, Wrapped
 from toolforge.core.redact import redact
 
 __all__ = [
+    "ARTIFACTS_PRUNED",
     "ARTIFACTS_WRITE_FAILED",
     "ARTIFACTS_WRITTEN",
+    "AUTH_FAILED",
+    "AUTH_THROTTLED",
     "BACKEND_SETUP",
     "CLIENT_DISCONNECTED",
     "EVENT_NAMES",
@@ -73,6 +76,7 @@ __all__ = [
     "TOOL_FINISHED",
     "TOOL_QUEUED",
     "UPSTREAM_ERROR",
+    "WEB_NOT_BUILT",
     "WORKFLOW_SKIPPED",
     "configure_logging",
     "get_logger",
@@ -104,6 +108,10 @@ SERVER_STOPPED: Final = "server.stopped"
 ARTIFACTS_WRITTEN: Final = "artifacts.written"
 GATEWAY_READY: Final = "gateway.ready"  # serving: the URL and the demo request
 ARTIFACTS_WRITE_FAILED: Final = "artifacts.write_failed"
+AUTH_FAILED: Final = "auth.failed"  # no key, or a wrong one: the reason and address, never the key
+AUTH_THROTTLED: Final = "auth.throttled"  # an address reached AUTH_FAILURE_LIMIT: 429 for a while
+ARTIFACTS_PRUNED: Final = "artifacts.pruned"  # retention removed old runs (ARTIFACTS_MAX_*)
+WEB_NOT_BUILT: Final = "web.not_built"  # /sdk/* or /ui/* asked for, the build missing
 
 EVENT_NAMES: Final = frozenset(
     {
@@ -128,7 +136,11 @@ EVENT_NAMES: Final = frozenset(
         SERVER_STOPPED,
         ARTIFACTS_WRITTEN,
         ARTIFACTS_WRITE_FAILED,
+        ARTIFACTS_PRUNED,
+        WEB_NOT_BUILT,
         GATEWAY_READY,
+        AUTH_FAILED,
+        AUTH_THROTTLED,
     }
 )
 """Every event name above, for tests and for tooling that checks dashboards."""

@@ -5,7 +5,10 @@ TypeScript SDK's build, ``clients/ts/dist`` (the UI is built on it: no bundler, 
 no network). Both folders are read from the source checkout the gateway runs from, and
 the SDK's build is not in git: ``make install`` / ``make run`` / ``make ts-build`` make it
 when npm is there. Without it, ``/`` answers 503 with a page that says how to build it,
-rather than a page whose script cannot load.
+rather than a page whose script cannot load, and ``/sdk/*`` (or ``/ui/*`` outside a
+checkout) answers a plain ``NOT_FOUND`` 404 that says the same, logged once as
+``web.not_built``: a client polling a missing build costs a stat per request, never a
+traceback in the log.
 
 The page gets a strict Content-Security-Policy: scripts only from this origin (plus the
 hash of the page's one inline script, its import map), no inline styles or handlers, no
@@ -25,12 +28,18 @@ from typing import Final
 from fastapi import FastAPI
 from fastapi.responses import HTMLResponse, Response
 from starlette.staticfiles import StaticFiles
+from starlette.types import Receive, Scope, Send
 
-__all__ = ["SDK_DIR", "WEB_DIR", "install_web"]
+from toolforge.errors import ErrorCode, RequestError
+from toolforge.log import WEB_NOT_BUILT, get_logger
+
+__all__ = ["SDK_DIR", "WEB_DIR", "BuiltFiles", "install_web"]
 
 _ROOT: Final = Path(__file__).resolve().parents[2]  # app/api/web.py -> the checkout
 WEB_DIR: Final = _ROOT / "web"
 SDK_DIR: Final = _ROOT / "clients" / "ts" / "dist"
+
+log = get_logger(__name__)
 
 _INLINE_SCRIPT: Final = re.compile(r"<script type=\"importmap\">(.*?)</script>", re.S)
 _HEADERS: Final = {"Cache-Control": "no-cache", "X-Content-Type-Options": "nosniff"}
@@ -79,10 +88,43 @@ async def index() -> Response:
     return HTMLResponse(page, headers=headers)
 
 
+class BuiltFiles:
+    """Static files from a folder that may not exist (yet): ``StaticFiles`` when it does,
+    a ``NOT_FOUND`` 404 naming the build command when it does not.
+
+    StaticFiles raises ``RuntimeError`` on every request for a missing folder (a
+    traceback each time); the folder is checked first instead, and its absence is logged
+    once per mount. The check is per request because the build may appear while the
+    gateway runs (``make ts-build`` in another terminal)."""
+
+    def __init__(self, directory: Path, *, what: str, command: str) -> None:
+        self.directory = directory
+        self.what = what
+        self.command = command
+        # check_dir=False: the folder may be built after the gateway started. StaticFiles
+        # keeps every path inside its directory (no "..", no symlinks out).
+        self.files = StaticFiles(directory=directory, check_dir=False)
+        self.logged = False
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.directory.is_dir():
+            await self.files(scope, receive, send)
+            return
+        if not self.logged:
+            self.logged = True
+            log.warning(WEB_NOT_BUILT, directory=str(self.directory), build=self.command)
+        raise RequestError(
+            ErrorCode.NOT_FOUND,
+            f"{self.what} is not built on this gateway ({self.directory} is missing); "
+            f"build it in the checkout: {self.command}",
+            http_status=404,
+        )
+
+
 def install_web(app: FastAPI) -> None:
     """``GET /``, ``/ui/*`` (web/) and ``/sdk/*`` (clients/ts/dist) on ``app``."""
     app.add_api_route("/", index, methods=["GET"], include_in_schema=False)
-    # check_dir=False: the SDK may be built after the gateway started. StaticFiles keeps
-    # every path inside its directory (no "..", no symlinks out).
-    app.mount("/ui", StaticFiles(directory=WEB_DIR, check_dir=False), name="ui")
-    app.mount("/sdk", StaticFiles(directory=SDK_DIR, check_dir=False), name="sdk")
+    ui = BuiltFiles(WEB_DIR, what="the web UI", command="git clone and make run")
+    sdk = BuiltFiles(SDK_DIR, what="the TypeScript SDK", command="make ts-build")
+    app.mount("/ui", ui, name="ui")
+    app.mount("/sdk", sdk, name="sdk")
