@@ -1,6 +1,7 @@
 """``GET /v1/runs`` and ``GET /v1/runs/{stream_id}``: past runs from the artifacts, newest
 first, for the web UI's list and replay (SPEC §2). The reading, and its path-escape
-safety, is :class:`toolforge.runtime.past_runs.PastRuns`."""
+safety, is :class:`toolforge.runtime.past_runs.PastRuns`; the list comes from the
+artifacts' index (:mod:`toolforge.runtime.run_index`), not from reading every run."""
 
 from __future__ import annotations
 
@@ -27,10 +28,8 @@ async def list_runs(
     """Each run's ``stream_id``, ``ended_at``, ``reason``, ``model``, ``mode``, ``input``
     (the first user message, shortened), ``frames``, ``duration_ms`` and ``owner`` (the
     API key's name). With API keys, a key sees its own runs only (docs/deployment.md)."""
-    if key is None:
-        return {"runs": await PastRuns(gw.artifacts).newest(limit)}
-    runs = await PastRuns(gw.artifacts).newest(MAX_LIST)
-    return {"runs": [run for run in runs if run["owner"] == key.name][:limit]}
+    owner = None if key is None else key.name
+    return {"runs": await PastRuns(gw.artifacts).newest(limit, owner=owner)}
 
 
 @router.get("/v1/runs/{stream_id}", summary="One past run: its frames and artifact files")

@@ -29,6 +29,17 @@ Why it is built this way:
   then only after every file has been attempted.
 * **The stream id is validated** although we generate it: it becomes a path component,
   and resume/cancel routes take it from the URL.
+* **Every written run is indexed** (:mod:`toolforge.runtime.run_index`, one line in
+  ``runs/.index.ndjson``), so listing runs never reads them all.
+* **Retention keeps the directory bounded** (``ARTIFACTS_MAX_AGE``,
+  ``ARTIFACTS_MAX_BYTES``): :meth:`ArtifactStore.prune` removes the oldest runs, those
+  past the age first, then as many more as the total size needs, going by the index (no
+  run is read to decide). It runs off the request path: in the writer's thread after a
+  write once the runs written since the last sweep come to a sixteenth of the size limit
+  (a burst cannot overshoot by much), and from :meth:`ArtifactStore.maintain`, which the
+  app runs as a task: at start-up (when the index is also reconciled with the
+  directories) and every :data:`SWEEP_INTERVAL_S` after. Only ``runs/`` counts and is
+  pruned; the SQLite stores and the managed servers' logs beside it are not runs.
 """
 
 from __future__ import annotations
@@ -39,16 +50,27 @@ import math
 import os
 import re
 import secrets
+import shutil
+import threading
+import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 import orjson
 
 from toolforge.core.redact import redact_serialisable
 from toolforge.errors import ErrorCode, RequestError
+from toolforge.log import ARTIFACTS_PRUNED, get_logger
+from toolforge.runtime.run_index import RunIndex, summarise
 
-__all__ = ["ARTIFACT_FILES", "ArtifactStore", "RunArtifacts"]
+__all__ = ["ARTIFACT_FILES", "SWEEP_INTERVAL_S", "ArtifactStore", "RunArtifacts"]
+
+log = get_logger(__name__)
+
+SWEEP_INTERVAL_S: Final = 300.0
+"""How often :meth:`ArtifactStore.maintain` applies retention when no write has: what an
+idle gateway keeps past ``ARTIFACTS_MAX_AGE`` at most."""
 
 ARTIFACT_FILES: Final = (
     "frames.ndjson",
@@ -77,8 +99,17 @@ class ArtifactStore:
         *,
         redact_keys: Iterable[str] = (),
         tool_redact_keys: Mapping[str, Iterable[str]] | None = None,
+        max_age_s: float = 0.0,
+        max_bytes: int = 0,
     ) -> None:
         self.runs = Path(root) / "runs"
+        self.index = RunIndex(self.runs)
+        # Retention (0: no limit of that kind); see the module docstring.
+        self.max_age_s = max_age_s
+        self.max_bytes = max_bytes
+        self._sweep_after = max(max_bytes // 16, 1) if max_bytes else 0
+        self._written_since_sweep = 0
+        self._sweeping = threading.Lock()
         self.redact_keys = tuple(redact_keys)
         # A tool's own list (SPEC §4) applies to its tool.call / tool.result frames; the
         # other files, which mix every tool's data, get every list.
@@ -92,6 +123,84 @@ class ArtifactStore:
     def run(self, stream_id: str) -> RunArtifacts:
         """The artifacts of one stream; raises ``RequestError`` for an invalid id."""
         return RunArtifacts(self, stream_id)
+
+    @property
+    def retains(self) -> bool:
+        """Whether a retention limit is set."""
+        return bool(self.max_age_s or self.max_bytes)
+
+    async def maintain(self, interval_s: float = SWEEP_INTERVAL_S) -> None:
+        """Reconcile the index with the directories and apply retention now, then apply
+        retention every ``interval_s`` (while limits are set); runs until cancelled.
+        The work is done in a worker thread; a file system error is logged, not raised."""
+        await asyncio.to_thread(self._sweep_logged, True)
+        while self.retains:
+            await asyncio.sleep(interval_s)
+            await asyncio.to_thread(self._sweep_logged, False)
+
+    def prune(self, *, now: float | None = None, reconcile: bool = False) -> list[str]:
+        """Apply retention (blocking: call it in a worker thread) and return the stream
+        ids removed, oldest first. One sweep at a time: a call while another runs
+        returns ``[]`` at once."""
+        if not self._sweeping.acquire(blocking=False):
+            return []
+        try:
+            return self._prune(time.time() if now is None else now, reconcile)
+        finally:
+            self._sweeping.release()
+
+    def _prune(self, now: float, reconcile: bool) -> list[str]:
+        self._written_since_sweep = 0
+        with self.index.lock:
+            entries = self.index.reconcile() if reconcile else self.index.entries()
+            if not self.retains:
+                return []
+            doomed: list[dict[str, Any]] = []
+            kept = entries  # oldest first
+            if self.max_age_s:
+                cutoff = now - self.max_age_s
+                doomed = [e for e in entries if e["ended"] < cutoff]
+                kept = [e for e in entries if e["ended"] >= cutoff]
+            if self.max_bytes:
+                total = sum(e["bytes"] for e in kept)
+                cut = 0
+                while cut < len(kept) and total > self.max_bytes:
+                    total -= kept[cut]["bytes"]
+                    cut += 1
+                doomed, kept = doomed + kept[:cut], kept[cut:]
+            if not doomed:
+                return []
+            self.index.rewrite(kept)
+        # Outside the lock: removing directories must not hold up writers' appends.
+        for entry in doomed:
+            directory = self.runs / entry["stream_id"]
+            if directory.is_dir() and not directory.is_symlink():
+                shutil.rmtree(directory, ignore_errors=True)
+        removed = [e["stream_id"] for e in doomed]
+        log.info(
+            ARTIFACTS_PRUNED,
+            removed=len(removed),
+            freed_bytes=sum(e["bytes"] for e in doomed),
+            kept=len(kept),
+            kept_bytes=sum(e["bytes"] for e in kept),
+        )
+        return removed
+
+    def _sweep_logged(self, reconcile: bool) -> None:
+        try:
+            self.prune(reconcile=reconcile)
+        except OSError as exc:  # a full or read-only disk: the next sweep tries again
+            log.warning(ARTIFACTS_PRUNED, error=f"{type(exc).__name__}: {exc}")
+
+    def _indexed(self, entry: Mapping[str, Any]) -> None:
+        """A run was written (in the writer's thread): index it, and sweep when the runs
+        written since the last sweep could push the total far past the limit."""
+        self.index.append(entry)
+        if not self.retains:
+            return
+        self._written_since_sweep += int(entry["bytes"])
+        if self._sweep_after and self._written_since_sweep >= self._sweep_after:
+            self._sweep_logged(False)
 
 
 class RunArtifacts:
@@ -164,11 +273,10 @@ class RunArtifacts:
                 for frame in frames
             ),
         }
+        redacted: dict[str, object] = {}
         for name, value in documents.items():
-            encoded = _encode(
-                redact_serialisable(value, extra_keys=self._store.all_keys), indent=True
-            )
-            contents[name] = encoded + b"\n"
+            redacted[name] = redact_serialisable(value, extra_keys=self._store.all_keys)
+            contents[name] = _encode(redacted[name], indent=True) + b"\n"
         failures: list[OSError] = []
         for name in ARTIFACT_FILES:
             try:
@@ -177,6 +285,16 @@ class RunArtifacts:
                 failures.append(exc)
         if failures:
             raise failures[0]
+        self._store._indexed(
+            summarise(
+                self.stream_id,
+                ended=time.time(),
+                size=sum(len(data) for data in contents.values()),
+                prompt=redacted["prompt.json"],
+                result=redacted["result.json"],
+                metrics=redacted["metrics.json"],
+            )
+        )
 
 
 def _encode(value: object, *, indent: bool = False) -> bytes:

@@ -3,7 +3,6 @@ read defensively (the URL names what is read), and ``GET /`` with its web UI's f
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import orjson
@@ -23,9 +22,6 @@ async def test_runs_are_listed_newest_first_and_replay_frame_for_frame(
     )
     first = await gw.stream({"input": "the first question"})
     await gw.settle()
-    os.utime(
-        gw.artifacts / "runs" / first[0].data["stream_id"] / "metrics.json", (1e9, 1e9)
-    )  # older, whatever the clock's resolution
     second = await gw.stream({"input": "x" * 300})
     await gw.settle()
     ids = [e[0].data["stream_id"] for e in (first, second)]
@@ -34,7 +30,7 @@ async def test_runs_are_listed_newest_first_and_replay_frame_for_frame(
     assert [r["stream_id"] for r in listed] == ids[::-1]
     newest, oldest = listed
     assert oldest["input"] == "the first question" and oldest["reason"] == "stop"
-    assert oldest["ended_at"].startswith("2001-09-09T")
+    assert oldest["ended_at"] <= newest["ended_at"] and oldest["ended_at"].endswith("+00:00")
     assert newest["input"] == "x" * 200 + "…"
     assert newest["frames"] == len(frames(second)) and newest["mode"] == "sentinel"
     assert isinstance(newest["duration_ms"], float)
