@@ -187,6 +187,11 @@ class Settings(BaseSettings):
 
     # -- storage and ops --------------------------------------------------------------
     artifacts_dir: Path = Field(Path("artifacts"), validation_alias="ARTIFACTS_DIR")
+    # Retention of runs/ (oldest first, off the request path): runs older than this many
+    # seconds go (30 days: a month of replays), then the oldest until the rest fit in
+    # ARTIFACTS_MAX_BYTES (a busy gateway cannot fill its disk). 0 = no limit of that kind.
+    artifacts_max_age_s: float = Field(30 * 86_400, ge=0, validation_alias="ARTIFACTS_MAX_AGE")
+    artifacts_max_bytes: int = Field(1024**3, ge=0, validation_alias="ARTIFACTS_MAX_BYTES")
     # The task-analysis pack's SQLite store (``toolforge index`` writes it); default
     # <ARTIFACTS_DIR>/tasks.sqlite.
     task_db: Path | None = Field(None, validation_alias="TASK_DB")
