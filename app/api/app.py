@@ -7,6 +7,7 @@ artifacts before the upstream client goes away.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import gc
 from collections.abc import AsyncIterator, Callable
@@ -401,6 +402,8 @@ def create_app(
                 artifacts=ArtifactStore(
                     settings.artifacts_dir,
                     tool_redact_keys={t.name: t.redact_keys for t in executor.registry},
+                    max_age_s=settings.artifacts_max_age_s,
+                    max_bytes=settings.artifacts_max_bytes,
                 ),
                 limits=session_limits(effective),
                 servers=manager,
@@ -419,9 +422,12 @@ def create_app(
             gc.freeze()
             if on_ready is not None:
                 on_ready(effective)
+            # Artifact retention and the runs index's reconciliation, off the request path.
+            retention = asyncio.create_task(app.state.gateway.artifacts.maintain())
             try:
                 yield
             finally:
+                retention.cancel()
                 await registry.aclose()  # streams end (done, artifacts) before servers stop
                 if mcp_sources is not None:
                     await mcp_sources.aclose()
