@@ -9,16 +9,20 @@ clock or touches a socket. A whole stream, as the engine sees it::
 
     Emit(stream.begin)
     loop:                                      one turn = one generation
+        policy.begin_turn        -> Proceed(messages, hints) | Fail
         CallModel(mode.turn_request(...))
         for each model event:                  (delta, now) ... MODEL_END
             frames <- reader.feed(delta.text)  text.delta, json.begin/delta, result.begin/delta
             OBJECT / RESULT END  -> RepairBody [-> AskModel]  -> Emit(json.end / result.end)
             TOOL_CALL END        -> StopModel, the turn ends at the call
             ReadModel(frames)
-        no tool calls            -> leave the loop
-        each call                -> Emit(tool.call), RunTool, Emit(tool.result)
-                                    (or RefuseTool: bad arguments, over max_tool_calls,
-                                    no executor)
+        no tool calls            -> policy.no_call: Accept (leave the loop) | Retry (nudge,
+                                    ask again) | Rescue (the text's call) | Fail
+        each call                -> policy.check_call: Run | Respond | Refuse (tool.result
+                                    error, step.nudge); Emit(tool.call), RunTool,
+                                    Emit(tool.result) (or RefuseTool: bad arguments, over
+                                    max_tool_calls, no executor); policy.record
+        policy.end_batch         -> Continue | Complete (the RESULT, leave) | Fail
         messages <- mode.continuation(messages, turn, envelopes)
     Finish(reason)
 
@@ -27,7 +31,8 @@ by the driver (an upstream error) becomes an ``error`` frame and ``Finish("error
 cancel is the driver's: it closes the generator and writes ``done`` itself.
 
 The rules that differ by mode are the :class:`~toolforge.core.engine.modes.Mode` strategy's;
-everything here holds in every mode.
+those of a workflow are the policy's (:mod:`toolforge.core.decisions`: a plain stream's,
+``OPEN``, never objects). Everything here holds in every mode, with every policy.
 """
 
 from __future__ import annotations
