@@ -157,6 +157,19 @@ class Settings(BaseSettings):
     rate_limit_requests: int = Field(0, ge=0, validation_alias="RATE_LIMIT_REQUESTS")
     rate_limit_window_s: float = Field(60.0, gt=0, validation_alias="RATE_LIMIT_WINDOW_S")
     rate_limit_streams: int = Field(0, ge=0, validation_alias="RATE_LIMIT_STREAMS")
+    # Key guessing: after this many failed API-key checks from one client address in
+    # AUTH_FAILURE_WINDOW_S, that address gets 429 until the window ends; 0 = no throttle.
+    auth_failure_limit: int = Field(10, ge=0, validation_alias="AUTH_FAILURE_LIMIT")
+    auth_failure_window_s: float = Field(60.0, gt=0, validation_alias="AUTH_FAILURE_WINDOW_S")
+    # /readyz asks the upstream at most once per this many seconds, however often it is
+    # called (a public endpoint must not turn a flood into upstream requests); 0 = each call.
+    readyz_cache_s: float = Field(5.0, ge=0, validation_alias="READYZ_CACHE_S")
+    # Model names (comma-separated) that keep their own metrics label besides MODEL_ID;
+    # any other name a client sends is counted as "other" (labels are never client text).
+    metrics_models: str | None = Field(None, validation_alias="METRICS_MODELS")
+    # mode=auto remembers its probe per model name; a client can send endless names, so
+    # only the most recently used this many are kept (a forgotten one is probed again).
+    mode_cache_models: int = Field(64, ge=1, validation_alias="MODE_CACHE_MODELS")
     # Comma-separated origins ("https://app.example.com"); unset: CORS off.
     cors_origins: str | None = Field(None, validation_alias="CORS_ORIGINS")
     # Host names the gateway answers to besides localhost, 127.0.0.1 and [::1]

@@ -22,7 +22,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel
 
 from toolforge import __version__
-from toolforge.api.auth import Access, KeyRing, load_keys
+from toolforge.api.auth import Access, KeyRing, key_secrets, load_keys
 from toolforge.api.deps import Gateway
 from toolforge.api.fastpath import GatewayApp
 from toolforge.api.openapi import install_openapi
@@ -35,6 +35,7 @@ from toolforge.api.servers import router as servers_router
 from toolforge.api.web import install_web
 from toolforge.core.context import ContextPolicy
 from toolforge.core.engine.completion import Nudges
+from toolforge.core.redact import redact, remember_secrets, url_credentials
 from toolforge.core.schemas import builtin_registry
 from toolforge.core.steps import WorkflowNudges
 from toolforge.core.tools import AskModel, ToolRegistry
@@ -50,7 +51,8 @@ from toolforge.runtime.mcp import McpSources, load_mcp_config, start_mcp_sources
 from toolforge.runtime.metrics import GatewayMetrics
 from toolforge.runtime.model_json import ask_json
 from toolforge.runtime.planner import PlannerConfig, SessionLimits, StreamPlanner
-from toolforge.runtime.ratelimit import MemoryRateLimiter, RateLimiter
+from toolforge.runtime.ratelimit import FailureThrottle, MemoryRateLimiter, RateLimiter
+from toolforge.runtime.readiness import ReadinessCheck, readiness_request
 from toolforge.runtime.servers import ServerManager
 from toolforge.runtime.streams import StreamRegistry
 from toolforge.runtime.tracing import tracing_from_env
@@ -73,7 +75,8 @@ log = get_logger(__name__)
 
 
 def _error_response(exc: ToolForgeError) -> JSONResponse:
-    return JSONResponse({"error": exc.to_dict()}, status_code=exc.http_status)
+    # Redacted: a message may quote what an upstream or a tool said (docs/security.md).
+    return JSONResponse({"error": redact(exc.to_dict())}, status_code=exc.http_status)
 
 
 async def _start_backend(
@@ -278,6 +281,19 @@ def create_app(
     this process, :class:`~toolforge.runtime.ratelimit.MemoryRateLimiter`)."""
     settings = settings if settings is not None else Settings()
     configure_logging(level=settings.log_level, json=log_json(settings))
+    # The configured secrets, replaced by value wherever text leaves the gateway (logs,
+    # artifacts, error messages and frames): docs/security.md.
+    remember_secrets(
+        [
+            settings.upstream_api_key,
+            *url_credentials(settings.upstream_base_url),
+            *url_credentials(settings.redis_url),
+            *key_secrets(settings),
+        ]
+    )
+    # Model labels: the configured model and METRICS_MODELS; any other name is "other".
+    extra_models = (m.strip() for m in (settings.metrics_models or "").split(","))
+    metrics = GatewayMetrics(models=[settings.model_id, *(m for m in extra_models if m)])
     system_template = (PROMPTS_DIR / "system.txt").read_text(encoding="utf-8")
     repair_template = (PROMPTS_DIR / "repair.txt").read_text(encoding="utf-8")
     proxy_tools_template = (PROMPTS_DIR / "proxy_tools.txt").read_text(encoding="utf-8")
@@ -363,7 +379,21 @@ def create_app(
             tracing = tracing_from_env()  # OTEL_* variables; None: off
             if tracing is not None:
                 tracing.server_url = effective.upstream_base_url
-            metrics = GatewayMetrics()
+            metrics.know_models([effective.model_id])  # the managed model's own name
+            metrics.know_tools(executor.registry.names())
+            if access is not None:
+                access.sessions = registry  # where a stream slot's stream is found
+            app.state.readiness = ReadinessCheck(
+                client,
+                readiness_request(
+                    effective.upstream_kind,
+                    effective.upstream_base_url,
+                    api_key=effective.upstream_api_key,
+                    anthropic_version=effective.anthropic_version,
+                ),
+                ttl_s=settings.readyz_cache_s,
+                shown=repr(adapter),
+            )
             metrics.watch_queues(
                 frames=registry.frames_buffered, tools=lambda: executor.queue_depth
             )
@@ -382,6 +412,7 @@ def create_app(
                         upstream_base_url=effective.upstream_base_url,
                         upstream_api_key=effective.upstream_api_key,
                         max_json_depth=effective.max_json_depth,
+                        mode_cache_models=effective.mode_cache_models,
                     ),
                     client=client,
                     schemas=schemas,
@@ -450,6 +481,8 @@ def create_app(
             KeyRing(keys),
             limiter if limiter is not None else MemoryRateLimiter(),
             metrics_public=settings.metrics_public,
+            throttle=FailureThrottle(settings.auth_failure_limit, settings.auth_failure_window_s),
+            metrics=metrics,
         )
     app.allow_origins([o.strip() for o in (settings.cors_origins or "").split(",") if o.strip()])
     # Host allowlist, JSON-only POSTs, every POST's body limits; the server's own limits.

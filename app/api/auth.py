@@ -10,16 +10,38 @@ stream's owner, narrow the tools and refuse another key's follow-up calls.
 Keys are kept as SHA-256 digests only (API keys are long random strings: a plain digest
 is enough, no password hashing needed) and a presented key is compared with every stored
 digest with :func:`hmac.compare_digest`, without stopping at the first match.
+
+**Failed checks** are counted (``toolforge_auth_failures_total`` by reason), logged
+(``auth.failed``: the reason, the path and the client's address, never the key) and
+throttled per client address (:class:`~toolforge.runtime.ratelimit.FailureThrottle`):
+after ``AUTH_FAILURE_LIMIT`` wrong keys in ``AUTH_FAILURE_WINDOW_S``, every request from
+that address gets 429 with ``Retry-After`` until the window ends, a right key included,
+so that guessing cannot go on at the speed of the network.
+
+**Public paths.** ``/healthz`` and ``/readyz`` need no key. ``/readyz`` answers the public
+ready or not only; a request that presents a key there has it checked (a wrong one counted
+and throttled like anywhere else) and, with a right one, gets the details (the route asks
+:func:`request_key`).
+
+**Stream slots.** A key's concurrent streams (``RATE_LIMIT_STREAMS``) are counted per
+stream, not per HTTP response: :meth:`Access.open_stream` takes a :class:`StreamSlot`
+for a request that may start one, :func:`own` hands it to the stream the request started,
+and :meth:`Access.request_ended` gives it back when that stream has ended, which is later
+than the response when the client left a stream that goes on (``on_disconnect:
+"continue"``). Resuming a stream takes no slot of its own: the stream holds one already.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hashlib
 import hmac
 import ipaddress
 import json
 import tomllib
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Final
@@ -30,8 +52,11 @@ from starlette.types import Scope
 
 from toolforge.core.workflow import RESPOND, WorkflowDef
 from toolforge.errors import ErrorCode, RequestError, ToolForgeError
+from toolforge.log import AUTH_FAILED, AUTH_THROTTLED, get_logger
+from toolforge.runtime.metrics import GatewayMetrics
 from toolforge.runtime.planner import StreamPlan
-from toolforge.runtime.ratelimit import RateLimit, RateLimiter
+from toolforge.runtime.ratelimit import FailureThrottle, RateLimit, RateLimiter
+from toolforge.runtime.streams import StreamRegistry
 from toolforge.settings import Settings
 
 __all__ = [
@@ -44,6 +69,7 @@ __all__ = [
     "KeyDep",
     "KeyRing",
     "RateLimited",
+    "StreamSlot",
     "allowed_tools",
     "allowed_workflow",
     "check_owner",
@@ -51,13 +77,18 @@ __all__ = [
     "digest",
     "exposure_warning",
     "is_loopback",
+    "key_secrets",
     "load_keys",
     "own",
     "request_key",
 ]
 
+log = get_logger(__name__)
+
 SCOPE_KEY: Final = "toolforge.key"  # the admitted ApiKey in the ASGI scope (None: auth off)
 PUBLIC_PATHS: Final = frozenset({"/healthz", "/readyz"})
+# Public paths that say more to a right key: a key presented there is checked.
+_KEYED_PUBLIC: Final = frozenset({"/readyz"})
 # The web UI's static files (app/api/web.py): a page, scripts and styles, no data. A
 # browser loads them without a header; the UI's API calls carry the key like any client's.
 UI_PAGES: Final = frozenset({"/", "/ui", "/sdk"})
@@ -178,6 +209,25 @@ def _file_keys(path: Path, default: RateLimit) -> Iterable[ApiKey]:
         )
 
 
+def key_secrets(settings: Settings) -> list[str]:
+    """The API keys configured in clear (``API_KEYS`` entries and a keys file's ``key``
+    fields; ``sha256:`` digests are no secret): what the redactor must never let out."""
+    found = [
+        entry.strip()
+        for entry in (settings.api_keys or "").split(",")
+        if entry.strip() and not entry.strip().startswith(_SHA256_PREFIX)
+    ]
+    path = settings.api_keys_file
+    if path is not None:
+        try:
+            text = path.read_text(encoding="utf-8")
+            raw: Any = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
+            found.extend(e.key for e in _KeysFile.model_validate(raw).keys if e.key)
+        except (OSError, ValueError, ValidationError):
+            pass  # load_keys reports it (and stops the start-up)
+    return found
+
+
 class KeyRing:
     """The configured keys, by digest only."""
 
@@ -220,34 +270,87 @@ _WRONG_KEY: Final = RequestError(
 )
 
 
-class Access:
-    """The gate every request passes when keys are configured (see the module docstring)."""
+@dataclass(slots=True, eq=False)
+class StreamSlot:
+    """One of a key's concurrent streams, taken for one request (see the module
+    docstring). ``stream_id``: the stream the request started, set by :func:`own`."""
 
-    def __init__(self, keys: KeyRing, limiter: RateLimiter, *, metrics_public: bool) -> None:
+    key: ApiKey
+    stream_id: str | None = None
+    released: bool = False
+
+
+# The slot of the request being served (set around the dispatch, read by own()).
+_REQUEST_SLOT: ContextVar[StreamSlot | None] = ContextVar("toolforge_stream_slot", default=None)
+
+
+class Access:
+    """The gate every request passes when keys are configured (see the module docstring).
+
+    ``throttle``: failed checks per client address (None: not throttled); ``metrics``:
+    where failures are counted; ``sessions``: the stream registry, where a slot's stream
+    is found when its request ends (set once the app's lifespan has built it)."""
+
+    def __init__(
+        self,
+        keys: KeyRing,
+        limiter: RateLimiter,
+        *,
+        metrics_public: bool,
+        throttle: FailureThrottle | None = None,
+        metrics: GatewayMetrics | None = None,
+    ) -> None:
         self.keys = keys
         self.limiter = limiter
         self.public = PUBLIC_PATHS | ({"/metrics"} if metrics_public else frozenset())
+        self.throttle = throttle
+        self.metrics = metrics
+        self.sessions: StreamRegistry | None = None
+        self._holding: set[asyncio.Task[None]] = set()  # slots held by streams that go on
 
     async def admit(self, scope: Scope) -> ApiKey | None:
-        """The request's key (None for a public path), or a 401 / 429 error."""
+        """The request's key (None for a public path), or a 401 / 429 error.
+
+        On ``/readyz`` a key is optional: a right one is admitted (the details), a wrong
+        one is counted and throttled like anywhere else but answered as the public is
+        (a probe configured with an old key keeps working)."""
         path = scope["path"]
-        if path in self.public:
+        token = _bearer(scope)
+        public = path in self.public
+        if public and (token is None or path not in _KEYED_PUBLIC):
             return None
         if scope["method"] in ("GET", "HEAD") and (
             path in UI_PAGES or path.startswith(UI_PREFIXES)
         ):
             return None
-        token = None
-        for name, value in scope["headers"]:
-            if name == b"authorization":
-                scheme, _, rest = value.decode("latin-1").partition(" ")
-                if scheme.lower() == "bearer" and rest.strip():
-                    token = rest.strip()
-                break
+        address = _address(scope)
+        throttle = self.throttle
+        if throttle is not None:
+            wait = throttle.wait(address)
+            if wait > 0:
+                self._count("throttled")
+                raise RateLimited(
+                    "too many requests with a wrong API key came from this address; "
+                    "retry after the Retry-After header's seconds",
+                    wait,
+                )
         if token is None:
+            self._count("missing")
+            log.info(AUTH_FAILED, reason="missing", path=path, client=address)
             raise _UNAUTHORIZED
         key = self.keys.match(token)
         if key is None:
+            self._count("wrong")
+            log.warning(AUTH_FAILED, reason="wrong", path=path, client=address)
+            if throttle is not None and throttle.failed(address):
+                log.warning(
+                    AUTH_THROTTLED,
+                    client=address,
+                    failures=throttle.limit,
+                    window_s=throttle.window_s,
+                )
+            if public:
+                return None
             raise _WRONG_KEY
         if key.limit.requests:
             wait = await self.limiter.hit(key.name, key.limit)
@@ -259,18 +362,76 @@ class Access:
                 )
         return key
 
-    async def open_stream(self, key: ApiKey) -> None:
-        """Take one of the key's concurrent streams, or a 429."""
-        if key.limit.streams and not await self.limiter.open_stream(key.name, key.limit):
+    def _count(self, reason: str) -> None:
+        if self.metrics is not None:
+            self.metrics.auth_failed(reason)
+
+    async def open_stream(self, key: ApiKey) -> StreamSlot | None:
+        """Take one of the key's concurrent streams (None: the key has no such limit),
+        or a 429. Give it back with :meth:`request_ended`."""
+        if not key.limit.streams:
+            return None
+        if not await self.limiter.open_stream(key.name, key.limit):
             raise RateLimited(
                 f"key {key.name!r} has {key.limit.streams} streams open, its limit; "
                 "end one, or retry later",
                 1.0,
             )
+        return StreamSlot(key)
 
-    async def close_stream(self, key: ApiKey) -> None:
-        if key.limit.streams:
-            await self.limiter.close_stream(key.name)
+    @contextlib.contextmanager
+    def serving(self, slot: StreamSlot | None) -> Iterator[None]:
+        """Around the dispatch of the request that took ``slot``: :func:`own` finds it."""
+        token = _REQUEST_SLOT.set(slot)
+        try:
+            yield
+        finally:
+            _REQUEST_SLOT.reset(token)
+
+    async def request_ended(self, slot: StreamSlot | None) -> None:
+        """The response of the request that took ``slot`` has ended: the slot goes back
+        now, or, when the stream it started is still running (its client left a stream
+        that goes on), once that stream has ended."""
+        if slot is None or slot.released:
+            return
+        session = None
+        if slot.stream_id is not None and self.sessions is not None:
+            session = self.sessions.find(slot.stream_id)
+        if session is None or not session.running:
+            await self._release(slot)
+            return
+        task = asyncio.create_task(self._release_after(slot, session.wait()))
+        self._holding.add(task)
+        task.add_done_callback(self._holding.discard)
+
+    async def _release_after(self, slot: StreamSlot, ended: Any) -> None:
+        try:
+            await ended
+        finally:
+            await self._release(slot)
+
+    async def _release(self, slot: StreamSlot) -> None:
+        if not slot.released:
+            slot.released = True
+            await self.limiter.close_stream(slot.key.name)
+
+
+def _bearer(scope: Scope) -> str | None:
+    """The token of the request's ``Authorization: Bearer`` header, if it has one."""
+    for name, value in scope["headers"]:
+        if name == b"authorization":
+            scheme, _, rest = value.decode("latin-1").partition(" ")
+            if scheme.lower() == "bearer" and rest.strip():
+                return rest.strip()
+            return None
+    return None
+
+
+def _address(scope: Scope) -> str:
+    """The client's address as the server saw it (behind a proxy, the proxy's, unless
+    uvicorn is told to trust its forwarded headers: docs/deployment.md)."""
+    client = scope.get("client")
+    return str(client[0]) if client else "unknown"
 
 
 def request_key(request: Request) -> ApiKey | None:
@@ -326,10 +487,14 @@ def check_workflow(key: ApiKey | None, workflow: WorkflowDef) -> WorkflowDef:
 
 def own(plan: StreamPlan, key: ApiKey | None) -> None:
     """Record ``key`` as the owner of ``plan``'s stream: on the plan (follow-up calls) and
-    in its prompt record, so ``prompt.json`` says whose run it is (``GET /v1/runs``)."""
+    in its prompt record, so ``prompt.json`` says whose run it is (``GET /v1/runs``). The
+    request's stream slot, if it took one, is the stream's from now on."""
     if key is not None:
         plan.owner = key.name
         plan.prompt_record = {**plan.prompt_record, "owner": key.name}
+        slot = _REQUEST_SLOT.get()
+        if slot is not None and slot.key is key and slot.stream_id is None:
+            slot.stream_id = plan.stream_id  # the stream holds the request's slot
 
 
 def check_owner(key: ApiKey | None, owner: str | None, stream_id: str) -> None:

@@ -16,7 +16,8 @@ goes to FastAPI as usual. The FastAPI routes stay registered, so ``/docs`` and
 :meth:`toolforge.api.auth.Access.admit` here, before the dispatch: the fast paths and
 every FastAPI route share the one check, and a route added later is covered by default.
 The key goes in the scope (``toolforge.api.auth.SCOPE_KEY``); requests that open a stream
-also take one of the key's concurrent streams for as long as the response lasts.
+also take one of the key's concurrent streams, held until that stream has ended (after the
+response, for a stream that goes on without its client: ``Access.request_ended``).
 
 **The request's shape** (:class:`toolforge.api.request_guard.RequestGuard`): before the
 access check, the ``Host`` allowlist and the JSON-only rule for POSTs (a 403 or 415, in
@@ -66,10 +67,9 @@ def _is_openai(path: str) -> bool:
 
 
 def _opens_stream(path: str, method: str) -> bool:
-    """The requests that hold one of a key's concurrent streams while they last."""
-    if method == "POST":
-        return path in ("/v1/stream", _PROXY)
-    return method == "GET" and path.startswith("/v1/streams/") and path.count("/") == 3
+    """The requests that may start a stream, and so take one of a key's concurrent
+    streams (a resume follows a stream that holds one already)."""
+    return method == "POST" and path in ("/v1/stream", _PROXY)
 
 
 def refusal(exc: ToolForgeError, path: str) -> Response:
@@ -141,14 +141,15 @@ class GatewayApp(FastAPI):
             await self._dispatch(scope, receive, send)
             return
         try:
-            await access.open_stream(key)
+            slot = await access.open_stream(key)
         except ToolForgeError as exc:
             await refusal(exc, path)(scope, receive, send)
             return
         try:
-            await self._dispatch(scope, receive, send)
+            with access.serving(slot):  # the stream started here takes the slot over
+                await self._dispatch(scope, receive, send)
         finally:
-            await access.close_stream(key)
+            await access.request_ended(slot)
 
     async def _dispatch(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["method"] == "POST":

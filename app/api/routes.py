@@ -9,7 +9,6 @@ import secrets
 from collections.abc import Mapping
 from typing import Annotated, Any, Final
 
-import httpx
 import orjson
 from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import JSONResponse, Response
@@ -34,6 +33,7 @@ from toolforge.core.tools import ToolError
 from toolforge.core.workflow import WorkflowDef
 from toolforge.errors import ErrorCode, RequestError, ToolForgeError
 from toolforge.runtime.cluster import RemoteError
+from toolforge.runtime.readiness import ReadinessCheck
 from toolforge.runtime.session import ClientAnswer, StreamSession
 
 __all__ = ["ClientGone", "local_command", "read_body", "router", "start_stream"]
@@ -434,31 +434,17 @@ async def healthz() -> dict[str, str]:
 
 
 @router.get("/readyz", summary="Readiness: the upstream answers")
-async def readyz(gw: GatewayDep) -> Response:
-    base = gw.settings.upstream_base_url
-    if base is None:  # an adapter injected by an embedding application: nothing to ask
-        return JSONResponse({"status": "ready", "upstream": repr(gw.upstream)})
-    url = base.rstrip("/") + "/models"
-    headers = {}
-    if gw.settings.upstream_kind == "anthropic":  # its own path and key header
-        url = base.rstrip("/").removesuffix("/v1") + "/v1/models"
-        headers["anthropic-version"] = gw.settings.anthropic_version
-        if gw.settings.upstream_api_key:
-            headers["x-api-key"] = gw.settings.upstream_api_key
-    elif gw.settings.upstream_api_key:
-        headers["Authorization"] = f"Bearer {gw.settings.upstream_api_key}"
-    try:
-        response = await gw.client.get(url, headers=headers, timeout=2.0)
-    except httpx.HTTPError as exc:
-        return JSONResponse(
-            {"status": "unavailable", "upstream": url, "reason": type(exc).__name__}, 503
-        )
-    if response.status_code >= 500:
-        return JSONResponse(
-            {"status": "unavailable", "upstream": url, "reason": f"HTTP {response.status_code}"},
-            503,
-        )
-    return JSONResponse({"status": "ready", "upstream": url})
+async def readyz(request: Request, key: KeyDep) -> Response:
+    """200 ready or 503 unavailable, from a check of the upstream made at most once per
+    ``READYZ_CACHE_S`` (``toolforge.runtime.readiness``). The public gets the status only;
+    the upstream (its URL without credentials) and the reason go to a caller with a key,
+    or to anyone when no keys are configured (the gateway then serves this machine only)."""
+    check: ReadinessCheck = request.app.state.readiness
+    answer = await check.check()
+    status = 200 if answer.ready else 503
+    if key is None and getattr(request.app, "access", None) is not None:
+        return JSONResponse({"status": "ready" if answer.ready else "unavailable"}, status)
+    return JSONResponse(answer.details(check.clock()), status)
 
 
 @router.get("/metrics", summary="Prometheus metrics")

@@ -7,6 +7,7 @@ from typing import Any
 from fastapi import APIRouter
 
 from toolforge.api.deps import GatewayDep
+from toolforge.core.redact import public_url
 
 __all__ = ["router"]
 
@@ -23,7 +24,7 @@ async def servers(gw: GatewayDep) -> dict[str, Any]:
     backend = gw.backend
     return {
         "upstream": {
-            "base_url": gw.settings.upstream_base_url,
+            "base_url": public_url(gw.settings.upstream_base_url),  # no user:pass@
             "kind": gw.settings.upstream_kind,
             "model": gw.settings.model_id,
             "managed": backend is not None,

@@ -17,8 +17,14 @@ Why it is built this way:
 * **Label values must be bounded**: outcomes and codes from fixed sets, tool names from
   the registry, modes from the planner's. Never a stream id, a model's text or a user
   string. The model label is the model a stream was served by, which a client can name
-  (the proxy's ``model``): the first :attr:`GatewayMetrics.MAX_MODELS` distinct names
-  keep their own series, later ones count as ``other``.
+  (``model`` in any request): the gateway gives the names it knows (``MODEL_ID``, the
+  managed model, ``METRICS_MODELS``) and every other name counts as ``other``, so a
+  client sending a thousand names adds one series, not a thousand. Tool names are bounded
+  the same way (a client-side tool's name is the client's). Without a list of names (a
+  bare :class:`GatewayMetrics`), the first :attr:`GatewayMetrics.MAX_MODELS` distinct
+  models keep their own series.
+* **Failed authentication is counted**, by a reason from a fixed set
+  (:attr:`GatewayMetrics.AUTH_REASONS`), never by the key or the address.
 * **Gauges read at scrape time.** The queue depths (frames buffered for clients across the
   open streams, SPEC §4; tool calls waiting for a slot, SPEC §5) are callbacks that
   prometheus-client calls when ``/metrics`` is read: nothing on the stream's path.
@@ -29,8 +35,8 @@ Why it is built this way:
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
-from typing import ClassVar
+from collections.abc import Callable, Iterable, Mapping
+from typing import ClassVar, Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import choose_encoder
@@ -38,6 +44,10 @@ from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 
 __all__ = ["GatewayMetrics"]
+
+
+OTHER: Final = "other"
+"""The label value for a model or tool name the gateway was not told about."""
 
 
 def _amount(value: float) -> float:
@@ -112,18 +122,32 @@ class GatewayMetrics:
     ``CLIENT_TOOL_TIMEOUT_MS``); 5 s is the soft target and 8 s the default timeout."""
 
     MAX_MODELS: ClassVar[int] = 32
-    """Distinct model label values kept; later models are counted as ``other``."""
+    """Without known names: distinct model label values kept; later ones count as ``other``."""
 
-    def __init__(self, *, process_metrics: bool = True) -> None:
+    AUTH_REASONS: ClassVar[frozenset[str]] = frozenset({"missing", "wrong", "throttled"})
+    """Why an API-key check failed: no key sent, a key the gateway does not know, or the
+    client's address refused for too many failures."""
+
+    def __init__(
+        self,
+        *,
+        process_metrics: bool = True,
+        models: Iterable[str] | None = None,
+        tools: Iterable[str] | None = None,
+    ) -> None:
         """``process_metrics`` adds the usual ``process_*`` (CPU, memory, file
-        descriptors) and ``python_info`` series that the global registry would have had."""
+        descriptors) and ``python_info`` series that the global registry would have had.
+        ``models`` and ``tools``: the names that keep their own label (any other is
+        ``other``); more models may be added with :meth:`know_models`."""
         self.registry = CollectorRegistry(auto_describe=True)
         registry = self.registry
         if process_metrics:
             ProcessCollector(registry=registry)
             PlatformCollector(registry=registry)
         # Counter names are given without "_total": prometheus-client appends it.
-        self._models: set[str] = set()
+        self._models: set[str] = set(models or ())
+        self._models_fixed = models is not None
+        self._tools: frozenset[str] | None = None if tools is None else frozenset(tools)
         self.streams = Counter(
             "toolforge_streams",
             "Streams finished, by outcome, model and mode.",
@@ -208,6 +232,14 @@ class GatewayMetrics:
             ["action"],
             registry=registry,
         )
+        self.auth_failures = Counter(
+            "toolforge_auth_failures",
+            "Requests refused by the API-key check, by reason (missing, wrong, throttled).",
+            ["reason"],
+            registry=registry,
+        )
+        for reason in sorted(self.AUTH_REASONS):  # every series from the start, at 0
+            self.auth_failures.labels(reason=reason)
 
     def watch_queues(
         self, *, frames: Callable[[], float] | None = None, tools: Callable[[], float] | None = None
@@ -219,13 +251,26 @@ class GatewayMetrics:
         if tools is not None:
             self.tool_queue_depth.set_function(tools)
 
+    def know_models(self, names: Iterable[str | None]) -> None:
+        """Give ``names`` their own model label (the models this gateway serves)."""
+        self._models.update(name for name in names if name)
+        self._models_fixed = True
+
+    def know_tools(self, names: Iterable[str]) -> None:
+        """Give ``names`` (the tool registry's) their own tool label; any other is ``other``."""
+        self._tools = frozenset(names) | (self._tools or frozenset())
+
     def _model(self, model: str) -> str:
         if model in self._models:
             return model
-        if len(self._models) < self.MAX_MODELS:
+        if not self._models_fixed and len(self._models) < self.MAX_MODELS:
             self._models.add(model)
             return model
-        return "other"
+        return OTHER
+
+    def auth_failed(self, reason: str) -> None:
+        """A request the API-key check refused (``reason``: one of :attr:`AUTH_REASONS`)."""
+        self.auth_failures.labels(reason=reason if reason in self.AUTH_REASONS else OTHER).inc()
 
     def guardrail_actions(self, counts: Mapping[str, int]) -> None:
         """A stream's guardrail actions (``done.guardrails``), counted by kind."""
@@ -277,6 +322,8 @@ class GatewayMetrics:
     def tool_call(self, name: str, outcome: str, duration_s: float | None = None) -> None:
         """One finished tool call (``outcome`` e.g. ``"ok"``, ``"error"``, ``"timeout"``)
         and, when it ran, how long it took."""
+        if self._tools is not None and name not in self._tools:
+            name = OTHER
         self.tool_calls.labels(name=name, outcome=outcome).inc()
         if duration_s is not None:
             self.tool_duration.labels(name=name).observe(_amount(duration_s))

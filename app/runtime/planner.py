@@ -173,6 +173,7 @@ class PlannerConfig:
     upstream_base_url: str | None = None
     upstream_api_key: str | None = None
     max_json_depth: int = 16
+    mode_cache_models: int = 64  # MODE_CACHE_MODELS: the probes kept, least recently used out
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,7 +209,8 @@ class StreamPlanner:
     budget: Mapping[str, Any] | None = None
     # Context compaction for every stream (toolforge.runtime.context.context_policy).
     context: ContextPolicy | None = None
-    # mode=auto: one probe per model, shared by concurrent first requests, then cached.
+    # mode=auto: one probe per model, shared by concurrent first requests, then cached;
+    # in use order (a dict keeps insertion order), bounded by mode_cache_models.
     modes: dict[str, asyncio.Future[ModeDecision]] = field(default_factory=dict)
     # By (result schema, object schema names, tool names, mode).
     shapes: dict[tuple[object, ...], PlanShape] = field(default_factory=dict)
@@ -378,9 +380,12 @@ class StreamPlanner:
                 )
             )
             self.modes[model] = probe
+            while len(self.modes) > config.mode_cache_models:  # a client may name any model
+                del self.modes[next(iter(self.modes))]  # the least recently used
             decision = await asyncio.shield(probe)
             log.info(MODE_SELECTED, model=model, mode=decision.mode, reason=decision.reason)
             return decision
+        self.modes[model] = self.modes.pop(model)  # the most recently used now
         return await asyncio.shield(probe)
 
     def _mode(self, req: StreamAsk, shape: PlanShape, mode: str, chat: ChatRequest) -> Mode:

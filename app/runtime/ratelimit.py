@@ -15,9 +15,17 @@ methods:
   ``DECR`` back; a replica that dies holding streams must not hold them forever (a TTL
   per replica's holdings, or a sorted set of leases).
 * ``close_stream(key)``: give back one stream; called exactly once for every
-  ``open_stream`` that answered True, when the response has ended.
+  ``open_stream`` that answered True, when the stream has ended: not when its HTTP
+  response does. A stream that goes on after its client left (``on_disconnect:
+  "continue"``) holds its slot until its ``done`` (``toolforge.api.auth.StreamSlot``).
 
 A limit of 0 means "no limit": the gateway does not call the limiter for it at all.
+
+:class:`FailureThrottle` is the other limit here, by client address rather than by key:
+failed API-key checks (a client guessing keys), counted per fixed window; past the limit
+the address is refused until the window ends. It is kept in this process (a replica
+counts what it sees) and holds at most :data:`MAX_TRACKED_ADDRESSES` addresses, so a
+client with many addresses cannot grow it without bound.
 """
 
 from __future__ import annotations
@@ -28,7 +36,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-__all__ = ["MemoryRateLimiter", "RateLimit", "RateLimiter"]
+__all__ = [
+    "MAX_TRACKED_ADDRESSES",
+    "FailureThrottle",
+    "MemoryRateLimiter",
+    "RateLimit",
+    "RateLimiter",
+]
+
+# Enough for every client of a busy gateway within one window; an attacker with more
+# addresses than this pushes out the oldest windows, never grows the table.
+MAX_TRACKED_ADDRESSES = 10_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,3 +106,46 @@ class MemoryRateLimiter:
             self._streams[key] = left
         else:
             self._streams.pop(key, None)
+
+
+@dataclass(slots=True)
+class FailureThrottle:
+    """Failed API-key checks per client address, in fixed windows of ``window_s``.
+
+    :meth:`wait` is 0 while the address may try; after ``limit`` failures in the current
+    window it is the seconds until the window ends (the ``Retry-After``). ``limit`` 0:
+    never throttled. Sans-IO apart from the clock, which is injectable.
+    """
+
+    limit: int
+    window_s: float
+    clock: Callable[[], float] = time.monotonic
+    max_addresses: int = MAX_TRACKED_ADDRESSES
+    _windows: dict[str, tuple[int, int]] = field(default_factory=dict)  # address -> (index, n)
+
+    def wait(self, address: str) -> float:
+        """Seconds until ``address`` may present a key again (0: now)."""
+        if not self.limit:
+            return 0.0
+        seen = self._windows.get(address)
+        if seen is None:
+            return 0.0
+        now = self.clock()
+        index = math.floor(now / self.window_s)
+        if seen[0] != index or seen[1] < self.limit:
+            return 0.0
+        return (index + 1) * self.window_s - now
+
+    def failed(self, address: str) -> bool:
+        """Count one failure of ``address``; True when this one reached the limit."""
+        if not self.limit:
+            return False
+        index = math.floor(self.clock() / self.window_s)
+        seen, count = self._windows.pop(address, (index, 0))
+        count = count + 1 if seen == index else 1
+        self._windows[address] = (index, count)  # re-inserted: the newest entry
+        # Entries are re-inserted at each failure, so the first is the one that failed
+        # longest ago: past windows go first, and the table never outgrows its bound.
+        while len(self._windows) > self.max_addresses:
+            del self._windows[next(iter(self._windows))]
+        return count == self.limit

@@ -45,6 +45,7 @@ import httpx
 import orjson
 
 from toolforge.core.messages import content_text, wire_messages
+from toolforge.core.redact import redact_text
 from toolforge.errors import ErrorCode, UpstreamError
 from toolforge.upstream.base import ChatRequest, ToolCallDelta, UpstreamDelta
 from toolforge.upstream.exchange import (
@@ -64,11 +65,24 @@ __all__ = [
     "AnthropicStreamParser",
     "AnthropicUpstream",
     "anthropic_body",
+    "models_request",
     "to_anthropic",
 ]
 
 ANTHROPIC_VERSION: Final = "2023-06-01"
 """The ``anthropic-version`` header: the Messages API's current version."""
+
+
+def models_request(
+    base_url: str, *, api_key: str | None, version: str = ANTHROPIC_VERSION
+) -> tuple[str, dict[str, str]]:
+    """The URL and headers of ``GET /v1/models``: what ``/readyz`` asks to learn that the
+    API answers (the key in Anthropic's own header, the version it requires)."""
+    headers = {"anthropic-version": version}
+    if api_key:
+        headers["x-api-key"] = api_key
+    return base_url.rstrip("/").removesuffix("/v1") + "/v1/models", headers
+
 
 UNANSWERED: Final = "[no result: this tool call was not run]"
 """The synthetic ``tool_result`` of a call no result answers."""
@@ -278,7 +292,8 @@ def _error_of(body: str, status: int | None) -> UpstreamError:
     detail = value.get("error") if isinstance(value, dict) else None
     if not isinstance(detail, dict):
         return _error("an error", snippet(body), status=status)
-    return _error(str(detail.get("type", "error")), str(detail.get("message", "")), status=status)
+    message = redact_text(str(detail.get("message", "")))  # it may quote the key it was sent
+    return _error(str(detail.get("type", "error")), message, status=status)
 
 
 class AnthropicStreamParser:

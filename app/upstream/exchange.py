@@ -32,6 +32,7 @@ import anyio
 import httpx
 import orjson
 
+from toolforge.core.redact import public_url, redact_text
 from toolforge.errors import ErrorCode, UpstreamError
 from toolforge.upstream.transport import PostTemplate, ResponseHead
 
@@ -87,7 +88,10 @@ STREAM: Final = "stream"
 
 
 def snippet(text: str) -> str:
-    """The start of ``text``, quoted, for an error message."""
+    """The start of ``text``, quoted, for an error message. Redacted first, then cut: the
+    upstream's words may repeat what it was sent (a 401 that quotes the API key), and a
+    secret cut in half at the end would no longer be recognised."""
+    text = redact_text(text)
     return repr(text[:_SNIPPET_CHARS] + ("…" if len(text) > _SNIPPET_CHARS else ""))
 
 
@@ -233,10 +237,17 @@ class Exchange:
         raise self._map(exc) from exc
 
     def _map(self, exc: BaseException) -> UpstreamError:
+        error = self._mapped(exc)
+        # The URL without its credentials, and the library's words redacted (an httpx
+        # message may quote the URL it was given).
+        return UpstreamError(error.code, redact_text(error.message))
+
+    def _mapped(self, exc: BaseException) -> UpstreamError:
         timeout, unavailable = ErrorCode.UPSTREAM_TIMEOUT, ErrorCode.UPSTREAM_UNAVAILABLE
+        url = public_url(self.url)
         if isinstance(exc, httpx.ConnectTimeout):
             return UpstreamError(
-                timeout, f"upstream connect timeout: {self.url} not reached in {self.connect_s} s"
+                timeout, f"upstream connect timeout: {url} not reached in {self.connect_s} s"
             )
         if isinstance(exc, httpx.PoolTimeout):
             return UpstreamError(
@@ -251,7 +262,7 @@ class Exchange:
                 timeout, f"upstream first-byte timeout: no response in {self.first_byte_s} s"
             )
         if isinstance(exc, httpx.ConnectError):  # refused, DNS, unreachable, TLS handshake
-            return UpstreamError(unavailable, f"cannot connect to upstream {self.url}: {exc}")
+            return UpstreamError(unavailable, f"cannot connect to upstream {url}: {exc}")
         if isinstance(exc, (httpx.NetworkError, httpx.RemoteProtocolError)):
             if self.phase == STREAM:
                 # FIN, RST or a truncated chunked body before [DONE] and finish_reason.
@@ -260,7 +271,7 @@ class Exchange:
                     f"upstream closed the stream early ({describe(exc)})",
                 )
             return UpstreamError(
-                unavailable, f"upstream {self.url} closed the connection before responding: {exc}"
+                unavailable, f"upstream {url} closed the connection before responding: {exc}"
             )
         return UpstreamError(
             ErrorCode.UPSTREAM_PROTOCOL, f"upstream HTTP failure ({describe(exc)})"

@@ -33,6 +33,7 @@ import httpx
 import orjson
 
 from toolforge.core.messages import wire_messages
+from toolforge.core.redact import redact_text
 from toolforge.errors import ErrorCode, UpstreamError
 from toolforge.upstream.base import ChatRequest, ToolCallDelta, UpstreamDelta
 from toolforge.upstream.exchange import (
@@ -49,9 +50,17 @@ from toolforge.upstream.exchange import (
 from toolforge.upstream.sse_decoder import UpstreamSSEDecoder
 from toolforge.upstream.transport import PostTemplate
 
-__all__ = ["OpenAICompatUpstream"]
+__all__ = ["OpenAICompatUpstream", "models_request"]
 
 _DONE: Final = "[DONE]"
+
+
+def models_request(base_url: str, *, api_key: str | None) -> tuple[str, dict[str, str]]:
+    """The URL and headers of ``GET {base_url}/models``: what ``/readyz`` asks to learn
+    that the upstream answers (llama-server, vLLM, Ollama's ``/v1`` and hosted APIs all
+    serve it)."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    return base_url.rstrip("/") + "/models", headers
 
 
 def _error_text(body_start: str) -> str:
@@ -112,7 +121,8 @@ def _parse_chunk(data: str) -> UpstreamDelta | None:
         message = error.get("message") if isinstance(error, dict) else None
         raise UpstreamError(
             ErrorCode.UPSTREAM_HTTP_ERROR,
-            f"upstream reported an error: {message if isinstance(message, str) else error!r}",
+            "upstream reported an error: "
+            + redact_text(message if isinstance(message, str) else repr(error)),
         )
     text: Any = ""
     finish: Any = None
