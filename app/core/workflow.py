@@ -34,6 +34,13 @@ again. Like argument-matched prerequisites it is a narrowing, off with ``narrow:
 
 ``respond`` (:data:`RESPOND`) is a built-in tool a workflow may list: the model's answer
 as a call, ``{"content": "..."}``; make it a terminal tool for a conversational workflow.
+
+A workflow's ``max_iterations`` also lifts the stream's tool-call limit to
+:data:`TOOL_CALLS_PER_ITERATION` calls a turn, so that the stream's own limit does not cut
+into the workflow's budgets. The operator's workflows (``WORKFLOWS_DIR``, the Python API)
+are trusted with that; one sent inline by a client is not: :class:`WorkflowCaps` bound
+its iterations, the tool calls they allow and its ``budget_tokens``, and one over a cap is
+refused (``WORKFLOW_INVALID``, 422, naming the cap) rather than quietly clamped.
 """
 
 from __future__ import annotations
@@ -49,10 +56,28 @@ from toolforge.errors import ErrorCode, RequestError
 __all__ = [
     "RESPOND",
     "RESPOND_TOOL",
+    "TOOL_CALLS_PER_ITERATION",
     "Prerequisite",
+    "WorkflowCaps",
     "WorkflowDef",
     "parse_workflow",
 ]
+
+TOOL_CALLS_PER_ITERATION: Final = 4
+"""Tool calls a workflow may make per model turn (``max_iterations``): the stream's
+tool-call limit is raised to this many times the workflow's iterations."""
+
+
+@dataclass(frozen=True, slots=True)
+class WorkflowCaps:
+    """The most an untrusted (inline) workflow may ask for; the defaults are the settings'
+    (``INLINE_WORKFLOW_MAX_ITERATIONS``, ``INLINE_WORKFLOW_MAX_TOOL_CALLS``,
+    ``INLINE_WORKFLOW_MAX_BUDGET_TOKENS``)."""
+
+    max_iterations: int = 16
+    max_tool_calls: int = 64
+    max_budget_tokens: int = 262_144
+
 
 RESPOND: Final = "respond"
 RESPOND_TOOL: Final[Mapping[str, Any]] = {
@@ -179,13 +204,45 @@ def _invalid(source: str, problem: str) -> RequestError:
     )
 
 
+def _check_caps(parsed: _WorkflowDoc, caps: WorkflowCaps, source: str) -> None:
+    """An untrusted workflow over one of ``caps``: ``WORKFLOW_INVALID`` naming the cap."""
+    name = f"{parsed.name!r} ({source})"
+    if parsed.max_iterations > caps.max_iterations:
+        raise _invalid(
+            source,
+            f"{name}: max_iterations {parsed.max_iterations} is over this gateway's cap for "
+            f"inline workflows, {caps.max_iterations} (INLINE_WORKFLOW_MAX_ITERATIONS); "
+            "ask for fewer, or use a registered workflow",
+        )
+    calls = TOOL_CALLS_PER_ITERATION * parsed.max_iterations
+    if calls > caps.max_tool_calls:
+        raise _invalid(
+            source,
+            f"{name}: max_iterations {parsed.max_iterations} allows {calls} tool calls "
+            f"({TOOL_CALLS_PER_ITERATION} a turn), over this gateway's cap for inline "
+            f"workflows, {caps.max_tool_calls} (INLINE_WORKFLOW_MAX_TOOL_CALLS); ask for at "
+            f"most {caps.max_tool_calls // TOOL_CALLS_PER_ITERATION} iterations",
+        )
+    if parsed.budget_tokens is not None and parsed.budget_tokens > caps.max_budget_tokens:
+        raise _invalid(
+            source,
+            f"{name}: budget_tokens {parsed.budget_tokens} is over this gateway's cap for "
+            f"inline workflows, {caps.max_budget_tokens} (INLINE_WORKFLOW_MAX_BUDGET_TOKENS)",
+        )
+
+
 def parse_workflow(
-    doc: object, *, known_tools: Collection[str], source: str = "request"
+    doc: object,
+    *,
+    known_tools: Collection[str],
+    source: str = "request",
+    caps: WorkflowCaps | None = None,
 ) -> WorkflowDef:
     """``doc`` as a :class:`WorkflowDef`, or ``WORKFLOW_INVALID`` naming the problem.
 
     ``known_tools``: the tools that exist (the registry's, plus the caller's own for the
-    Python API); ``respond`` always exists.
+    Python API); ``respond`` always exists. ``caps``: the bounds of an untrusted (inline)
+    definition; None for the operator's own (files, the Python API).
     """
     try:
         parsed = _WorkflowDoc.model_validate(doc)
@@ -193,6 +250,8 @@ def parse_workflow(
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "(document)"
         raise _invalid(source, f"{where}: {first['msg']}") from None
+    if caps is not None:
+        _check_caps(parsed, caps, source)
     name = f"{parsed.name!r} ({source})"
     exists = {*known_tools, RESPOND}
     tools = parsed.tools

@@ -545,7 +545,10 @@ async def test_a_workflow_that_never_compacts_ends_over_its_budget(
 async def test_a_workflow_cannot_ask_for_more_than_the_models_context(
     make_gateway: HarnessFactory,
 ) -> None:
-    gw = await make_gateway(_searching_script(), budget_tokens=50_000)
+    # Under the inline cap (raised here), a budget past the model's context is cut to it.
+    gw = await make_gateway(
+        _searching_script(), budget_tokens=50_000, inline_workflow_max_budget_tokens=10**6
+    )
     events = await gw.stream(body(_searching(budget_tokens=1_000_000)))
     begin = of(events, "stream.begin")[0]
     assert begin["budget_tokens"] == 50_000 and begin["budget_source"] == "manual"
