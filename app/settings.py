@@ -205,6 +205,19 @@ class Settings(BaseSettings):
     # ARTIFACTS_MAX_BYTES (a busy gateway cannot fill its disk). 0 = no limit of that kind.
     artifacts_max_age_s: float = Field(30 * 86_400, ge=0, validation_alias="ARTIFACTS_MAX_AGE")
     artifacts_max_bytes: int = Field(1024**3, ge=0, validation_alias="ARTIFACTS_MAX_BYTES")
+    # A workflow sent inline by a client (WORKFLOWS_DIR's are the operator's, uncapped):
+    # its model turns, the tool calls they allow (4 a turn; 64 is the most a plain
+    # request may ask for) and its context budget (262,144: the largest the gateway picks
+    # for itself; a budget past the model's context is cut to it). Over a cap: a 422.
+    inline_workflow_max_iterations: int = Field(
+        16, ge=1, le=100, validation_alias="INLINE_WORKFLOW_MAX_ITERATIONS"
+    )
+    inline_workflow_max_tool_calls: int = Field(
+        64, ge=4, le=400, validation_alias="INLINE_WORKFLOW_MAX_TOOL_CALLS"
+    )
+    inline_workflow_max_budget_tokens: int = Field(
+        262_144, ge=256, validation_alias="INLINE_WORKFLOW_MAX_BUDGET_TOKENS"
+    )
     # The task-analysis pack's SQLite store (``toolforge index`` writes it); default
     # <ARTIFACTS_DIR>/tasks.sqlite.
     task_db: Path | None = Field(None, validation_alias="TASK_DB")
