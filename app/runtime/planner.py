@@ -29,7 +29,13 @@ from toolforge.core.prompt import build_messages, render_system_prompt, render_w
 from toolforge.core.schemas import ANY, CompiledSchema, SchemaRegistry, compile_schema
 from toolforge.core.steps import WorkflowNudges, WorkflowPolicy
 from toolforge.core.tools import ToolRegistry, ToolSpec
-from toolforge.core.workflow import RESPOND, RESPOND_TOOL, WorkflowDef, parse_workflow
+from toolforge.core.workflow import (
+    RESPOND,
+    RESPOND_TOOL,
+    WorkflowCaps,
+    WorkflowDef,
+    parse_workflow,
+)
 from toolforge.errors import ErrorCode, RequestError
 from toolforge.log import MODE_SELECTED, get_logger
 from toolforge.upstream.base import PROFILES, ChatRequest
@@ -218,6 +224,8 @@ class StreamPlanner:
     workflows: Mapping[str, WorkflowDef] = field(default_factory=dict)
     workflow_nudges: WorkflowNudges = field(default_factory=WorkflowNudges)
     workflow_template: str = ""  # prompts/workflow.txt: the workflow's part of the prompt
+    # What a workflow sent inline may ask for (registered ones are the operator's).
+    inline_caps: WorkflowCaps = field(default_factory=WorkflowCaps)
 
     async def plan(
         self,
@@ -318,7 +326,9 @@ class StreamPlanner:
                     http_status=404,
                 )
             return found
-        return parse_workflow(asked, known_tools=self.tools.names(), source="request")
+        return parse_workflow(
+            asked, known_tools=self.tools.names(), source="request", caps=self.inline_caps
+        )
 
     # -- the mode -------------------------------------------------------------------------
 
