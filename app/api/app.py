@@ -39,6 +39,7 @@ from toolforge.core.redact import redact, remember_secrets, url_credentials
 from toolforge.core.schemas import builtin_registry
 from toolforge.core.steps import WorkflowNudges
 from toolforge.core.tools import AskModel, ToolRegistry
+from toolforge.core.workflow import WorkflowCaps
 from toolforge.errors import ErrorCode, RequestError, ServerError, ToolForgeError
 from toolforge.log import BACKEND_SETUP, configure_logging, get_logger
 from toolforge.runtime.artifacts import ArtifactStore
@@ -427,6 +428,11 @@ def create_app(
                     ),
                     workflow_nudges=workflow_nudges,
                     workflow_template=workflow_template,
+                    inline_caps=WorkflowCaps(
+                        max_iterations=settings.inline_workflow_max_iterations,
+                        max_tool_calls=settings.inline_workflow_max_tool_calls,
+                        max_budget_tokens=settings.inline_workflow_max_budget_tokens,
+                    ),
                 ),
                 repair_template=repair_template,
                 # SPEC §4: each tool's own redaction list too.
