@@ -97,6 +97,9 @@ def _response(status: int, error: RequestError) -> bytes:
     )
 
 
+# How long the rest of a body answered early is read and dropped: nginx's lingering_timeout.
+_LINGER_S: Final = 5.0
+
 _BUSY: Final = _response(
     503,
     RequestError(
@@ -232,6 +235,14 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self._in_head = True
         self._head_bytes = 0
         super().on_message_complete()
+
+    def on_response_complete(self) -> None:
+        if not self._in_head and not self.transport.is_closing():
+            # Answered before the body came whole (a 413 on Content-Length): the rest is
+            # read and dropped for a moment, so that a client still sending sees the
+            # answer rather than a reset, then the connection ends (nginx's lingering close).
+            self._arm(min(_LINGER_S, self.limits.body_timeout_s))
+        super().on_response_complete()
 
 
 class _TooManyHeaders(Exception):

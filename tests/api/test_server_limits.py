@@ -319,3 +319,29 @@ async def test_toolforge_serve_has_the_limits(tmp_path: Path) -> None:
         proc.terminate()
         async with asyncio.timeout(20):
             await proc.wait()
+
+
+async def test_a_body_answered_early_is_not_drained_for_ever(make_gateway: HarnessFactory) -> None:
+    """A 413 on the declared length comes at once; a client that goes on sending the
+    10 GB it declared is cut off soon after, not read until the body timeout."""
+    gw = await make_gateway(body_timeout_s=60)
+    async with connection(gw.url) as (reader, writer):
+        writer.write(
+            b"POST /v1/streams/s_x/cancel HTTP/1.1\r\nHost: localhost\r\n"
+            b"Content-Type: application/json\r\nContent-Length: 10000000000\r\n\r\n"
+        )
+        await writer.drain()
+        head = await reader.readuntil(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 413 ")
+        started = time.monotonic()
+        with contextlib.suppress(ConnectionError):
+            while time.monotonic() - started < 30:
+                writer.write(b"a" * 4096)
+                await writer.drain()
+                await asyncio.sleep(0.01)
+                if reader.at_eof():
+                    break
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(0.001):
+                        await reader.read(65536)
+        assert time.monotonic() - started < 5 + 3
