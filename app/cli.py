@@ -144,6 +144,8 @@ environment (flags override it; the full list: README.md, Configuration):
   UPSTREAM_API_KEY    sent as Authorization: Bearer ... (never logged)
   MODEL_ID            model sent upstream when a request names none (default: default)
   API_KEYS            clients' keys (required to bind beyond this machine; docs/deployment.md)
+  ALLOWED_HOSTS       Host names answered besides localhost (always checked without API_KEYS)
+  HEADER_TIMEOUT_S, MAX_HEADER_BYTES, MAX_CONNECTIONS, ...   the server's limits (docs/security.md)
   LOG_LEVEL           DEBUG | INFO | WARNING | ERROR (default: INFO)
   LOG_FORMAT          auto | console | json (default: auto: console on a terminal, else JSON)
   ARTIFACTS_DIR       where runs/<stream_id>/ go (default: artifacts)
