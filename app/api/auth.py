@@ -420,7 +420,8 @@ def _bearer(scope: Scope) -> str | None:
     """The token of the request's ``Authorization: Bearer`` header, if it has one."""
     for name, value in scope["headers"]:
         if name == b"authorization":
-            scheme, _, rest = value.decode("latin-1").partition(" ")
+            header: str = value.decode("latin-1")
+            scheme, _, rest = header.partition(" ")
             if scheme.lower() == "bearer" and rest.strip():
                 return rest.strip()
             return None
