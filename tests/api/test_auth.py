@@ -97,7 +97,7 @@ async def started_stream(gw: Harness, key: str) -> str:
 
 
 async def test_every_route_refuses_no_key_and_a_wrong_key(make_gateway: HarnessFactory) -> None:
-    # A wrong key on every route is past the failure throttle (tests/api/test_public.py).
+    # A wrong key on every route is past the failure throttle (tests/api/test_client_limits.py).
     gw = await make_gateway(
         [Script.from_tokens([sentinel_reply()])], api_keys=KEY_A, auth_failure_limit=0
     )
