@@ -129,6 +129,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self._head_lines = 0
         self._requests = 0
         self._refusal: tuple[int, str] | None = None  # a parser callback's: answer, close
+        self._dropping = False  # refused: what still comes is read and dropped
         self._deadline: asyncio.TimerHandle | None = None  # the head's or the body's
 
     # -- the connection ---------------------------------------------------------------
@@ -151,7 +152,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
 
     def data_received(self, data: bytes) -> None:
         """uvicorn's, with the head's bytes counted before the parser sees them."""
-        if self.transport.is_closing():
+        if self.transport.is_closing() or self._dropping:
             return
         if self._in_head:
             room = self.limits.max_header_bytes - self._head_bytes
@@ -159,9 +160,9 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
                 # Feed what fits: if the head ends within it, the rest is body (or the
                 # next request) and goes on as usual; if not, the head is too large.
                 self._feed(data[: max(room, 0)])
-                if self._in_head and not self.transport.is_closing():
+                if self._in_head and not (self.transport.is_closing() or self._dropping):
                     self._refuse(431, f"request headers over {self.limits.max_header_bytes} bytes")
-                elif not self.transport.is_closing():
+                elif not (self.transport.is_closing() or self._dropping):
                     self.data_received(data[max(room, 0) :])
                 return
             self._head_bytes += len(data)
@@ -185,11 +186,20 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
             self.send_400_response(msg)
 
     def _refuse(self, status: int, message: str) -> None:
+        """Answer ``status`` and end the connection: the parser is past use, so what the
+        client still sends is read and dropped for a moment (a lingering close: closing
+        with unread bytes would reset the connection, and the client might never read the
+        answer), then the connection closes."""
+        if self.cycle is not None and not self.cycle.response_complete:
+            # A pipelined head behind a response still being written: no interleaving.
+            self.transport.close()
+            return
         error = RequestError(ErrorCode.BAD_REQUEST, message, http_status=status)
-        if self.cycle is None or self.cycle.response_complete:
-            self.transport.write(_response(status, error))
-        # else: a pipelined head behind a response still being written; no interleaving
-        self.transport.close()
+        self.transport.write(_response(status, error))
+        self._dropping = True
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+        self._arm(_LINGER_S)
 
     # -- the timers -------------------------------------------------------------------
     def _arm(self, seconds: float) -> None:

@@ -18,6 +18,8 @@ from tests.api.conftest import (
 )
 from toolforge.eval.scripted_upstream import Script, Step
 
+JSON = {"Content-Type": "application/json"}  # bodies sent as bytes say what they are
+
 
 async def _read_some(gw: Harness, body: dict[str, object], n: int) -> tuple[str, list[Event]]:
     """Start a stream, read ``n`` frames, drop the connection."""
@@ -170,7 +172,7 @@ async def test_a_misspelt_field_gets_a_suggestion(make_gateway: HarnessFactory) 
 
 async def test_body_that_is_not_json_is_422(make_gateway: HarnessFactory) -> None:
     gw = await make_gateway()
-    response = await gw.client.post(f"{gw.url}/v1/stream", content=b"{nope")
+    response = await gw.client.post(f"{gw.url}/v1/stream", content=b"{nope", headers=JSON)
     assert response.status_code == 422 and "not valid JSON" in response.json()["error"]["message"]
 
 
@@ -185,7 +187,7 @@ async def test_oversized_body_is_413(make_gateway: HarnessFactory) -> None:
         for _ in range(10):
             yield b"x" * 1000
 
-    response = await gw.client.post(f"{gw.url}/v1/stream", content=chunks())
+    response = await gw.client.post(f"{gw.url}/v1/stream", content=chunks(), headers=JSON)
     assert response.status_code == 413
 
 
@@ -205,7 +207,7 @@ async def test_a_body_sent_in_pieces_is_read_whole(make_gateway: HarnessFactory)
         for part in (b'{"inp', b'ut": "h', b'i", "mode": "sentinel"}'):
             yield part
 
-    response = await gw.client.post(f"{gw.url}/v1/stream", content=pieces())
+    response = await gw.client.post(f"{gw.url}/v1/stream", content=pieces(), headers=JSON)
     assert response.status_code == 200
     assert "event: done" in response.text and "event: error" not in response.text
     data = [orjson.loads(line[6:]) for line in response.text.splitlines() if line[:6] == "data: "]
