@@ -37,7 +37,7 @@ from toolforge.api.routes import read_body
 from toolforge.errors import ErrorCode, RequestError
 from toolforge.settings import Settings
 
-__all__ = ["LOOPBACK_HOSTS", "HostAllowlist", "RequestGuard"]
+__all__ = ["LOOPBACK_HOSTS", "HostAllowlist", "RequestGuard", "split_host"]
 
 LOOPBACK_HOSTS: Final = ("localhost", "127.0.0.1", "[::1]")
 
