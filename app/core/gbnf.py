@@ -106,6 +106,7 @@ from typing import Any, Final
 import orjson
 
 from toolforge.core.events import FrameKind
+from toolforge.core.patterns import FORMAT_PATTERNS
 from toolforge.core.protocol import sentinels
 
 __all__ = [
@@ -422,6 +423,7 @@ class _Rules:
             self.rules["string"] = f'"\\"" {_repeat("char", 0, limits.max_chars)} "\\""'
         self._taken = set(self.rules) | set(reserved)
         self._pending: set[str] = set()  # reserved names whose body is still being built
+        self._next: dict[str, int] = {}  # the next number to try, per base name
 
     def fork(self) -> _Rules:
         """A copy to add one turn's rules to, leaving these as they are."""
@@ -430,6 +432,7 @@ class _Rules:
         other.rules = dict(self.rules)
         other._taken = set(self._taken)
         other._pending = set(self._pending)
+        other._next = dict(self._next)
         return other
 
     def reserve(self, hint: str) -> str:
@@ -456,10 +459,14 @@ class _Rules:
 
     def _new(self, hint: str) -> str:
         base = re.sub(r"[^A-Za-z0-9]+", "-", hint).strip("-") or "rule"
-        name, n = base, 1
+        # Numbering resumes where this base's last name stopped: a schema with thousands
+        # of same-named parts costs linear time, not quadratic.
+        n = self._next.get(base, 1)
+        name = base if n == 1 else f"{base}-{n}"
         while name in self._taken or _NUMBERED.fullmatch(name):
             n += 1
             name = f"{base}-{n}"
+        self._next[base] = n + 1
         self._taken.add(name)
         self.rules[name] = ""  # keeps its place: a rule is listed before its parts
         return name
@@ -582,6 +589,11 @@ def _json_text(value: object) -> str:
 # --- JSON Schema -> rules --------------------------------------------------------------------
 
 
+# Subschemas converted for one grammar, at most: a real-world schema (SchemaStore's
+# largest) needs about 3,000; inlined recursion could otherwise grow without bound.
+_MAX_WORK: Final = 20_000
+
+
 class _Converter:
     """One schema document (its ``$ref`` targets resolve inside it) into rules."""
 
@@ -590,6 +602,7 @@ class _Converter:
         self._doc = doc
         self._max_depth = rules.limits.max_depth
         self._refs: dict[str, str] = {}
+        self._work = 0
 
     def root(self, hint: str) -> str:
         """The rule (or atom) for the whole document."""
@@ -597,7 +610,11 @@ class _Converter:
 
     def value(self, schema: object, hint: str, depth: int) -> str:
         """An atom (rule name or literal) for values of ``schema`` at nesting ``depth``."""
-        if not isinstance(schema, Mapping):  # True, or junk; False is dropped by callers
+        self._work += 1
+        if not isinstance(schema, Mapping) or self._work > _MAX_WORK:
+            # True, or junk (False is dropped by callers); or a schema whose inlined parts
+            # (a $ref with narrowing siblings, recursively) would multiply past the budget:
+            # the rest is a generic value, and validation still checks it exactly.
             return self._any(depth)
         if isinstance(schema.get("$ref"), str):
             return self._ref(schema, hint, depth)
@@ -758,6 +775,9 @@ class _Converter:
 
     def _string(self, schema: Mapping[str, Any], hint: str) -> str:
         pattern = schema.get("pattern")
+        fmt = schema.get("format")
+        if not isinstance(pattern, str) and isinstance(fmt, str):
+            pattern = FORMAT_PATTERNS.get(fmt)  # the format's shape; validation checks the rest
         declared = _int(schema.get("maxLength"))
         hi = declared if declared is not None else self._rules.limits.max_chars
         if isinstance(pattern, str):
@@ -992,17 +1012,26 @@ class _Regex:
         self._i = 0
 
     def convert(self, pattern: str) -> str | None:
-        if len(pattern) < 2 or pattern[0] != "^" or pattern[-1] != "$" or pattern[-2] == "\\":
+        # JSON Schema searches: an end without its anchor may hold any other characters.
+        start = pattern.startswith("^")
+        end = pattern.endswith("$") and not _escaped_at(pattern, len(pattern) - 1)
+        if start and end and len(pattern) < 2:
             return None
-        self._s, self._i = pattern[1:-1], 0
+        self._s, self._i = pattern[int(start) : len(pattern) - int(end)], 0
         try:
             options = self._alternation()
         except (_Unsupported, IndexError):
             return None
-        # ``^a|b$`` is ``^a`` or ``b$``: only a single top-level option is anchored twice.
-        if self._i != len(self._s) or len(options) != 1:
+        if self._i != len(self._s):
             return None
-        return options[0]
+        if len(options) == 1:
+            expr = options[0]
+        elif start or end:
+            return None  # ``^a|b$`` is ``^a`` or ``b$``: anchors bind one option only
+        else:
+            expr = f"( {' | '.join(options)} )"
+        free = _repeat("char", 0, self._max_length)
+        return " ".join(part for part in (free * (not start), expr, free * (not end)) if part)
 
     def _peek(self) -> str:
         return self._s[self._i] if self._i < len(self._s) else ""
@@ -1138,6 +1167,14 @@ class _Regex:
         if hi is None and self._max_length is not None:
             hi = max(lo, self._max_length)
         return _repeat(atom, lo, hi)
+
+
+def _escaped_at(text: str, i: int) -> bool:
+    """Whether ``text[i]`` follows an odd run of backslashes (``\\$`` is a literal)."""
+    run = 0
+    while i - run - 1 >= 0 and text[i - run - 1] == "\\":
+        run += 1
+    return run % 2 == 1
 
 
 def _span(lo: str, hi: str) -> Iterator[int]:

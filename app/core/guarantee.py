@@ -170,14 +170,15 @@ def _compiled(schema: SchemaLike) -> CompiledSchema:
 def validate(schema: SchemaLike, value: object) -> list[ValidatorError]:
     """Why ``value`` fails ``schema`` (empty: it is valid). Sorted by path, at most 20.
 
-    Format is not asserted. A failed ``oneOf``/``anyOf`` is reported by the branch the value
-    was aiming at (the one its discriminator names, else the one with fewest errors), since
-    "is not valid under any of the given schemas" tells a small model nothing.
+    Formats are asserted (``toolforge.core.patterns.format_checker``). A failed
+    ``oneOf``/``anyOf`` is reported by the branch the value was aiming at (the one its
+    discriminator names, else the one with fewest errors), since "is not valid under any
+    of the given schemas" tells a small model nothing.
     """
     compiled = _compiled(schema)
     found: list[ValidatorError] = []
     try:
-        for n, error in enumerate(compiled.validator.iter_errors(value)):
+        for n, error in enumerate(compiled.errors(value)):
             if n >= _SCAN_ERRORS:
                 break
             found.extend(_specific(error))
@@ -464,7 +465,7 @@ def minimal_valid(schema: SchemaLike) -> object:
     included) -> first branch that works; ``$ref`` resolved; strings "" or padded to
     minLength; numbers 0 or at their minimum; booleans false; arrays [] or minItems copies.
     """
-    return copy.deepcopy(_compiled(schema).fallback)
+    return copy.deepcopy(_compiled(schema).require_fallback())
 
 
 def _diagnostics(errors: Sequence[ValidatorError]) -> dict[str, object]:
@@ -486,7 +487,7 @@ def give_up(schema: SchemaLike, errors: Sequence[ValidatorError]) -> Degraded:
         if compiled.is_valid(candidate):
             return Degraded(candidate, tuple(errors), diagnostics, in_band=True)
     if not compiled.is_valid(base):
-        base = copy.deepcopy(compiled.fallback)
+        base = copy.deepcopy(compiled.require_fallback())
     return Degraded(base, tuple(errors), diagnostics, in_band=False)
 
 

@@ -34,26 +34,42 @@ from __future__ import annotations
 import functools
 import math
 import re
+import warnings
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from types import MappingProxyType
 from typing import Annotated, Any, Final, Literal
 
+import attrs
 import orjson
 import referencing
 import referencing.exceptions
 import referencing.jsonschema
-from jsonschema import Draft202012Validator
-from jsonschema.exceptions import SchemaError
+from jsonschema import (
+    Draft202012Validator,
+    FormatChecker,
+    validators,
+)
+from jsonschema.exceptions import ValidationError, best_match
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.json_schema import GenerateJsonSchema, JsonSchemaValue
 
+from toolforge.core.patterns import (
+    FORMAT_EXAMPLES,
+    PatternError,
+    compile_pattern,
+    example,
+    format_checker,
+    is_pattern,
+    pattern_budget,
+)
 from toolforge.errors import ErrorCode, RequestError
 
 __all__ = [
     "ANY",
     "MAX_SCHEMA_BYTES",
+    "NO_FALLBACK",
     "Action",
     "AssistantReply",
     "CompiledSchema",
@@ -189,15 +205,28 @@ class CompiledSchema:
     fallback: object
 
     def is_valid(self, value: object) -> bool:
-        return bool(self.validator.is_valid(value))
+        with pattern_budget():
+            return bool(self.validator.is_valid(value))
+
+    def errors(self, value: object) -> Iterator[Any]:
+        """The validator's errors for ``value``; backtracking patterns share one budget."""
+        with pattern_budget():
+            yield from self.validator.iter_errors(value)
+
+    def require_fallback(self) -> object:
+        """``fallback``; a schema compiled without one (a tool's parameters) is a bug here."""
+        if self.fallback is NO_FALLBACK:
+            raise ValueError(f"schema {self.name!r} was compiled without a fallback value")
+        return self.fallback
 
     def fallback_with_defaults(self) -> object:
         """Like ``fallback``, plus the optional properties that declare a non-null default
         (``AssistantReply`` gets ``"citations": []``, as in seed 000's degraded example)."""
+        fallback = self.require_fallback()
         value = _Synthesiser(self.validator, _resolver(self.schema), with_defaults=True).build(
             self.schema
         )
-        return self.fallback if value is _NOTHING else value
+        return fallback if value is _NOTHING else value
 
 
 def _invalid(name: str, problem: str) -> RequestError:
@@ -206,8 +235,16 @@ def _invalid(name: str, problem: str) -> RequestError:
     )
 
 
-def compile_schema(schema: object, *, name: str = "inline") -> CompiledSchema:
-    """Check ``schema`` and compile it (cached by content). Raises 422 ``INVALID_SCHEMA``."""
+def compile_schema(
+    schema: object, *, name: str = "inline", fallback: bool = True
+) -> CompiledSchema:
+    """Check ``schema`` and compile it (cached by content). Raises 422 ``INVALID_SCHEMA``.
+
+    ``fallback``: the schema must have a value the gateway can build (OBJECT/RESULT frames
+    and answers, which degrade to it). A tool's parameters never need one: an invalid
+    call goes back to the model, and a tool never runs on made-up arguments; such a
+    schema's ``fallback`` is :data:`NO_FALLBACK`.
+    """
     if not isinstance(schema, Mapping):
         raise _invalid(name, "a schema must be a JSON object")
     try:
@@ -216,60 +253,213 @@ def compile_schema(schema: object, *, name: str = "inline") -> CompiledSchema:
         raise _invalid(name, f"not JSON-serialisable ({exc})") from exc
     if len(blob) > MAX_SCHEMA_BYTES:
         raise _invalid(name, f"{len(blob)} bytes, over the {MAX_SCHEMA_BYTES}-byte limit")
-    return _compile(name, blob)
+    return _compile(name, blob, fallback)
 
 
 @functools.lru_cache(maxsize=_COMPILE_CACHE_SIZE)
-def _compile(name: str, blob: bytes) -> CompiledSchema:
+def _compile(name: str, blob: bytes, needs_fallback: bool) -> CompiledSchema:
     # Decoded from the canonical bytes, so a caller mutating their dict cannot reach the cache.
     schema: dict[str, Any] = orjson.loads(blob)
+    cls = _validator_class(schema)
     try:
-        Draft202012Validator.check_schema(schema)
-    except SchemaError as exc:
-        where = exc.json_path.replace("$", "schema", 1)
-        raise _invalid(name, f"{where}: {exc.message}") from None
+        problem = best_match(_meta_validator(cls).iter_errors(schema))
     except RecursionError:
         raise _invalid(name, "nested too deeply") from None
-    resolver = _resolver(schema)
+    if problem is not None:
+        where = problem.json_path.replace("$", "schema", 1)
+        raise _invalid(name, f"{where}: {problem.message}")
+    _check_reach(schema, name)
+    registry = _registry(schema)
+    resolver = registry.resolver(_root_uri(schema))
     for ref in _refs(schema, name):
-        if not ref.startswith("#"):
-            raise _invalid(name, f"$ref {ref!r} is not local: only '#...' references are allowed")
         try:
             resolver.lookup(ref)
         except referencing.exceptions.Unresolvable:
             raise _invalid(name, f"$ref {ref!r} does not resolve") from None
-    validator = Draft202012Validator(schema)  # no format_checker: "format" is not asserted
-    synth = _Synthesiser(validator, resolver, with_defaults=False)
-    fallback = synth.build(schema)
-    if fallback is _NOTHING:
-        raise _invalid(
-            name,
-            "the gateway cannot construct any value that satisfies it, so it could not "
-            "guarantee a valid fallback (SPEC §4); simplify contradictory or recursive "
-            "required parts",
-        )
-    return CompiledSchema(name=name, schema=schema, validator=validator, fallback=fallback)
+    validator = cls(schema, registry=registry, format_checker=format_checker())
+    value: object = NO_FALLBACK
+    if needs_fallback:
+        synth = _Synthesiser(validator, resolver, with_defaults=False)
+        value = synth.build(schema)
+        if value is _NOTHING:
+            raise _invalid(
+                name,
+                "the gateway cannot construct any value that satisfies it, and a frame "
+                "of this schema must fall back to one when the model's stays invalid; "
+                "simplify contradictory or recursive required parts",
+            )
+    return CompiledSchema(name=name, schema=schema, validator=validator, fallback=value)
+
+
+# --- what a schema may reach (nothing outside itself) -----------------------------------
+
+
+# Draft 2020-12 unless the schema names another draft jsonschema knows ($schema: 4, 6,
+# 7, 2019-09); an unknown $schema is a name only (never fetched) and gets 2020-12.
+def _validator_class(schema: Mapping[str, Any]) -> Any:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # an unknown $schema
+        base = validators.validator_for(schema, default=Draft202012Validator)
+    return _safe_validator(base)
+
+
+@functools.cache
+def _safe_validator(base: Any) -> Any:
+    """``base`` with ``pattern``/``patternProperties`` run by the linear-time engine.
+
+    jsonschema's ``evolve`` (every ``$ref``, every subschema) picks the class again from a
+    ``$schema`` it meets, which would be the stock class, with Python's backtracking
+    ``re``: this one's ``evolve`` keeps to the safe classes.
+    """
+    if base in _SAFE:
+        return base
+    cls = validators.extend(
+        base, {"pattern": _pattern_keyword, "patternProperties": _pattern_properties_keyword}
+    )
+
+    def evolve(self: Any, **changes: Any) -> Any:
+        schema = changes.setdefault("schema", self.schema)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            target = _safe_validator(validators.validator_for(schema, default=type(self)))
+        for field in attrs.fields(type(self)):
+            if field.init and field.alias not in changes:
+                changes[field.alias] = getattr(self, field.name)
+        return target(**changes)
+
+    cls.evolve = evolve
+    _SAFE.add(cls)
+    return cls
+
+
+_SAFE: Final[set[Any]] = set()
+
+
+@functools.cache
+def _meta_validator(cls: Any) -> Any:
+    """The metaschema's validator, reading ``format: regex`` with our pattern engine
+    (jsonschema's own check uses Python's ``re``, which refuses ECMA-262's ``\\p{L}``)."""
+    meta = cls.META_SCHEMA
+    return validators.validator_for(meta, default=cls)(meta, format_checker=_REGEX_ONLY)
+
+
+_REGEX_ONLY: Final = FormatChecker([])
+_REGEX_ONLY.checks("regex", raises=PatternError)(is_pattern)
+
+
+def _pattern_keyword(validator: Any, pattern: str, instance: Any, schema: Any) -> Any:
+    if not validator.is_type(instance, "string"):
+        return
+    compiled = compile_pattern(pattern)
+    if not compiled.search(instance):
+        why = " (it could not be checked in time)" if compiled.starved() else ""
+        yield ValidationError(f"{instance!r} does not match {pattern!r}{why}")
+
+
+def _pattern_properties_keyword(validator: Any, patterns: Any, instance: Any, schema: Any) -> Any:
+    if not validator.is_type(instance, "object"):
+        return
+    for pattern, subschema in patterns.items():
+        compiled = compile_pattern(pattern)
+        for key, value in instance.items():
+            if compiled.search(key):
+                yield from validator.descend(value, subschema, path=key, schema_path=pattern)
+
+
+def _refuse_retrieval(uri: str) -> Any:
+    # A schema is the caller's; whatever it names outside itself is never fetched.
+    raise referencing.exceptions.NoSuchResource(uri)
+
+
+def _registry(schema: Mapping[str, Any]) -> Any:
+    """A registry holding ``schema`` (and its embedded resources) that cannot retrieve."""
+    resource = referencing.jsonschema.specification_with(
+        str(schema.get("$schema", "")), default=referencing.jsonschema.DRAFT202012
+    ).create_resource(schema)
+    registry_type: Any = referencing.Registry  # attrs-made: mypy misreads its fields
+    registry = registry_type(retrieve=_refuse_retrieval).with_resource(_root_uri(schema), resource)
+    try:
+        return registry.crawl()  # embedded resources and anchors, found up front
+    except (AttributeError, TypeError):
+        # referencing reads draft 7's ``dependencies: {"a": ["b"]}`` as a schema and
+        # fails; pointers still resolve lazily without the crawl.
+        return registry
+
+
+def _root_uri(schema: Mapping[str, Any]) -> str:
+    root = schema.get("$id")
+    return root if isinstance(root, str) else ""
 
 
 def _resolver(schema: Mapping[str, Any]) -> Any:
-    resource = referencing.jsonschema.DRAFT202012.create_resource(schema)
-    return referencing.Registry().resolver_with_root(resource)
+    return _registry(schema).resolver(_root_uri(schema))
 
 
-def _refs(schema: object, name: str) -> Iterator[str]:
-    """Every string ``$ref`` in ``schema``, iteratively (no recursion on caller input)."""
-    stack: list[tuple[object, int]] = [(schema, 0)]
+# Keywords whose values are data, not schemas: a "$ref" key inside them is not a reference.
+_DATA_KEYWORDS: Final = frozenset({"const", "enum", "default", "examples", "example"})
+_REF_KEYWORDS: Final = ("$ref", "$dynamicRef", "$recursiveRef")
+
+
+def _walk(schema: object, name: str) -> Iterator[tuple[dict[str, Any], str, int]]:
+    """Every schema object in ``schema`` with its JSON path and depth, iteratively (no
+    recursion on caller input), skipping the data keywords' values."""
+    stack: list[tuple[object, str, int]] = [(schema, "schema", 0)]
     while stack:
-        node, depth = stack.pop()
+        node, path, depth = stack.pop()
         if depth > 256:
             raise _invalid(name, "nested too deeply")
         if isinstance(node, dict):
-            ref = node.get("$ref")
+            yield node, path, depth
+            stack.extend(
+                (v, f"{path}.{k}", depth + 1) for k, v in node.items() if k not in _DATA_KEYWORDS
+            )
+        elif isinstance(node, list):
+            stack.extend((v, f"{path}[{i}]", depth + 1) for i, v in enumerate(node))
+
+
+def _check_reach(schema: Mapping[str, Any], name: str) -> None:
+    """Refuse what would reach outside the request: a reference that is not a local
+    ``#`` pointer or anchor, a nested ``$id`` that names another document, and a pattern
+    no engine can run safely (each 422, naming where)."""
+    for node, path, depth in _walk(schema, name):
+        for key in _REF_KEYWORDS:
+            ref = node.get(key)
+            if isinstance(ref, str) and not ref.startswith("#"):
+                raise _invalid(
+                    name,
+                    f"{path}.{key} {ref!r} is not local: only '#...' references are "
+                    "allowed (the gateway never fetches schemas)",
+                )
+        nested_id = node.get("$id")
+        if depth > 0 and isinstance(nested_id, str) and _absolute(nested_id):
+            raise _invalid(
+                name,
+                f"{path}.$id {nested_id!r} names another document: a part's $id may only "
+                "name it within this schema (a relative name, or '#anchor')",
+            )
+        by_name = node.get("patternProperties")
+        patterns = [node.get("pattern"), *(by_name if isinstance(by_name, dict) else ())]
+        for pattern in patterns:
+            if isinstance(pattern, str):
+                try:
+                    compile_pattern(pattern)
+                except PatternError as exc:
+                    raise _invalid(name, f"{path}: pattern {pattern!r}: {exc}") from None
+
+
+def _absolute(uri: str) -> bool:
+    """A URI with a scheme or a host of its own (``https://…``, ``urn:…``, ``//host``)."""
+    head = uri.split("#", 1)[0]
+    return head.startswith("//") or re.match(r"[A-Za-z][A-Za-z0-9+.-]*:", head) is not None
+
+
+def _refs(schema: object, name: str) -> Iterator[str]:
+    """Every reference string in ``schema`` (all local by now)."""
+    for node, _path, _depth in _walk(schema, name):
+        for key in _REF_KEYWORDS:
+            ref = node.get(key)
             if isinstance(ref, str):
                 yield ref
-            stack.extend((v, depth + 1) for v in node.values())
-        elif isinstance(node, list):
-            stack.extend((v, depth + 1) for v in node)
 
 
 # --- the registry -----------------------------------------------------------------------
@@ -381,6 +571,8 @@ class _Nothing:
 
 
 _NOTHING: Final = _Nothing()
+# The ``fallback`` of a schema compiled without one (a tool's parameters).
+NO_FALLBACK: Final = _NOTHING
 
 
 class _OutOfSteps(Exception):
@@ -487,9 +679,7 @@ class _Synthesiser:
             case "boolean":
                 yield False
             case "string":
-                n = schema.get("minLength", 0)
-                if isinstance(n, int) and n <= _MAX_SYNTH_CHARS:
-                    yield "x" * n
+                yield from _strings(schema)
             case "integer" | "number":
                 yield from _numbers(schema, integer=kind == "integer")
             case "array":
@@ -602,6 +792,23 @@ def _types(schema: dict[str, Any]) -> tuple[str, ...]:
     return _ALL_TYPES
 
 
+def _strings(schema: dict[str, Any]) -> Iterator[str]:
+    """Strings to try: the format's example, the pattern's, then plain padding."""
+    lo = schema.get("minLength", 0)
+    lo = lo if isinstance(lo, int) and 0 <= lo <= _MAX_SYNTH_CHARS else 0
+    hi = schema.get("maxLength")
+    hi = hi if isinstance(hi, int) else None
+    fmt = schema.get("format")
+    if isinstance(fmt, str) and fmt in FORMAT_EXAMPLES:
+        yield FORMAT_EXAMPLES[fmt]
+    pattern = schema.get("pattern")
+    if isinstance(pattern, str):
+        found = example(pattern, min_length=lo, max_length=hi)
+        if found is not None:
+            yield found
+    yield "x" * lo
+
+
 def _property_schema(schema: dict[str, Any], props: dict[str, Any], key: str) -> object:
     if key in props:
         return props[key]
@@ -609,9 +816,9 @@ def _property_schema(schema: dict[str, Any], props: dict[str, Any], key: str) ->
     if isinstance(patterns, dict):
         for pattern, sub in patterns.items():
             try:
-                if re.search(pattern, key):
+                if compile_pattern(pattern).search(key):
                     return sub
-            except re.error:
+            except PatternError:
                 continue
     extra = schema.get("additionalProperties", True)
     return extra if isinstance(extra, dict | bool) else True

@@ -26,19 +26,18 @@ levels of nesting. Sizes are byte counts of that text.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 from collections.abc import Awaitable, Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Generic, TypeVar
 
 import orjson
-from jsonschema import Draft202012Validator
 from pydantic import BaseModel, RootModel, ValidationError
 
 from toolforge.core.protocol import sentinels
 from toolforge.core.redact import normalize_key
-from toolforge.errors import ErrorCode, ToolForgeError
+from toolforge.core.schemas import compile_schema
+from toolforge.errors import ErrorCode, RequestError, ToolForgeError
 
 __all__ = [
     "MAX_ARGS_BYTES",
@@ -506,17 +505,15 @@ def validate_args(spec: ToolSpec[ArgsT], raw: object, *, limit: int = MAX_ARGS_B
     return args
 
 
-@functools.lru_cache(maxsize=512)
-def _schema_validator(blob: bytes) -> Any:
-    return Draft202012Validator(orjson.loads(blob))  # "format" is not asserted
-
-
 def _check_json_schema(spec: ToolSpec[Any], args: BaseModel) -> None:
     """Validate a :class:`JsonArgs` value against the tool's JSON Schema; each violation
     is reported like a pydantic one, ``{path, constraint, message}``."""
-    validator = _schema_validator(dump_json(spec.input_schema))
+    try:
+        compiled = compile_schema(spec.input_schema, name=f"{spec.name}.parameters", fallback=False)
+    except RequestError as exc:  # an MCP server's schema that reaches outside itself
+        raise ToolError(ErrorCode.TOOL_FAILED, f"{spec.name}: {exc.message}") from None
     value = args.model_dump(mode="json")
-    found = sorted(validator.iter_errors(value), key=lambda e: list(map(str, e.absolute_path)))
+    found = sorted(compiled.errors(value), key=lambda e: list(map(str, e.absolute_path)))
     if not found:
         return
     details = [

@@ -156,7 +156,8 @@ async def plan_completion(
     forced = req.tool_choice.function.name if choice == "function" else None
     offered = {**client, **server} if choice != "none" else {}
     compiled: dict[str, CompiledSchema] = {
-        name: compile_schema(params, name=f"{name}.parameters") for name, params in offered.items()
+        name: compile_schema(params, name=f"{name}.parameters", fallback=False)
+        for name, params in offered.items()
     }
 
     # The answer: text, any JSON object, or a schema's JSON (response_format).

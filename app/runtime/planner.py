@@ -464,7 +464,7 @@ class StreamPlanner:
                     http_status=422,
                 )
             client_schemas[tool.name] = compile_schema(
-                tool.parameters, name=f"{tool.name}.parameters"
+                tool.parameters, name=f"{tool.name}.parameters", fallback=False
             )
             tool_dicts.append(
                 {

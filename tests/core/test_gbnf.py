@@ -422,10 +422,32 @@ FEATURES: dict[str, tuple[dict[str, Any], list[str], list[str]]] = {
         ['{"a":"x"}'],
         ['{"a":"x","id":"1"}'],
     ),
-    "format is ignored": (
+    "format date-time is its shape": (
         {"type": "string", "format": "date-time"},
-        ['"2024-01-01T00:00:00Z"', '"not a date"'],
-        ["1"],
+        ['"2024-01-01T00:00:00Z"', '"2024-01-01T19:30:00.5+02:00"'],
+        ['"not a date"', '"2024-13-01T00:00:00Z"', '"2024-01-01 00:00:00"', "1"],
+    ),
+    "format date, uuid and email are their shapes": (
+        {
+            "type": "object",
+            "properties": {
+                "d": {"type": "string", "format": "date"},
+                "u": {"type": "string", "format": "uuid"},
+                "e": {"type": "string", "format": "email"},
+            },
+            "required": ["d", "u", "e"],
+        },
+        ['{"d":"2026-11-27","u":"9b2f6a3e-1c4d-4e8f-9a0b-1c2d3e4f5a6b","e":"a.b@ex.org"}'],
+        [
+            '{"d":"27/11/2026","u":"9b2f6a3e-1c4d-4e8f-9a0b-1c2d3e4f5a6b","e":"a.b@ex.org"}',
+            '{"d":"2026-11-27","u":"9b2f6a3e","e":"a.b@ex.org"}',
+            '{"d":"2026-11-27","u":"9b2f6a3e-1c4d-4e8f-9a0b-1c2d3e4f5a6b","e":"nobody"}',
+        ],
+    ),
+    "format with a pattern: the pattern wins": (
+        {"type": "string", "format": "date", "pattern": "^[0-9]{8}$"},
+        ['"20261127"'],
+        ['"2026-11-27"'],
     ),
     "pattern": (
         {"type": "string", "pattern": "^([01][0-9]|2[0-3]):[0-5][0-9]$"},
@@ -457,7 +479,31 @@ FEATURES: dict[str, tuple[dict[str, Any], list[str], list[str]]] = {
         ['"ab"', '"  "', '""'],
         ['"abc"'],
     ),
-    "unanchored pattern falls back": ({"type": "string", "pattern": "[0-9]"}, ['"x"'], ["1"]),
+    "unanchored pattern: a match anywhere": (
+        {"type": "string", "pattern": "[0-9]"},
+        ['"7"', '"a7"', '"7a"', '"ab 7 cd"'],
+        ['"x"', '""', "1"],
+    ),
+    "pattern anchored at the start only": (
+        {"type": "string", "pattern": "^[A-Z]-"},
+        ['"A-"', '"B-123 anything"'],
+        ['"xA-"', '"A"'],
+    ),
+    "pattern anchored at the end only": (
+        {"type": "string", "pattern": "[0-9]{5}$"},
+        ['"12345"', '"order 12345"'],
+        ['"12345 "', '"1234"'],
+    ),
+    "unanchored alternation": (
+        {"type": "string", "pattern": "cat|dog"},
+        ['"a dog"', '"cats"'],
+        ['"cow"'],
+    ),
+    "an escaped dollar is a literal, not an anchor": (
+        {"type": "string", "pattern": "^[0-9]+\\$"},
+        ['"12$"', '"12$ more"'],
+        ['"12"'],
+    ),
     "unsupported keyword: a generic value": (
         {"not": {"type": "string"}},
         ['"a"', "1", "[{}]"],

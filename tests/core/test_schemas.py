@@ -179,6 +179,20 @@ def test_compiled_schemas_are_cached_by_content() -> None:
     assert first.schema["required"] == ["q"]
 
 
-def test_format_is_not_asserted() -> None:
-    compiled = compile_schema({"type": "string", "format": "date-time"})
-    assert compiled.is_valid("not a date")
+@pytest.mark.parametrize(
+    ("fmt", "good", "bad"),
+    [
+        ("date-time", "2026-11-27T19:00:00Z", "not a date"),
+        ("date", "2026-11-27", "2026-13-01"),
+        ("time", "19:00:00+01:00", "7pm"),
+        ("email", "ana@example.com", "ana at example"),
+        ("uuid", "9b2f6a3e-1c4d-4e8f-9a0b-1c2d3e4f5a6b", "9b2f6a3e"),
+        ("ipv4", "192.0.2.7", "300.1.1.1"),
+        ("uri", "https://example.com/a?b=1", "not a uri"),
+    ],
+)
+def test_formats_are_asserted_and_their_fallback_is_valid(fmt: str, good: str, bad: str) -> None:
+    compiled = compile_schema({"type": "string", "format": fmt})
+    assert compiled.is_valid(good)
+    assert not compiled.is_valid(bad)
+    assert compiled.is_valid(compiled.fallback)
