@@ -589,9 +589,10 @@ def _json_text(value: object) -> str:
 # --- JSON Schema -> rules --------------------------------------------------------------------
 
 
-# Subschemas converted for one grammar, at most: a real-world schema (SchemaStore's
-# largest) needs about 3,000; inlined recursion could otherwise grow without bound.
-_MAX_WORK: Final = 20_000
+# Subschemas converted for one grammar, at most: SchemaStore's schemas need at most
+# about 2,200; inlined recursion (a $ref with narrowing siblings) could otherwise grow
+# the grammar without bound.
+_MAX_WORK: Final = 5_000
 
 
 class _Converter:

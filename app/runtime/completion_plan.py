@@ -36,7 +36,7 @@ from toolforge.core.native_tools import to_openai_tools
 from toolforge.core.schemas import CompiledSchema, compile_schema
 from toolforge.core.workflow import WorkflowDef
 from toolforge.errors import ErrorCode, RequestError
-from toolforge.runtime.planner import StreamPlan, StreamPlanner
+from toolforge.runtime.planner import StreamPlan, StreamPlanner, compile_off_loop
 
 __all__ = ["CompletionAsk", "call_schema", "plan_completion", "plan_workflow_completion"]
 
@@ -155,6 +155,15 @@ async def plan_completion(
     choice = req.tool_choice_name
     forced = req.tool_choice.function.name if choice == "function" else None
     offered = {**client, **server} if choice != "none" else {}
+    fmt = req.response_format
+    await compile_off_loop(
+        [(params, f"{name}.parameters", False) for name, params in offered.items()]
+        + (
+            [(fmt.json_schema.schema_ or {}, fmt.json_schema.name, True)]
+            if fmt is not None and fmt.type == "json_schema"
+            else []
+        )
+    )
     compiled: dict[str, CompiledSchema] = {
         name: compile_schema(params, name=f"{name}.parameters", fallback=False)
         for name, params in offered.items()
@@ -162,7 +171,6 @@ async def plan_completion(
 
     # The answer: text, any JSON object, or a schema's JSON (response_format).
     answer: CompiledSchema | None = None
-    fmt = req.response_format
     if fmt is not None and fmt.type == "json_object":
         answer = compile_schema(_ANY_OBJECT, name="json_object")
     elif fmt is not None and fmt.type == "json_schema":

@@ -14,6 +14,7 @@ StreamRequest`` satisfies: runtime does not import the HTTP layer.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -202,6 +203,27 @@ class PlanShape:
     client_schemas: Mapping[str, CompiledSchema] = field(default_factory=dict)
 
 
+async def compile_off_loop(schemas: Sequence[tuple[object, str, bool]]) -> None:
+    """Compile a request's inline schemas (schema, name, needs a fallback) in a worker
+    thread, into ``compile_schema``'s cache, where planning then finds them. A schema
+    of 64 KB costs up to ~200 ms to check; the event loop keeps serving meanwhile (the
+    worker gives up the GIL every few ms), and requests' schemas are checked one at a
+    time. Errors are raised as ``compile_schema``'s."""
+    if not schemas:
+        return
+
+    def compile_all() -> None:
+        for schema, name, fallback in schemas:
+            compile_schema(schema, name=name, fallback=fallback)
+
+    await asyncio.get_running_loop().run_in_executor(_COMPILER, compile_all)
+
+
+# One thread: schemas are pure-Python work that holds the GIL, so every extra thread
+# compiling at once would take the event loop's share of it, not add throughput.
+_COMPILER: Final = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="schemas")
+
+
 @dataclass(slots=True)
 class StreamPlanner:
     """Plans streams for one app: owns the mode probes and the shape cache."""
@@ -240,6 +262,14 @@ class StreamPlanner:
         checked or changed it; by default ``req.workflow`` is resolved here."""
         if workflow is None:
             workflow = self.workflow_for(req.workflow)
+        await compile_off_loop(
+            [(t.parameters, f"{t.name}.parameters", False) for t in req.client_tools]
+            + [
+                (item.schema_, item.name, True)
+                for item in req.object_schemas
+                if not isinstance(item, str)
+            ]
+        )
         decision = await self.decide_mode(req)
         mode = decision.mode
         shape = self._shape(req, mode, workflow)

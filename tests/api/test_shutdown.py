@@ -59,7 +59,7 @@ async def test_shutdown_ends_a_running_stream_with_done(tmp_path: Path) -> None:
     names = [name for name, _ in events if name != "ping"]
     assert names == ["stream.begin", "text.delta", "done"]
     assert events[-1][1]["reason"] == "shutdown"
-    (run,) = (tmp_path / "runs").iterdir()
+    (run,) = (p for p in (tmp_path / "runs").iterdir() if p.is_dir())
     metrics = orjson.loads((run / "metrics.json").read_bytes())
     assert metrics["reason"] == "shutdown"
 
