@@ -28,7 +28,7 @@ first message: in constrained mode the grammar lets a plain string be only a few
 words (a search query drawn from "Find pizza near me; ...", never SQL or a made-up term),
 a string with a ``pattern`` only its times of day as ``HH:MM`` ("7pm" → "19:00") or words
 that match, a number only the numbers it states ("for 2"); an argument the user said
-nothing usable for keeps its schema (``toolforge.core.steps.user_values``). The words of a
+nothing usable for keeps its schema (``toolforge.core.grounding.user_values``). The words of a
 grounded call whose result gave an argument-matched prerequisite nothing are not offered
 again. Like argument-matched prerequisites it is a narrowing, off with ``narrow: false``.
 
