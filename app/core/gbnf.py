@@ -115,6 +115,7 @@ __all__ = [
     "DEFAULT_MAX_TEXT_CHARS",
     "FrameGrammar",
     "TurnIds",
+    "decoding_gaps",
     "frame_grammar",
     "json_value_grammar",
     "next_turn_ids",
@@ -392,6 +393,33 @@ def json_value_grammar(
     """A grammar for one JSON value shaped by ``schema``, nothing around it (model repair)."""
     grammar = FrameGrammar(tools={}, result=("Any", {}), max_depth=max_depth, max_tokens=max_tokens)
     return grammar.json_value(schema)
+
+
+def decoding_gaps(schema: object) -> list[str]:
+    """Where the grammar leaves a string's constraint to validation: a ``pattern`` it
+    cannot express (lookarounds, back-references, ...) or a ``format`` it has no shape for,
+    each as ``"<path>: pattern '...'"``. Validation checks them all after decoding; the
+    plan records the list, so a user sees which constraints the model was not held to."""
+    gaps: list[str] = []
+    probe = _Rules(_Limits.of(DEFAULT_MAX_DEPTH, None))
+    stack: list[tuple[object, str, int]] = [(schema, "$", 0)]
+    while stack:
+        node, path, depth = stack.pop()
+        if depth > 64 or len(gaps) >= 32:
+            break
+        if isinstance(node, Mapping):
+            pattern, fmt = node.get("pattern"), node.get("format")
+            if isinstance(pattern, str) and _Regex(probe, "probe", None).convert(pattern) is None:
+                gaps.append(f"{path}: pattern {pattern!r}")
+            elif isinstance(fmt, str) and not isinstance(pattern, str):
+                if fmt not in FORMAT_PATTERNS:
+                    gaps.append(f"{path}: format {fmt!r}")
+            for key, value in node.items():
+                if key not in ("enum", "const", "default", "examples"):
+                    stack.append((value, f"{path}.{key}", depth + 1))
+        elif isinstance(node, list):
+            stack.extend((v, f"{path}[{i}]", depth + 1) for i, v in enumerate(node))
+    return sorted(gaps)
 
 
 # --- rules ---------------------------------------------------------------------------------

@@ -47,9 +47,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import os
 import re
-import secrets
 import shutil
 import threading
 import time
@@ -62,7 +60,7 @@ import orjson
 from toolforge.core.redact import redact_serialisable
 from toolforge.errors import ErrorCode, RequestError
 from toolforge.log import ARTIFACTS_PRUNED, get_logger
-from toolforge.runtime.run_index import RunIndex, summarise
+from toolforge.runtime.run_index import RunIndex, replace_atomically, summarise
 
 __all__ = ["ARTIFACT_FILES", "SWEEP_INTERVAL_S", "ArtifactStore", "RunArtifacts"]
 
@@ -280,7 +278,7 @@ class RunArtifacts:
         failures: list[OSError] = []
         for name in ARTIFACT_FILES:
             try:
-                _replace_atomically(directory / name, contents[name])
+                replace_atomically(directory / name, contents[name])
             except OSError as exc:
                 failures.append(exc)
         if failures:
@@ -350,26 +348,3 @@ def _jsonable(value: object, depth: int) -> object:
     if isinstance(value, list | tuple | set | frozenset):
         return [_jsonable(v, depth - 1) for v in value]
     return _jsonable(str(value), depth)
-
-
-def _replace_atomically(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` so that readers see the old file or the new, never half."""
-    # os.open/os.write rather than mkstemp + a file object: the same O_EXCL, owner-only
-    # temp file, in half the system calls (no buffered writer: no fstat, ioctl, lseek).
-    temp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
-    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    try:
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-        finally:
-            os.close(fd)
-        os.replace(temp, path)
-    except BaseException:
-        # Leave nothing behind, whatever interrupted us.
-        try:
-            os.unlink(temp)
-        except OSError:
-            pass
-        raise

@@ -31,7 +31,7 @@ import orjson
 
 from toolforge.core.chat import ChatRequest
 from toolforge.core.engine.completion import RESPOND, CompletionMode, Guards, Nudges
-from toolforge.core.gbnf import json_value_grammar
+from toolforge.core.gbnf import decoding_gaps, json_value_grammar
 from toolforge.core.native_tools import to_openai_tools
 from toolforge.core.schemas import CompiledSchema, compile_schema
 from toolforge.core.workflow import WorkflowDef
@@ -298,6 +298,12 @@ async def plan_completion(
         "guardrails": dict(guard_record),
         "request_extra": {k: v for k, v in mode.extra.items() if k != "grammar"},
         "grammar": "grammar" in mode.extra,
+        # What the grammar could not hold the model to; validation checks it after.
+        "validated_after_decoding": _gaps(
+            {**callable_, **({"response_format": answer.schema} if answer else {})}
+        )
+        if mode_name == "constrained"
+        else {},
         "user": req.user,
         "metadata": req.metadata,
     }
@@ -441,6 +447,11 @@ async def plan_workflow_completion(
         "metadata": req.metadata,
     }
     return plan
+
+
+def _gaps(schemas: Mapping[str, Any]) -> dict[str, list[str]]:
+    """Each schema's constraints the grammar leaves to validation (``decoding_gaps``)."""
+    return {name: found for name, schema in schemas.items() if (found := decoding_gaps(schema))}
 
 
 def _forwarded(req: CompletionAsk) -> dict[str, Any]:

@@ -24,7 +24,7 @@ import httpx
 
 from toolforge.core.context import ContextPolicy, workflow_context
 from toolforge.core.engine import ConstrainedMode, Mode, mode_named
-from toolforge.core.gbnf import FrameGrammar
+from toolforge.core.gbnf import FrameGrammar, decoding_gaps
 from toolforge.core.native_tools import to_openai_tools
 from toolforge.core.prompt import build_messages, render_system_prompt, render_workflow_prompt
 from toolforge.core.schemas import ANY, CompiledSchema, SchemaRegistry, compile_schema
@@ -296,6 +296,17 @@ class StreamPlanner:
             "result_schema": req.result_schema,
             "schemas": shape.schema_docs,
             "tools": shape.tool_dicts,
+            # What the grammar could not hold the model to; validation checks it after.
+            "validated_after_decoding": {
+                name: found
+                for name, schema in [
+                    *((t["name"], t["input_schema"]) for t in shape.tool_dicts),
+                    *shape.schema_docs.items(),
+                ]
+                if (found := decoding_gaps(schema))
+            }
+            if mode == "constrained"
+            else {},
             "max_tool_calls": req.max_tool_calls,
         }
         max_tool_calls = req.max_tool_calls

@@ -39,7 +39,7 @@ from typing import Any, Final
 
 import orjson
 
-__all__ = ["INDEX_NAME", "RunIndex", "read_bytes", "read_json", "summarise"]
+__all__ = ["INDEX_NAME", "RunIndex", "read_bytes", "read_json", "replace_atomically", "summarise"]
 
 INDEX_NAME: Final = ".index.ndjson"
 _INPUT_CHARS: Final = 200
@@ -107,20 +107,7 @@ class RunIndex:
     def rewrite(self, entries: Iterable[Mapping[str, Any]]) -> None:
         """Replace the index with ``entries`` (the caller holds :attr:`lock`)."""
         self.runs.mkdir(parents=True, exist_ok=True)
-        data = b"".join(orjson.dumps(e) + b"\n" for e in entries)
-        temp = self.runs / f".index.{secrets.token_hex(6)}.tmp"
-        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-        try:
-            try:
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(fd, view) :]
-            finally:
-                os.close(fd)
-            os.replace(temp, self.path)
-        except BaseException:
-            temp.unlink(missing_ok=True)
-            raise
+        replace_atomically(self.path, b"".join(orjson.dumps(e) + b"\n" for e in entries))
 
     # -- reading ------------------------------------------------------------------------
 
@@ -317,3 +304,26 @@ def _first_user_input(prompt: object) -> str | None:
             if isinstance(content, str):
                 return content if len(content) <= _INPUT_CHARS else content[:_INPUT_CHARS] + "…"
     return None
+
+
+def replace_atomically(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` so that readers see the old file or the new, never half."""
+    # os.open/os.write rather than mkstemp + a file object: the same O_EXCL, owner-only
+    # temp file, in half the system calls (no buffered writer: no fstat, ioctl, lseek).
+    temp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+        finally:
+            os.close(fd)
+        os.replace(temp, path)
+    except BaseException:
+        # Leave nothing behind, whatever interrupted us.
+        try:
+            os.unlink(temp)
+        except OSError:
+            pass
+        raise

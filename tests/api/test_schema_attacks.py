@@ -255,3 +255,34 @@ async def test_heavy_schemas_are_checked_off_the_event_loop(make_gateway: Harnes
         statuses = await asyncio.gather(*(send(k) for k in range(4)))
     assert statuses == [200] * 4
     assert len(times) > 5 and max(times) < 0.1
+
+
+async def test_the_plan_says_what_the_grammar_left_to_validation(
+    make_gateway: HarnessFactory,
+) -> None:
+    """A lookahead is no grammar's: the pattern is accepted, enforced after decoding, and
+    the plan (prompt.json) names it; a pattern the grammar holds is not listed."""
+    schema = {
+        "type": "object",
+        "properties": {
+            "password": {"type": "string", "pattern": "^(?=.*[0-9]).{8,}$"},
+            "zip": {"type": "string", "pattern": "^[0-9]{5}$"},
+            "v6": {"type": "string", "format": "ipv6"},
+        },
+        "required": ["password", "zip", "v6"],
+    }
+    gw = await make_gateway([Script.from_tokens([sentinel_reply()])], upstream_kind="llama_server")
+    body = {"input": "x", "mode": "constrained", "tools": [], "client_tools": [_tool(schema)]}
+    events = await gw.stream(body)
+    assert_well_formed(events)
+    await gw.settle()
+    run = gw.artifacts / "runs" / events[0].data["stream_id"]
+    prompt = orjson.loads((run / "prompt.json").read_bytes())
+    assert prompt["validated_after_decoding"] == {
+        "lookup": [
+            "$.properties.password: pattern '^(?=.*[0-9]).{8,}$'",
+            "$.properties.v6: format 'ipv6'",
+        ]
+    }
+    grammar = orjson.loads(gw.upstream.requests[0].body)["grammar"]
+    assert "[0-9]{5}" in grammar or "[0-9] [0-9] [0-9] [0-9] [0-9]" in grammar
