@@ -110,7 +110,9 @@ def _repack(dist: Distribution, house: Path) -> None:
     tags = [line.split(":", 1)[1].strip() for line in (dist.read_text("WHEEL") or "").splitlines()
             if line.startswith("Tag:")] or ["py3-none-any"]  # fmt: skip
     name = canonicalize_name(dist.metadata["Name"]).replace("-", "_")
-    target = house / f"{name}-{dist.version}-{tags[0]}.whl"
+    # A py2.py3 wheel lists "py2-none-any" first: the filename needs a tag pip here takes.
+    tag = next((t for t in tags if t.startswith(("py3", "cp3"))), tags[0])
+    target = house / f"{name}-{dist.version}-{tag}.whl"
     skip = {"RECORD", "INSTALLER", "REQUESTED", "direct_url.json"}
     with zipfile.ZipFile(target, "w", zipfile.ZIP_STORED) as zf:
         record: list[str] = []
