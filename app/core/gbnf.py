@@ -452,6 +452,7 @@ class _Rules:
         self._taken = set(self.rules) | set(reserved)
         self._pending: set[str] = set()  # reserved names whose body is still being built
         self._next: dict[str, int] = {}  # the next number to try, per base name
+        self.size = 0  # characters of the rules added since
 
     def fork(self) -> _Rules:
         """A copy to add one turn's rules to, leaving these as they are."""
@@ -461,6 +462,7 @@ class _Rules:
         other._taken = set(self._taken)
         other._pending = set(self._pending)
         other._next = dict(self._next)
+        other.size = self.size
         return other
 
     def reserve(self, hint: str) -> str:
@@ -474,15 +476,18 @@ class _Rules:
         if name in self._pending:
             self._pending.discard(name)
             self.rules[name] = body
+            self.size += len(body)
 
     def add(self, hint: str, body: str) -> str:
         """A rule named after ``hint``; a pending reserved ``hint`` itself gets the body."""
         if hint in self._pending:
             self._pending.discard(hint)
             self.rules[hint] = body
+            self.size += len(body)
             return hint
         name = self._new(hint)
         self.rules[name] = body
+        self.size += len(body)
         return name
 
     def _new(self, hint: str) -> str:
@@ -621,6 +626,9 @@ def _json_text(value: object) -> str:
 # about 2,200; inlined recursion (a $ref with narrowing siblings) could otherwise grow
 # the grammar without bound.
 _MAX_WORK: Final = 5_000
+# And at most this much rule text (SchemaStore's p99 is 185 KB): llama.cpp parses the
+# grammar with every request, and a model's sampler walks it with every token.
+_MAX_GRAMMAR_CHARS: Final = 256 * 1024
 
 
 class _Converter:
@@ -640,7 +648,8 @@ class _Converter:
     def value(self, schema: object, hint: str, depth: int) -> str:
         """An atom (rule name or literal) for values of ``schema`` at nesting ``depth``."""
         self._work += 1
-        if not isinstance(schema, Mapping) or self._work > _MAX_WORK:
+        too_big = self._work > _MAX_WORK or self._rules.size > _MAX_GRAMMAR_CHARS
+        if not isinstance(schema, Mapping) or too_big:
             # True, or junk (False is dropped by callers); or a schema whose inlined parts
             # (a $ref with narrowing siblings, recursively) would multiply past the budget:
             # the rest is a generic value, and validation still checks it exactly.
