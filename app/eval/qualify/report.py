@@ -175,14 +175,24 @@ def chart_data(runs: Sequence[RunResult]) -> dict[str, Any]:
 
 # -- the HTML dashboard: inline SVG ---------------------------------------------------------
 
-_W = 720
+# The plot's own width; the labels' column is as wide as the longest label needs.
+_PLOT = 420
+# Upper bound of one character's advance at the charts' 11 px sans-serif (digits and
+# lower case are narrower; "m" and "W" about this): labels are never cut at the left.
+_CHAR_PX = 7.0
+
+
+def _label_column(labels: Sequence[str]) -> int:
+    return 12 + int(_CHAR_PX * max((len(label) for label in labels), default=0))
 
 
 def _svg_scores(scores: Sequence[Mapping[str, Any]]) -> str:
-    bar_h, gap, left = 18, 6, 300
+    bar_h, gap = 18, 6
+    left = _label_column([s["cell"] for s in scores])
+    width = left + _PLOT + 40
     h = len(scores) * (bar_h + gap) + 30
-    span = _W - left - 20
-    parts = [f'<svg class="chart" width="{_W}" height="{h}" role="img" aria-label="score">']
+    span = _PLOT
+    parts = [f'<svg class="chart" width="{width}" height="{h}" role="img" aria-label="score">']
     for i, s in enumerate(scores):
         y = 20 + i * (bar_h + gap)
         w = s["score"] * span
@@ -203,17 +213,20 @@ def _svg_scores(scores: Sequence[Mapping[str, Any]]) -> str:
 def _svg_deltas(deltas: Sequence[Mapping[str, Any]]) -> str:
     if not deltas:
         return "<p>No ablation runs beside <code>reforged</code> in these results.</p>"
-    bar_h, gap, left = 18, 6, 360
-    mid = left + (_W - left - 20) / 2
-    half = (_W - left - 20) / 2
+    bar_h, gap = 18, 6
+    labels = [f"{d['scenario']} | {d['model']} | {d['mode']} | {d['ablation']}" for d in deltas]
+    left = _label_column(labels)
+    width = left + _PLOT + 40
+    half = _PLOT / 2
+    mid = left + half
     h = len(deltas) * (bar_h + gap) + 30
-    parts = [f'<svg class="chart" width="{_W}" height="{h}" role="img" aria-label="deltas">']
+    parts = [f'<svg class="chart" width="{width}" height="{h}" role="img" aria-label="deltas">']
     parts.append(f'<line x1="{mid}" x2="{mid}" y1="10" y2="{h - 10}" class="axis"/>')
     for i, d in enumerate(deltas):
         y = 20 + i * (bar_h + gap)
         w = abs(d["delta"]) * half
         x = mid if d["delta"] >= 0 else mid - w
-        label = html.escape(f"{d['scenario']} | {d['model']} | {d['mode']} | {d['ablation']}")
+        label = html.escape(labels[i])
         cls = "up" if d["delta"] >= 0 else "down"
         parts.append(
             f'<text x="{left - 6}" y="{y + 13}" text-anchor="end">{label}</text>'
@@ -225,11 +238,13 @@ def _svg_deltas(deltas: Sequence[Mapping[str, Any]]) -> str:
 
 
 def _svg_latencies(latencies: Mapping[str, Sequence[float]]) -> str:
-    row_h, left = 20, 300
+    row_h = 20
+    left = _label_column(list(latencies))
+    width = left + _PLOT + 40
     top = max((max(v) for v in latencies.values() if v), default=1.0) or 1.0
-    span = _W - left - 20
+    span = _PLOT
     h = len(latencies) * row_h + 30
-    parts = [f'<svg class="chart" width="{_W}" height="{h}" role="img" aria-label="latency">']
+    parts = [f'<svg class="chart" width="{width}" height="{h}" role="img" aria-label="latency">']
     for i, (cell, values) in enumerate(latencies.items()):
         y = 20 + i * row_h
         parts.append(
@@ -239,7 +254,7 @@ def _svg_latencies(latencies: Mapping[str, Sequence[float]]) -> str:
             parts.append(f'<circle cx="{left + v / top * span:.1f}" cy="{y}" r="3" class="dot"/>')
     parts.append(
         f'<text x="{left}" y="{h - 4}">0 s</text>'
-        f'<text x="{_W - 20}" y="{h - 4}" text-anchor="end">{top:.1f} s</text></svg>'
+        f'<text x="{left + span}" y="{h - 4}" text-anchor="end">{top:.1f} s</text></svg>'
     )
     return "".join(parts)
 
