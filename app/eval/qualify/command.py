@@ -1,6 +1,6 @@
 """``toolforge eval``: run scenarios N times against a backend, write the reports.
 
-    toolforge eval [--scenario NAME ...] [--tags TAG ...] [--runs N]
+    toolforge eval [--scenario NAME ...] [--tags TAG ...] [--scenarios FILE] [--runs N]
                    [--backend embedded|URL|ollama[:URL]|anthropic|scripted:MODEL]
                    [--model ID] [--mode auto|native|sentinel|constrained ...]
                    [--ablation PRESET ...] [--concurrency N] [--seed N] [--out DIR]
@@ -8,7 +8,9 @@
 Results append to ``<out>/results.jsonl`` (one line per run, with its config); running the
 same command again resumes, doing only the runs not yet there. Then ``summary.json``,
 ``report.md`` and ``report.html`` are written from the whole JSONL, and the table printed.
-``--report-only`` rewrites the reports without running anything.
+``--report-only`` rewrites the reports without running anything. ``--scenarios FILE`` runs
+the scenarios of a YAML or JSON file instead of the built-in catalog (docs/eval.md, "Your
+own scenarios"); ``--scenario`` and ``--tags`` then choose among them.
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ from toolforge.eval.qualify.catalog import ALL_SCENARIOS, select
 from toolforge.eval.qualify.metrics import aggregate
 from toolforge.eval.qualify.report import render_html, render_markdown, render_table, summary
 from toolforge.eval.qualify.results import ResultsFile
+from toolforge.eval.qualify.scenario import Scenario
+from toolforge.eval.qualify.scenario_file import ScenarioFileError, load_scenarios
 
 __all__ = ["add_eval_command", "eval_command", "provenance", "write_reports"]
 
@@ -50,6 +54,13 @@ def add_eval_command(subparsers: Any) -> None:
     names = ", ".join(s.name for s in ALL_SCENARIOS)
     p.add_argument("--scenario", nargs="+", default=[], metavar="NAME", help=f"of: {names}")
     p.add_argument("--tags", nargs="+", default=[], metavar="TAG", help="scenarios with a tag")
+    p.add_argument(
+        "--scenarios",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="a YAML or JSON file of your own scenarios, run instead of the built-in ones",
+    )
     p.add_argument("--runs", type=int, default=3, help="runs per cell (default 3)")
     p.add_argument(
         "--backend",
@@ -118,11 +129,35 @@ def _default_out(backend: str, model: str) -> Path:
     return Path("artifacts") / "eval" / slug.strip("-")[:80]
 
 
+def _scenarios(args: argparse.Namespace) -> list[Scenario]:
+    """The built-in catalog's, or with ``--scenarios`` the file's (a bad file exits 2, one
+    line per problem); ``--scenario`` and ``--tags`` choose among them."""
+    if args.scenarios is None:
+        return select(args.scenario, args.tags)
+    try:
+        loaded: list[Scenario] = list(load_scenarios(args.scenarios))
+    except ScenarioFileError as exc:
+        for line in exc.problems:
+            print(f"toolforge eval: {line}", file=sys.stderr)
+        raise SystemExit(2) from None
+    if args.scenario:
+        named = {s.name: s for s in loaded}
+        missing = [n for n in args.scenario if n not in named]
+        if missing:
+            raise KeyError(
+                f"no scenario {missing[0]!r} in {args.scenarios}; known: {', '.join(named)}"
+            )
+        return [named[n] for n in args.scenario]
+    if args.tags:
+        return [s for s in loaded if s.tags & set(args.tags)]
+    return loaded
+
+
 def eval_command(args: argparse.Namespace) -> None:
     from toolforge.eval.qualify.live import EvalSetupError, make_run, model_label
 
     try:
-        scenarios = select(args.scenario, args.tags)
+        scenarios = _scenarios(args)
         ablations = [preset(a) for a in args.ablation]
     except KeyError as exc:
         print(f"toolforge eval: {exc.args[0]}", file=sys.stderr)
