@@ -171,6 +171,12 @@ class WorkflowDef:
     def uses_respond(self) -> bool:
         return RESPOND in self.tools
 
+    def tool_call_limit(self, requested: int) -> int:
+        """The stream's tool-call limit under this workflow: ``requested``, lifted to
+        :data:`TOOL_CALLS_PER_ITERATION` a turn (the one rule for every front door: the
+        stream body, the proxy and the Python runner)."""
+        return max(requested, TOOL_CALLS_PER_ITERATION * self.max_iterations)
+
     def to_dict(self) -> dict[str, Any]:
         """The definition as a document (``GET /v1/workflows``)."""
         return {

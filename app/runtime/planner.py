@@ -43,6 +43,7 @@ from toolforge.upstream.base import PROFILES, ChatRequest
 from toolforge.upstream.probe import ModeDecision, probe_tool_mode
 
 __all__ = [
+    "DEFAULT_MAX_TOOL_CALLS",
     "PlanShape",
     "PlannerConfig",
     "SessionLimits",
@@ -60,6 +61,10 @@ _ASKED: Final = {
 
 
 DisconnectPolicy = Literal["cancel", "continue"]
+
+
+# A stream's tool calls when its request names no limit.
+DEFAULT_MAX_TOOL_CALLS: Final = 8
 
 
 @dataclass(slots=True)
@@ -89,7 +94,7 @@ class StreamPlan:
     approval_tools: frozenset[str] = frozenset()  # their calls wait for an approval
     # Seed 004: tool -> the hidden tool the gateway confirms its proposals with.
     confirmations: Mapping[str, str] = field(default_factory=dict)
-    max_tool_calls: int = 8
+    max_tool_calls: int = DEFAULT_MAX_TOOL_CALLS
     idempotency_key: str | None = None
     # The OpenAI-compatible proxy's: functions the client runs itself (SPEC §7).
     client_tools: frozenset[str] = frozenset()
@@ -322,7 +327,7 @@ class StreamPlanner:
             )
             prompt_record["workflow"] = workflow.to_dict()
             # The workflow's own budgets bound it; the stream's call limit must not cut in.
-            max_tool_calls = max(max_tool_calls, 4 * workflow.max_iterations)
+            max_tool_calls = workflow.tool_call_limit(max_tool_calls)
             policy = WorkflowPolicy(
                 workflow,
                 schemas={t["name"]: t["input_schema"] for t in shape.tool_dicts},

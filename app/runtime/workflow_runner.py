@@ -55,7 +55,7 @@ from toolforge.core.workflow import RESPOND, RESPOND_TOOL, WorkflowDef, parse_wo
 from toolforge.errors import ErrorCode, ToolForgeError, WorkflowError, workflow_error
 from toolforge.runtime.executor import ToolExecutor
 from toolforge.runtime.frame_log import decode_frames
-from toolforge.runtime.planner import SessionLimits, StreamPlan
+from toolforge.runtime.planner import DEFAULT_MAX_TOOL_CALLS, SessionLimits, StreamPlan
 from toolforge.runtime.session import StreamSession
 from toolforge.upstream.base import Upstream
 
@@ -345,7 +345,7 @@ class WorkflowRunner:
             chat=chat,
             mode=mode,
             tools_allow=tuple(registry.names()),
-            max_tool_calls=min(64, 4 * definition.max_iterations),
+            max_tool_calls=definition.tool_call_limit(DEFAULT_MAX_TOOL_CALLS),
             workflow=policy,
             context=workflow_context(
                 None

@@ -85,3 +85,15 @@ def test_registered_workflows_are_the_operators_and_not_capped(tmp_path: Path) -
     assert loaded["client_made"].max_iterations == 100
     with pytest.raises(Exception, match="INLINE_WORKFLOW_MAX_ITERATIONS"):
         parse_workflow(doc, known_tools=TOOLS, caps=WorkflowCaps())
+
+
+@pytest.mark.parametrize(
+    ("iterations", "requested", "limit"), [(2, 8, 8), (5, 8, 20), (30, 0, 120)]
+)
+def test_one_tool_call_limit_for_every_front_door(
+    iterations: int, requested: int, limit: int
+) -> None:
+    """The stream body, the proxy and the Python runner all take a workflow's tool-call
+    limit from ``WorkflowDef.tool_call_limit``: the request's, lifted to four a turn."""
+    definition = parse_workflow(inline(max_iterations=iterations), known_tools=TOOLS)
+    assert definition.tool_call_limit(requested) == limit
