@@ -291,7 +291,11 @@ def _workflow(doc: _ScenarioDoc, caps: WorkflowCaps, found: list[str]) -> Workfl
             body, known_tools=[t.name for t in doc.tools], source="workflow", caps=caps
         )
     except RequestError as exc:
-        found.append(exc.message)
+        # The gateway's message names its own source and the workflow; here the line
+        # already names the scenario, so it keeps only the problem.
+        problem = exc.message.removeprefix("workflow in workflow: ")
+        problem = problem.replace(f"{body['name']!r} (workflow): ", "", 1)
+        found.append(f"workflow: {problem}")
         return None
 
 
