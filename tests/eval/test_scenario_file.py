@@ -238,6 +238,10 @@ def test_each_problem_of_a_bad_file_is_a_line_naming_scenario_and_field() -> Non
             "max_iterations",
         ),
         (lambda s: s.update(version=2), "f.yaml: version: Extra inputs are not permitted"),
+        (
+            lambda s: s["scenarios"][0].update(system="Be brief."),
+            "'order_refund': system: Extra inputs are not permitted",
+        ),
     ],
 )
 def test_a_bad_field_is_named(change: Any, expected: str) -> None:

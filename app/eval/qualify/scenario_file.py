@@ -94,7 +94,6 @@ class _ScenarioDoc(_Strict):
     name: _NAME
     description: Annotated[str, Field(max_length=4000)] = ""
     tags: list[_NAME] = Field(default_factory=list)
-    system: Annotated[str, Field(min_length=1)] | None = None
     prompt: Annotated[str, Field(min_length=1)]
     tools: Annotated[list[_ToolDoc], Field(min_length=1, max_length=64)]
     workflow: dict[str, Any]
@@ -267,7 +266,6 @@ def _build(doc: _ScenarioDoc, caps: WorkflowCaps, found: list[str]) -> FileScena
         tags=frozenset(doc.tags),
         description=doc.description,
         prompt=doc.prompt,
-        system=doc.system,
         build_tools=lambda: [_tool(t) for t in tools],
         required_steps=workflow.required_steps,
         terminal_tools=tuple(workflow.terminal_tools),
