@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import statistics
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -254,7 +255,10 @@ async def test_heavy_schemas_are_checked_off_the_event_loop(make_gateway: Harnes
     async with healthz_watch(gw) as times:
         statuses = await asyncio.gather(*(send(k) for k in range(4)))
     assert statuses == [200] * 4
-    assert len(times) > 5 and max(times) < 0.1
+    # Checked on the loop, the four would hold it ~0.8 s in one piece. In the worker, the
+    # loop shares the GIL with it (a switch every 5 ms): answers slow down, never stop.
+    assert len(times) > 5 and max(times) < 0.4, times
+    assert statistics.median(times) < 0.1, times
 
 
 async def test_the_plan_says_what_the_grammar_left_to_validation(
