@@ -97,6 +97,7 @@ rule, character class or literal (never a group), and bounds above 1,000 become 
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Collection, Iterator, Mapping
@@ -399,7 +400,14 @@ def decoding_gaps(schema: object) -> list[str]:
     """Where the grammar leaves a string's constraint to validation: a ``pattern`` it
     cannot express (lookarounds, back-references, ...) or a ``format`` it has no shape for,
     each as ``"<path>: pattern '...'"``. Validation checks them all after decoding; the
-    plan records the list, so a user sees which constraints the model was not held to."""
+    plan records the list, so a user sees which constraints the model was not held to.
+    Cached by content: every constrained request of a client asks again for its tools."""
+    return list(_gaps_of(orjson.dumps(schema)))
+
+
+@functools.lru_cache(maxsize=256)
+def _gaps_of(blob: bytes) -> tuple[str, ...]:
+    schema = orjson.loads(blob)
     gaps: list[str] = []
     probe = _Rules(_Limits.of(DEFAULT_MAX_DEPTH, None))
     stack: list[tuple[object, str, int]] = [(schema, "$", 0)]
@@ -419,7 +427,7 @@ def decoding_gaps(schema: object) -> list[str]:
                     stack.append((value, f"{path}.{key}", depth + 1))
         elif isinstance(node, list):
             stack.extend((v, f"{path}[{i}]", depth + 1) for i, v in enumerate(node))
-    return sorted(gaps)
+    return tuple(sorted(gaps))
 
 
 # --- rules ---------------------------------------------------------------------------------

@@ -31,10 +31,12 @@ the validator and the Python types cannot drift apart. ``Any`` (``{}``) accepts 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import re
 import warnings
+from collections import OrderedDict
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
@@ -81,6 +83,7 @@ __all__ = [
     "TimeTarget",
     "builtin_registry",
     "compile_schema",
+    "is_compiled",
     "model_schema",
 ]
 
@@ -245,6 +248,42 @@ def compile_schema(
     call goes back to the model, and a tool never runs on made-up arguments; such a
     schema's ``fallback`` is :data:`NO_FALLBACK`.
     """
+    key = _cache_key(schema, name, fallback)
+    found = _cached(key)
+    if found is None:
+        found = _compile(*key)
+        _CACHE[key] = found
+        while len(_CACHE) > _COMPILE_CACHE_SIZE:
+            with contextlib.suppress(KeyError):  # another thread evicted it first
+                _CACHE.popitem(last=False)
+    return found
+
+
+def is_compiled(schema: object, *, name: str = "inline", fallback: bool = True) -> bool:
+    """Whether :func:`compile_schema` would answer from its cache (nothing is compiled;
+    a schema it would refuse is not compiled)."""
+    try:
+        return _cached(_cache_key(schema, name, fallback)) is not None
+    except RequestError:
+        return False
+
+
+# By (name, canonical bytes, needs a fallback); least recently used out. Explicit, not
+# functools.lru_cache, so that planning can ask what is compiled without compiling it.
+# Request schemas are compiled in a worker thread: every step here is one dict operation.
+_CACHE: Final[OrderedDict[tuple[str, bytes, bool], CompiledSchema]] = OrderedDict()
+
+
+def _cached(key: tuple[str, bytes, bool]) -> CompiledSchema | None:
+    try:
+        found = _CACHE[key]
+        _CACHE.move_to_end(key)
+    except KeyError:
+        return None
+    return found
+
+
+def _cache_key(schema: object, name: str, fallback: bool) -> tuple[str, bytes, bool]:
     if not isinstance(schema, Mapping):
         raise _invalid(name, "a schema must be a JSON object")
     try:
@@ -253,10 +292,9 @@ def compile_schema(
         raise _invalid(name, f"not JSON-serialisable ({exc})") from exc
     if len(blob) > MAX_SCHEMA_BYTES:
         raise _invalid(name, f"{len(blob)} bytes, over the {MAX_SCHEMA_BYTES}-byte limit")
-    return _compile(name, blob, fallback)
+    return name, blob, fallback
 
 
-@functools.lru_cache(maxsize=_COMPILE_CACHE_SIZE)
 def _compile(name: str, blob: bytes, needs_fallback: bool) -> CompiledSchema:
     # Decoded from the canonical bytes, so a caller mutating their dict cannot reach the cache.
     schema: dict[str, Any] = orjson.loads(blob)
@@ -268,10 +306,10 @@ def _compile(name: str, blob: bytes, needs_fallback: bool) -> CompiledSchema:
     if problem is not None:
         where = problem.json_path.replace("$", "schema", 1)
         raise _invalid(name, f"{where}: {problem.message}")
-    _check_reach(schema, name)
+    refs = _check_reach(schema, name)
     registry = _registry(schema)
     resolver = registry.resolver(_root_uri(schema))
-    for ref in _refs(schema, name):
+    for ref in refs:
         try:
             resolver.lookup(ref)
         except referencing.exceptions.Unresolvable:
@@ -417,14 +455,18 @@ def _walk(schema: object, name: str) -> Iterator[tuple[dict[str, Any], str, int]
             stack.extend((v, f"{path}[{i}]", depth + 1) for i, v in enumerate(node))
 
 
-def _check_reach(schema: Mapping[str, Any], name: str) -> None:
+def _check_reach(schema: Mapping[str, Any], name: str) -> list[str]:
     """Refuse what would reach outside the request: a reference that is not a local
     ``#`` pointer or anchor, a nested ``$id`` that names another document, and a pattern
-    no engine can run safely (each 422, naming where)."""
+    no engine can run safely (each 422, naming where). Returns the references, all local."""
+    refs: list[str] = []
     for node, path, depth in _walk(schema, name):
         for key in _REF_KEYWORDS:
             ref = node.get(key)
-            if isinstance(ref, str) and not ref.startswith("#"):
+            if not isinstance(ref, str):
+                continue
+            refs.append(ref)
+            if not ref.startswith("#"):
                 raise _invalid(
                     name,
                     f"{path}.{key} {ref!r} is not local: only '#...' references are "
@@ -445,21 +487,13 @@ def _check_reach(schema: Mapping[str, Any], name: str) -> None:
                     compile_pattern(pattern)
                 except PatternError as exc:
                     raise _invalid(name, f"{path}: pattern {pattern!r}: {exc}") from None
+    return refs
 
 
 def _absolute(uri: str) -> bool:
     """A URI with a scheme or a host of its own (``https://…``, ``urn:…``, ``//host``)."""
     head = uri.split("#", 1)[0]
     return head.startswith("//") or re.match(r"[A-Za-z][A-Za-z0-9+.-]*:", head) is not None
-
-
-def _refs(schema: object, name: str) -> Iterator[str]:
-    """Every reference string in ``schema`` (all local by now)."""
-    for node, _path, _depth in _walk(schema, name):
-        for key in _REF_KEYWORDS:
-            ref = node.get(key)
-            if isinstance(ref, str):
-                yield ref
 
 
 # --- the registry -----------------------------------------------------------------------

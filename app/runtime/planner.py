@@ -27,7 +27,13 @@ from toolforge.core.engine import ConstrainedMode, Mode, mode_named
 from toolforge.core.gbnf import FrameGrammar, decoding_gaps
 from toolforge.core.native_tools import to_openai_tools
 from toolforge.core.prompt import build_messages, render_system_prompt, render_workflow_prompt
-from toolforge.core.schemas import ANY, CompiledSchema, SchemaRegistry, compile_schema
+from toolforge.core.schemas import (
+    ANY,
+    CompiledSchema,
+    SchemaRegistry,
+    compile_schema,
+    is_compiled,
+)
 from toolforge.core.steps import WorkflowNudges, WorkflowPolicy
 from toolforge.core.tools import ToolRegistry, ToolSpec
 from toolforge.core.workflow import (
@@ -213,12 +219,14 @@ async def compile_off_loop(schemas: Sequence[tuple[object, str, bool]]) -> None:
     thread, into ``compile_schema``'s cache, where planning then finds them. A schema
     of 64 KB costs up to ~200 ms to check; the event loop keeps serving meanwhile (the
     worker gives up the GIL every few ms), and requests' schemas are checked one at a
-    time. Errors are raised as ``compile_schema``'s."""
-    if not schemas:
+    time. Errors are raised as ``compile_schema``'s. Schemas compiled already (a client
+    sending the same tools again) cost no thread hop."""
+    todo = [(s, n, f) for s, n, f in schemas if not is_compiled(s, name=n, fallback=f)]
+    if not todo:
         return
 
     def compile_all() -> None:
-        for schema, name, fallback in schemas:
+        for schema, name, fallback in todo:
             compile_schema(schema, name=name, fallback=fallback)
 
     await asyncio.get_running_loop().run_in_executor(_COMPILER, compile_all)

@@ -18,6 +18,7 @@ from toolforge.core.schemas import (
     SchemaRegistry,
     builtin_registry,
     compile_schema,
+    is_compiled,
     model_schema,
 )
 from toolforge.errors import ErrorCode, RequestError
@@ -196,3 +197,14 @@ def test_formats_are_asserted_and_their_fallback_is_valid(fmt: str, good: str, b
     assert compiled.is_valid(good)
     assert not compiled.is_valid(bad)
     assert compiled.is_valid(compiled.fallback)
+
+
+def test_is_compiled_answers_from_the_cache_without_compiling() -> None:
+    schema = {"type": "object", "properties": {"zip": {"type": "string", "pattern": "^[0-9]{5}$"}}}
+    assert not is_compiled(schema, name="cached.parameters", fallback=False)
+    first = compile_schema(schema, name="cached.parameters", fallback=False)
+    assert is_compiled(dict(schema), name="cached.parameters", fallback=False)
+    assert not is_compiled(schema, name="cached.parameters", fallback=True)  # another use
+    assert compile_schema(schema, name="cached.parameters", fallback=False) is first
+    assert not is_compiled({"$ref": "http://example.com/x"}, name="remote")  # refused
+    assert not is_compiled([], name="not an object")
