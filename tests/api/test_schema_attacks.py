@@ -14,10 +14,17 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+import openai
 import orjson
 import pytest
 
-from tests.api.conftest import Harness, HarnessFactory, assert_well_formed, sentinel_reply
+from tests.api.conftest import (
+    SDK,
+    Harness,
+    HarnessFactory,
+    assert_well_formed,
+    sentinel_reply,
+)
 from toolforge.core.events import FrameKind
 from toolforge.core.protocol import sentinels
 from toolforge.eval.loopback import Event
@@ -290,3 +297,34 @@ async def test_the_plan_says_what_the_grammar_left_to_validation(
     }
     grammar = orjson.loads(gw.upstream.requests[0].body)["grammar"]
     assert "[0-9]{5}" in grammar or "[0-9] [0-9] [0-9] [0-9] [0-9]" in grammar
+
+
+async def test_the_openai_sdk_sends_a_pattern_tool_and_gets_a_typed_refusal(
+    make_gateway: HarnessFactory, sdk: SDK
+) -> None:
+    """The official client, as an agent loop calls the proxy: a tool whose argument has a
+    pattern and a format goes through; one whose schema points at another document is a
+    ``BadRequestError`` with the gateway's code, before any model call."""
+    gw = await make_gateway([Script.from_tokens(["Hello."])] * 4)
+    client = sdk(gw)
+    order = {
+        "type": "object",
+        "properties": {
+            "order_id": {"type": "string", "pattern": "^[0-9]{5}$"},
+            "placed_on": {"type": "string", "format": "date"},
+        },
+        "required": ["order_id"],
+    }
+    messages: Any = [{"role": "user", "content": "Where is order 48213?"}]
+    tools: Any = [{"type": "function", "function": _tool(order, name="get_order")}]
+    answer = await client.chat.completions.create(model="m", messages=messages, tools=tools)
+    assert answer.choices[0].message.content
+    remote: Any = [
+        {"type": "function", "function": _tool({"$ref": "https://example.com/order.json"})}
+    ]
+    asked = len(gw.upstream.requests)
+    with pytest.raises(openai.BadRequestError) as info:
+        await client.chat.completions.create(model="m", messages=messages, tools=remote)
+    assert info.value.code == "INVALID_SCHEMA"
+    assert "is not local" in info.value.message
+    assert len(gw.upstream.requests) == asked
