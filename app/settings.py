@@ -241,6 +241,11 @@ class Settings(BaseSettings):
     # A replica not heard from for this long is dead: its streams end in STREAM_LOST for
     # a client that resumes elsewhere, its tool slots are freed.
     replica_ttl_s: float = Field(3.0, gt=0, validation_alias="REPLICA_TTL_S")
+    # Stored responses (POST /v1/responses with store, docs/responses.md): long enough for a
+    # conversation's next turn and a GET; short enough that memory and Redis stay bounded.
+    responses_ttl_s: float = Field(3600.0, gt=0, validation_alias="RESPONSES_TTL_S")
+    # The in-memory store's bound (the oldest go first); Redis expires by RESPONSES_TTL_S alone.
+    responses_max_stored: int = Field(1000, ge=1, validation_alias="RESPONSES_MAX_STORED")
     log_level: str = Field("INFO", validation_alias="LOG_LEVEL")
     # auto: console lines when stderr is a terminal, JSON lines otherwise (docs/observability.md).
     log_format: Literal["auto", "console", "json"] = Field("auto", validation_alias="LOG_FORMAT")

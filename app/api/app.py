@@ -28,6 +28,7 @@ from toolforge.api.fastpath import GatewayApp
 from toolforge.api.openapi import install_openapi
 from toolforge.api.proxy import router as proxy_router
 from toolforge.api.request_guard import RequestGuard
+from toolforge.api.responses import router as responses_router
 from toolforge.api.routes import ClientGone, local_command, router
 from toolforge.api.runs import router as runs_router
 from toolforge.api.server_limits import ServerLimits
@@ -497,6 +498,7 @@ def create_app(
     app.include_router(router)
     app.include_router(servers_router)
     app.include_router(proxy_router)
+    app.include_router(responses_router)
     app.include_router(runs_router)
     install_web(app)
     install_openapi(app)

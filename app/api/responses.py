@@ -1,0 +1,333 @@
+"""The Responses API (Open Responses): ``POST /v1/responses``, ``GET /v1/responses/{id}``,
+``DELETE /v1/responses/{id}``, ``POST /v1/responses/{id}/cancel`` and
+``GET /v1/responses/{id}/input_items``. docs/responses.md is the user's side.
+
+Thin, like the proxy it stands beside: the body is checked
+(:class:`toolforge.api.responses_body.ResponsesRequest`, every refusal in OpenAI's error
+shape) and translated into the proxy's request, a conversation continued from
+``previous_response_id`` starts from the stored one's context, and the plan runs in a
+:class:`~toolforge.runtime.session.StreamSession` — the same engine, guardrails,
+backpressure, cancellation and artifacts. Its frames are written as Responses events or one
+response object by :class:`toolforge.core.protocol.responses.ResponseWriter`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import secrets
+import time
+from typing import Annotated, Any, Final, Literal
+
+import orjson
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import JSONResponse, Response
+from starlette.datastructures import State
+
+from toolforge.api.auth import ApiKey, allowed_tools, check_owner, own, request_key
+from toolforge.api.deps import Gateway, GatewayDep
+from toolforge.api.proxy import _until_done, openai_error
+from toolforge.api.responses_body import parse_request
+from toolforge.api.routes import ClientGone, read_body
+from toolforge.api.sse import FrameStreamResponse
+from toolforge.core.protocol.responses import ResponseWriter, chat_messages
+from toolforge.errors import ErrorCode, RequestError, ToolForgeError
+from toolforge.runtime.completion_plan import plan_completion
+from toolforge.runtime.frame_log import decode_events
+from toolforge.runtime.planner import StreamPlan
+from toolforge.runtime.response_store import (
+    MemoryResponseStore,
+    RedisResponseStore,
+    ResponseStore,
+)
+from toolforge.runtime.session import StreamSession
+
+__all__ = ["router"]
+
+router = APIRouter(tags=["responses"])
+
+_COMMENT_PING: Final = b": ping\n\n"  # an SSE comment: the SDKs skip it
+
+
+# -- where the app keeps what this API needs --------------------------------------------------
+
+
+class _Responses:
+    """The store and the finishers of running stored responses, one per app (app.state)."""
+
+    def __init__(self, gw: Gateway) -> None:
+        settings = gw.settings
+        cluster = gw.cluster
+        self.store: ResponseStore = (
+            RedisResponseStore(cluster.redis, ttl_s=settings.responses_ttl_s)
+            if cluster is not None
+            else MemoryResponseStore(
+                max_records=settings.responses_max_stored, ttl_s=settings.responses_ttl_s
+            )
+        )
+        # response id -> the task that stores it once its stream has ended
+        self.finishing: dict[str, asyncio.Task[dict[str, Any]]] = {}
+
+
+def _state(request: Request, gw: Gateway) -> _Responses:
+    state: State = request.app.state
+    found: _Responses | None = getattr(state, "responses", None)
+    if found is None:
+        found = _Responses(gw)
+        state.responses = found
+    return found
+
+
+# -- starting a stream ------------------------------------------------------------------------
+
+
+def _start(gw: Gateway, plan: StreamPlan, key: ApiKey | None, *, primary: bool) -> StreamSession:
+    """Start ``plan``'s stream as the proxy does (one place, so that a shared start
+    sequence replaces it in one line). ``primary``: a client reads it as it goes, and
+    throttles it (backpressure from the first frame)."""
+    own(plan, key)
+    session = gw.session(plan)
+    if primary:
+        session.log.attach_primary()
+    gw.registry.start(session)
+    return session
+
+
+def _bad(message: str, field: str | None = None) -> RequestError:
+    details = [{"field": field, "message": message}] if field else None
+    return RequestError(ErrorCode.BAD_REQUEST, message, details=details, http_status=400)
+
+
+def _not_found(response_id: str) -> RequestError:
+    return RequestError(
+        ErrorCode.NOT_FOUND,
+        f"no stored response {response_id!r} (never stored with 'store': true, expired, "
+        "deleted, or another key's)",
+        http_status=404,
+    )
+
+
+async def _stored(
+    state: _Responses, response_id: str, key: ApiKey | None, *, wait: bool = True
+) -> dict[str, Any] | None:
+    """The stored record of ``response_id`` if ``key`` may read it. ``wait``: a response
+    still running on this replica is read once its stream has ended and it is stored
+    whole (the next turn of a conversation needs its output)."""
+    finishing = state.finishing.get(response_id) if wait else None
+    if finishing is not None:
+        with contextlib.suppress(Exception):
+            await asyncio.shield(finishing)
+    record = await state.store.get(response_id)
+    if record is None or (key is not None and record.get("owner") != key.name):
+        return None
+    return record
+
+
+# -- POST /v1/responses ------------------------------------------------------------------------
+
+
+@router.post(
+    "/v1/responses",
+    summary="Create a model response (the Responses API, Open Responses)",
+    response_model=None,
+)
+async def create_response(request: Request, gw: GatewayDep) -> Response:
+    key = request_key(request)
+    state = _state(request, gw)
+    try:
+        body = await read_body(
+            request.receive, request.headers.get("content-length"), gw.settings.max_body_bytes
+        )
+        req = parse_request(body, gw.settings.max_request_depth)
+        if key is not None and req.toolforge.server_tools:
+            allowed_tools(key, req.toolforge.server_tools, ())
+        context: list[dict[str, Any]] = []
+        if req.previous_response_id is not None:
+            previous = await _stored(state, req.previous_response_id, key)
+            if previous is None:
+                raise _not_found(req.previous_response_id)
+            if previous["response"]["status"] == "in_progress":
+                raise RequestError(
+                    ErrorCode.CONFLICT,
+                    f"response {req.previous_response_id!r} is still in progress; continue "
+                    "it once it has ended",
+                    http_status=409,
+                )
+            context = list(previous["context"])
+        items = req.input_items()
+        messages = chat_messages([*context, *items], req.instructions)
+        if not any(m["role"] != "system" for m in messages):
+            raise _bad("'input' holds nothing to answer: give a message", "input")
+        stream_id = "s_" + secrets.token_hex(10)
+        plan = await plan_completion(
+            gw.planner,
+            req.chat_request(messages),
+            stream_id,
+            tools_template=gw.proxy_tools_template,
+            nudges=gw.proxy_nudges,
+        )
+    except ToolForgeError as exc:
+        return openai_error(exc)
+    except ClientGone:
+        return Response(status_code=499)
+    plan.prompt_record = {**plan.prompt_record, "api": "responses"}
+    response_id = "resp_" + stream_id[2:]
+    writer = ResponseWriter(
+        response_id=response_id,
+        created_at=int(time.time()),
+        echo=req.echo(),
+        stream_id=stream_id,
+        mode=plan.mode.name,
+    )
+    headers = {"X-Stream-Id": stream_id, "X-ToolForge-Mode": plan.mode.name}
+    input_items = [{"id": f"in_{stream_id[2:]}_{i}", **item} for i, item in enumerate(items)]
+    record: dict[str, Any] = {
+        "owner": key.name if key is not None else None,
+        "input_items": input_items,
+        "context": [*context, *items],
+    }
+    if req.store:
+        await state.store.put(response_id, {**record, "response": writer.resource()})
+    session = _start(gw, plan, key, primary=req.stream)
+    if req.store:
+        finisher = asyncio.ensure_future(_finish(state, session, writer, record))
+        state.finishing[response_id] = finisher
+        finisher.add_done_callback(lambda _: state.finishing.pop(response_id, None))
+    if req.stream:
+        await asyncio.sleep(0)  # the upstream request goes out first (time to first event)
+        return FrameStreamResponse(
+            session,
+            primary=True,
+            ping_interval_s=gw.settings.ping_interval_s,
+            headers=headers,
+            encoder=lambda batch: writer.batch(batch, now=int(time.time())),
+            ping=_COMMENT_PING,
+        )
+    await _until_done(session, request.receive)
+    writer.feed(decode_events(session.log.encoded_after(0)), now=int(time.time()))
+    resource = writer.resource()
+    if writer.error is not None and not writer.output:  # nothing to show: an HTTP error
+        return _failed(writer, headers)
+    return Response(orjson.dumps(resource), media_type="application/json", headers=headers)
+
+
+def _failed(writer: ResponseWriter, headers: dict[str, str]) -> JSONResponse:
+    """A response that failed before any output: the OpenAI error the SDKs raise (502 for
+    the upstream, 504 for its timeout, 422 for a workflow the model did not finish)."""
+    error = writer.error or {}
+    code = error.get("code", ErrorCode.INTERNAL)
+    status = {ErrorCode.UPSTREAM_TIMEOUT: 504, ErrorCode.INTERNAL: 500}.get(code, 502)
+    body = openai_error(ToolForgeError(ErrorCode(code), error.get("message", "")), status).body
+    payload = orjson.loads(body)
+    payload["response"] = writer.resource()
+    return JSONResponse(payload, status_code=status, headers=headers)
+
+
+async def _finish(
+    state: _Responses, session: StreamSession, writer: ResponseWriter, record: dict[str, Any]
+) -> dict[str, Any]:
+    """Once the stream has ended, store the response whole: its object, and its output
+    at the end of the context the next response starts from."""
+    await session.wait()
+    done = ResponseWriter(
+        response_id=writer.id,
+        created_at=writer.resource()["created_at"],
+        echo=writer.echo,
+        stream_id=session.id,
+        mode=writer.toolforge["mode"],
+    )
+    done.feed(decode_events(session.log.encoded_after(0)), now=int(time.time()))
+    resource = done.resource()
+    final = {**record, "response": resource, "context": [*record["context"], *done.output]}
+    await state.store.put(writer.id, final)
+    return final
+
+
+# -- the stored response ---------------------------------------------------------------------
+
+
+@router.get("/v1/responses/{response_id}", summary="A stored response")
+async def get_response(response_id: str, request: Request, gw: GatewayDep) -> Response:
+    state = _state(request, gw)
+    try:
+        record = await _stored(state, response_id, request_key(request))
+        if record is None:
+            raise _not_found(response_id)
+    except ToolForgeError as exc:
+        return openai_error(exc)
+    return JSONResponse(record["response"])
+
+
+@router.delete("/v1/responses/{response_id}", summary="Delete a stored response")
+async def delete_response(response_id: str, request: Request, gw: GatewayDep) -> Response:
+    state = _state(request, gw)
+    try:
+        if await _stored(state, response_id, request_key(request)) is None:
+            raise _not_found(response_id)
+        await state.store.delete(response_id)
+    except ToolForgeError as exc:
+        return openai_error(exc)
+    return JSONResponse({"id": response_id, "object": "response.deleted", "deleted": True})
+
+
+@router.post("/v1/responses/{response_id}/cancel", summary="Stop a running response")
+async def cancel_response(response_id: str, request: Request, gw: GatewayDep) -> Response:
+    """Stops the response's stream if it runs on this replica, and answers with the
+    response as it ended (``cancelled``); one that has ended already is answered as it is."""
+    state = _state(request, gw)
+    key = request_key(request)
+    stream_id = "s_" + response_id.removeprefix("resp_")
+    try:
+        record = await _stored(state, response_id, key, wait=False)
+        if record is None:
+            raise _not_found(response_id)
+        if record["response"]["status"] == "in_progress":
+            session = gw.registry.find(stream_id)
+            if session is None:
+                raise RequestError(
+                    ErrorCode.CONFLICT,
+                    f"response {response_id!r} runs on another replica; cancel it there",
+                    http_status=409,
+                )
+            check_owner(key, session.plan.owner, stream_id)
+            session.cancel("cancelled")
+            record = await _stored(state, response_id, key)
+            if record is None:  # deleted meanwhile
+                raise _not_found(response_id)
+    except ToolForgeError as exc:
+        return openai_error(exc)
+    return JSONResponse(record["response"])
+
+
+@router.get("/v1/responses/{response_id}/input_items", summary="A stored response's input")
+async def list_input_items(
+    response_id: str,
+    request: Request,
+    gw: GatewayDep,
+    limit: Annotated[int, Query(ge=1, le=100)] = 20,
+    order: Literal["asc", "desc"] = "desc",
+    after: str | None = None,
+) -> Response:
+    state = _state(request, gw)
+    try:
+        record = await _stored(state, response_id, request_key(request))
+        if record is None:
+            raise _not_found(response_id)
+    except ToolForgeError as exc:
+        return openai_error(exc)
+    items = list(record["input_items"])
+    if order == "desc":
+        items.reverse()
+    if after is not None:
+        ids = [item["id"] for item in items]
+        items = items[ids.index(after) + 1 :] if after in ids else []
+    page = items[:limit]
+    return JSONResponse(
+        {
+            "object": "list",
+            "data": page,
+            "first_id": page[0]["id"] if page else None,
+            "last_id": page[-1]["id"] if page else None,
+            "has_more": len(items) > len(page),
+        }
+    )
