@@ -1,4 +1,4 @@
-# The verbs of the project (STYLE convention 12). Everything installs into .venv in the repo,
+# The verbs of the project (pyproject.toml holds the configuration). Everything installs into .venv in the repo,
 # so `make test` and `make run` work on a fresh machine with only python3 (>= 3.11).
 PYTHON ?= python3
 VENV   := .venv

@@ -1,6 +1,6 @@
 """ToolForge: a streaming tool-calling gateway.
 
-The workflow runner's Python API is importable from here (SPEC §7)::
+The workflow runner's Python API is importable from here (docs/workflows.md)::
 
     from toolforge import ToolDef, Workflow, WorkflowRunner
 """

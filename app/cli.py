@@ -1,5 +1,5 @@
 """The ``toolforge`` console script: ``serve``, ``obtain``, ``conformance``, ``mcp-serve``,
-``demo`` (SPEC §8)."""
+``demo`` (docs/deployment.md)."""
 
 from __future__ import annotations
 
@@ -42,9 +42,9 @@ def _serve(args: argparse.Namespace) -> None:
         overrides["upstream_base_url"] = args.upstream
     if args.model:
         overrides["model_id"] = args.model
-    settings = Settings(**overrides)  # environment first, flags override (SPEC §8)
+    settings = Settings(**overrides)  # environment first, flags override (docs/deployment.md)
     host, port = args.host, args.port
-    warning = exposure_warning(host, settings)  # SPEC §11: say so at start-up
+    warning = exposure_warning(host, settings)  # docs/security.md: say so at start-up
     if warning is not None:
         print(warning, file=sys.stderr, flush=True)
 
@@ -193,7 +193,7 @@ def _index(args: argparse.Namespace) -> None:
 
 def _workspace(args: argparse.Namespace) -> None:
     """The workspace pack's state, for the person who owns it: show it, read the audit,
-    lock or unlock a key (seed 004: locks are the user's, never the model's)."""
+    lock or unlock a key (docs/tools.md: locks are the user's, never the model's)."""
     from toolforge.tools.workspace import Workspace, workspace_path
 
     settings = Settings()

@@ -13,8 +13,8 @@ the boundary where they occur (``raise Ours(...) from exc``), so callers only ev
     │   └── JSONError             strict RFC 8259 syntax, depth and size limits
     ├── UpstreamError             the upstream is unreachable, slow or speaks bad SSE
     ├── ServerError               a managed model server could not be built, started or kept up
-    ├── WorkflowError             a workflow ran out of a budget (SPEC §7), with its context
-    └── RequestError              the caller misused us (4xx): bad body, too large, ...
+    ├── WorkflowError             a workflow ran out of a budget (docs/workflows.md), with its
+    context └── RequestError              the caller misused us (4xx): bad body, too large, ...
 
 The split between "the model misbehaved" and "the caller misused us" follows
 openai-agents' ModelBehaviorError / UserError: the first is worth a repair or a retry of
@@ -48,7 +48,7 @@ __all__ = [
 class ErrorCode(StrEnum):
     """Stable error codes. Never renumber or rename: clients match on these strings."""
 
-    # Sentinel framing (SPEC §3). docs/protocol.md explains each one.
+    # Sentinel framing (docs/protocol.md). docs/protocol.md explains each one.
     END_WITHOUT_BEGIN = "END_WITHOUT_BEGIN"
     END_ID_MISMATCH = "END_ID_MISMATCH"
     END_KIND_MISMATCH = "END_KIND_MISMATCH"
@@ -77,28 +77,28 @@ class ErrorCode(StrEnum):
     MODE_UNAVAILABLE = "MODE_UNAVAILABLE"
     BODY_TOO_LARGE = "BODY_TOO_LARGE"
     NOT_FOUND = "NOT_FOUND"
-    # REDIS_URL is set and Redis does not answer (503; SPEC §9, docs/deployment.md).
+    # REDIS_URL is set and Redis does not answer (503; docs/deployment.md).
     REDIS_UNAVAILABLE = "REDIS_UNAVAILABLE"
-    # The replica running a stream died: the resumable buffer ends with this (SPEC §9).
+    # The replica running a stream died: the resumable buffer ends with this (docs/deployment.md).
     STREAM_LOST = "STREAM_LOST"
     CONFLICT = "CONFLICT"
     IDEMPOTENCY_IN_FLIGHT = "IDEMPOTENCY_IN_FLIGHT"
     IDEMPOTENCY_KEY_REUSED = "IDEMPOTENCY_KEY_REUSED"
     INVALID_SCHEMA = "INVALID_SCHEMA"  # an inline JSON Schema that cannot be used (422)
     UNKNOWN_SCHEMA = "UNKNOWN_SCHEMA"  # a schema name nobody registered (422)
-    # Access (SPEC §11).
+    # Access (docs/security.md).
     UNAUTHORIZED = "UNAUTHORIZED"  # no API key, or one the gateway does not know (401)
     FORBIDDEN = "FORBIDDEN"  # the key may not do this: another key's stream, a tool (403)
     RATE_LIMITED = "RATE_LIMITED"  # the key's requests per window or streams are spent (429)
     KEYS_INVALID = "KEYS_INVALID"  # API_KEYS / API_KEYS_FILE cannot be used (start-up)
     # Ours.
     INTERNAL = "INTERNAL"
-    # Managed model servers (SPEC §6).
+    # Managed model servers (docs/servers.md).
     BACKEND_SETUP_FAILED = "BACKEND_SETUP_FAILED"  # llama-server or the model not obtainable
     SERVER_START_FAILED = "SERVER_START_FAILED"  # the process exited or never became healthy
     SERVER_CRASHED = "SERVER_CRASHED"  # a running server's process died
     BUDGET_INVALID = "BUDGET_INVALID"  # a context-budget setting that cannot be used
-    # Tools (SPEC §5): each goes back to the model in a tool envelope's ``errors``.
+    # Tools (docs/tools.md): each goes back to the model in a tool envelope's ``errors``.
     TOOL_NOT_FOUND = "TOOL_NOT_FOUND"
     TOOL_NOT_ALLOWED = "TOOL_NOT_ALLOWED"
     INVALID_JSON = "INVALID_JSON"
@@ -112,25 +112,26 @@ class ErrorCode(StrEnum):
     TOOL_APPROVAL_DENIED = "TOOL_APPROVAL_DENIED"
     TOOL_APPROVAL_TIMEOUT = "TOOL_APPROVAL_TIMEOUT"
     TOOL_CALL_LIMIT = "TOOL_CALL_LIMIT"  # more tool calls than the request's max_tool_calls
-    # A client-side tool's result did not come within CLIENT_TOOL_TIMEOUT_MS (SPEC §5).
+    # A client-side tool's result did not come within CLIENT_TOOL_TIMEOUT_MS (docs/tools.md).
     CLIENT_TOOL_TIMEOUT = "CLIENT_TOOL_TIMEOUT"
-    # Native mode (SPEC §4): the upstream's tool_calls pieces do not make a call (no name,
+    # Native mode (docs/protocol.md): the upstream's tool_calls pieces do not make a call (no name,
     # one id with two names). Too many calls per turn is TOOL_CALL_LIMIT, too long
     # arguments ARGUMENTS_TOO_LARGE, as in sentinel mode.
     NATIVE_TOOL_CALL_MALFORMED = "NATIVE_TOOL_CALL_MALFORMED"
     BOOKING_FULL = "BOOKING_FULL"
-    # A tool or tool source the gateway refuses at start-up (seed 003's rules, MCP config).
+    # A tool or tool source the gateway refuses at start-up (the tool rules of docs/tools.md, MCP
+    # config).
     TOOL_CONFIG_INVALID = "TOOL_CONFIG_INVALID"
-    # fs.read / sqlite.query refusals (SPEC §11): outside the roots, too large, a write.
+    # fs.read / sqlite.query refusals (docs/security.md): outside the roots, too large, a write.
     PATH_NOT_ALLOWED = "PATH_NOT_ALLOWED"
     READ_ONLY = "READ_ONLY"
-    # The workspace pack (seed 004): a change to a locked key; a commit that is not of a
+    # The workspace pack (docs/tools.md): a change to a locked key; a commit that is not of a
     # pending proposal exactly as proposed.
     WORKSPACE_LOCKED = "WORKSPACE_LOCKED"
     PROPOSAL_INVALID = "PROPOSAL_INVALID"
-    # SPEC §7: the prompt is over the context budget and compaction cannot cut enough.
+    # docs/context.md: the prompt is over the context budget and compaction cannot cut enough.
     CONTEXT_BUDGET_EXCEEDED = "CONTEXT_BUDGET_EXCEEDED"
-    # Workflows (SPEC §7, docs/workflows.md). A definition that cannot be used, and one
+    # Workflows (docs/workflows.md). A definition that cannot be used, and one
     # nobody registered: the caller's (422, 404).
     WORKFLOW_INVALID = "WORKFLOW_INVALID"
     WORKFLOW_NOT_FOUND = "WORKFLOW_NOT_FOUND"
@@ -168,7 +169,7 @@ class ToolForgeError(Exception):
         self.details = details
 
     def to_dict(self) -> dict[str, object]:
-        """The ``error`` frame payload (SPEC §3): code, message, retryable."""
+        """The ``error`` frame payload (docs/protocol.md): code, message, retryable."""
         out: dict[str, object] = {
             "code": str(self.code),
             "message": self.message,
@@ -203,7 +204,7 @@ class ModelBehaviorError(ToolForgeError):
 
 
 class SentinelError(ModelBehaviorError):
-    """A violation of the sentinel framing grammar (SPEC §3)."""
+    """A violation of the sentinel framing grammar (docs/protocol.md)."""
 
 
 class JSONError(ModelBehaviorError):
@@ -229,15 +230,15 @@ class UpstreamError(ToolForgeError):
 
 
 class ServerError(ToolForgeError):
-    """A managed model server (SPEC §6) could not be obtained, started or kept alive."""
+    """A managed model server (docs/servers.md) could not be obtained, started or kept alive."""
 
     http_status = 503
     retryable = True
 
 
 class WorkflowError(ToolForgeError):
-    """A workflow that cannot go on (SPEC §7): a budget ran out (steps, prerequisites,
-    retries, tool errors, iterations) or it was cancelled. ``context`` is what seed 001
+    """A workflow that cannot go on (docs/workflows.md): a budget ran out (steps, prerequisites,
+    retries, tool errors, iterations) or it was cancelled. ``context`` is what docs/workflows.md
     asks a failure to carry: the completed and pending steps, the iteration count and the
     last raw model text (redacted), and the counter that ran out."""
 
@@ -251,7 +252,7 @@ class WorkflowError(ToolForgeError):
 
 
 class StepEnforcementError(WorkflowError):
-    """The model kept calling a terminal tool before the required steps (seed 001)."""
+    """The model kept calling a terminal tool before the required steps (docs/workflows.md)."""
 
 
 class PrerequisiteError(WorkflowError):

@@ -17,7 +17,7 @@ Why these choices:
   ``LOG_JSON``) overrides.
 * **orjson** renders each event as one compact line, written whole under a lock.
 * **Redaction is a processor**, the last one before rendering, so nothing a caller binds,
-  passes or raises reaches the output unredacted (SPEC §4: "secrets redacted
+  passes or raises reaches the output unredacted (docs/protocol.md: "secrets redacted
   everywhere"). ``exc_info`` becomes a structured traceback first, without local
   variables: a password in a local named ``pw`` matches no redaction rule.
 * **One bind per configuration**, not structlog's cache: :func:`configure_logging` runs
@@ -93,13 +93,13 @@ STREAM_CANCELLED: Final = "stream.cancelled"
 STREAM_INTERNAL_ERROR: Final = "stream.internal_error"
 CLIENT_DISCONNECTED: Final = "client.disconnected"
 UPSTREAM_ERROR: Final = "upstream.error"
-MODE_SELECTED: Final = "mode.selected"  # SPEC §4: auto mode probes once and logs it
+MODE_SELECTED: Final = "mode.selected"  # docs/protocol.md: auto mode probes once and logs it
 FRAME_REPAIRED: Final = "frame.repaired"
 FRAME_DEGRADED: Final = "frame.degraded"
-TOOL_QUEUED: Final = "tool.queued"  # SPEC §5: queue depth and wait are logged
-TOOL_ATTEMPT: Final = "tool.attempt"  # SPEC §5: each attempt is logged
+TOOL_QUEUED: Final = "tool.queued"  # docs/tools.md: queue depth and wait are logged
+TOOL_ATTEMPT: Final = "tool.attempt"  # docs/tools.md: each attempt is logged
 TOOL_FINISHED: Final = "tool.finished"
-SERVER_DECISION: Final = "server.decision"  # SPEC §6: every budget decision is logged
+SERVER_DECISION: Final = "server.decision"  # docs/servers.md: every budget decision is logged
 BACKEND_SETUP: Final = "backend.setup"  # obtaining llama-server / the model: one line a step
 SERVER_READY: Final = "server.ready"
 SERVER_CRASHED: Final = "server.crashed"

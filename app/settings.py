@@ -1,8 +1,9 @@
-"""Configuration: one ``Settings`` object, read from the environment (SPEC §8).
+"""Configuration: one ``Settings`` object, read from the environment (docs/deployment.md).
 
-Built in ``create_app`` or the CLI, never at import (STYLE convention 8). Every limit
-carries a one-line reason. Environment names are SPEC §8's, unprefixed; ``GROQ_API_KEY``
-and ``GROQ_BASE_URL`` are accepted as aliases so a Groq user's shell works as is.
+Built in ``create_app`` or the CLI, never at import (docs/architecture.md: configuration is
+explicit). Every limit carries a one-line reason. Environment names are docs/deployment.md's,
+unprefixed; ``GROQ_API_KEY`` and ``GROQ_BASE_URL`` are accepted as aliases so a Groq user's shell
+works as is.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ class Settings(BaseSettings):
     )
 
     # -- upstream ---------------------------------------------------------------------
-    # Unset: the embedded default, a managed local llama-server (SPEC §6, `make run`).
+    # Unset: the embedded default, a managed local llama-server (docs/servers.md, `make run`).
     upstream_base_url: str | None = Field(
         None,
         validation_alias=AliasChoices("UPSTREAM_BASE_URL", "GROQ_BASE_URL"),
@@ -58,24 +59,24 @@ class Settings(BaseSettings):
     # 15 s: below the 30-60 s idle cut of common proxies and load balancers.
     ping_interval_s: float = Field(15.0, gt=0, validation_alias="PING_INTERVAL_S")
     # 128 frames ≈ a few KB: enough to absorb jitter, small enough that a stalled client
-    # throttles the model within a fraction of a second (seed 000).
+    # throttles the model within a fraction of a second (docs/protocol.md).
     queue_max_frames: int = Field(128, ge=1, validation_alias="QUEUE_MAX_FRAMES")
     # Long enough to reconnect after a network change; short enough to bound memory.
     resume_ttl_s: float = Field(300.0, ge=0, validation_alias="RESUME_TTL_S")
-    # SPEC §3: 1 MB bodies (Starlette has no cap on JSON bodies of its own).
+    # docs/protocol.md: 1 MB bodies (Starlette has no cap on JSON bodies of its own).
     max_body_bytes: int = Field(1024 * 1024, ge=1024, validation_alias="MAX_BODY_BYTES")
-    # SPEC §3 limits.
+    # docs/protocol.md limits.
     max_frame_bytes: int = Field(64 * 1024, ge=256, validation_alias="MAX_FRAME_BYTES")
     max_json_depth: int = Field(16, ge=1, le=512, validation_alias="MAX_JSON_DEPTH")
     frame_timeout_ms: int = Field(15_000, ge=1, validation_alias="FRAME_TIMEOUT_MS")
     tool_timeout_ms: int = Field(8_000, ge=1, validation_alias="TOOL_TIMEOUT_MS")
     # A client-side tool waits for a person or a program: longer than a server tool, never
-    # forever (SPEC §5: the model gets a CLIENT_TOOL_TIMEOUT result).
+    # forever (docs/tools.md: the model gets a CLIENT_TOOL_TIMEOUT result).
     client_tool_timeout_ms: int = Field(120_000, ge=1, validation_alias="CLIENT_TOOL_TIMEOUT_MS")
     tool_concurrency: int = Field(10, ge=1, validation_alias="TOOL_CONCURRENCY")
     repair_retries: int = Field(1, ge=0, le=3, validation_alias="REPAIR_RETRIES")
 
-    # -- managed model servers (SPEC §6) --------------------------------------------------
+    # -- managed model servers (docs/servers.md) --------------------------------------------------
     # "full" on a CPU is 4,096 tokens per slot: the demo (≈700 prompt + 384 out) fits twice.
     budget_mode: BudgetMode = Field(BudgetMode.FULL, validation_alias="BUDGET_MODE")
     budget_tokens: int | None = Field(
@@ -102,7 +103,7 @@ class Settings(BaseSettings):
     # A first start loads the model; on a slow disk or a big model that takes a while.
     server_start_timeout_s: float = Field(120.0, gt=0, validation_alias="SERVER_START_TIMEOUT_S")
 
-    # -- tool sources (SPEC §5, docs/tools.md) ------------------------------------------
+    # -- tool sources (docs/tools.md) ------------------------------------------
     # Comma-separated packs, each a module toolforge.tools.<name>; the demo pack by default.
     tool_packs: str = Field("demo", validation_alias="TOOL_PACKS")
     # fs.read (agent pack): the roots it may read, separated by the OS path separator (":"),
@@ -132,7 +133,7 @@ class Settings(BaseSettings):
     # A server's connect + tools/list at start-up; slower is a start-up error.
     mcp_start_timeout_s: float = Field(30.0, gt=0, validation_alias="MCP_START_TIMEOUT_S")
 
-    # -- context compaction (SPEC §7, docs/context.md) ------------------------------------
+    # -- context compaction (docs/context.md) ------------------------------------
     # How /v1/stream keeps a conversation with many tool calls within the context budget:
     # compacted only over CONTEXT_THRESHOLD of it (compaction defeats the prompt cache).
     context_compaction: Literal["tiered", "sliding", "none"] = Field(
@@ -145,7 +146,7 @@ class Settings(BaseSettings):
     anthropic_version: str = Field("2023-06-01", validation_alias="ANTHROPIC_VERSION")
     anthropic_max_tokens: int = Field(4096, ge=1, validation_alias="ANTHROPIC_MAX_TOKENS")
 
-    # -- access (SPEC §11, docs/deployment.md) -----------------------------------------
+    # -- access (docs/security.md, docs/deployment.md) -----------------------------------------
     # Unset (and no file): no authentication, and `toolforge serve` binds 127.0.0.1.
     # Comma-separated keys, each as given or as "sha256:<hex digest>".
     api_keys: str | None = Field(None, validation_alias="API_KEYS", repr=False)
@@ -221,10 +222,10 @@ class Settings(BaseSettings):
     # The task-analysis pack's SQLite store (``toolforge index`` writes it); default
     # <ARTIFACTS_DIR>/tasks.sqlite.
     task_db: Path | None = Field(None, validation_alias="TASK_DB")
-    # The workspace pack's SQLite store (seed 004: facts, draft, locks, proposals, audit);
+    # The workspace pack's SQLite store (docs/tools.md: facts, draft, locks, proposals, audit);
     # default <ARTIFACTS_DIR>/workspace.sqlite.
     workspace_db: Path | None = Field(None, validation_alias="WORKSPACE_DB")
-    # Workflow definitions (SPEC §7): every *.json / *.yaml there, validated at start-up.
+    # Workflow definitions (docs/workflows.md): every *.json / *.yaml there, validated at start-up.
     # None: the bundled demo workflows (workflows/ of the package).
     workflows_dir: Path | None = Field(None, validation_alias="WORKFLOWS_DIR")
     redis_url: str | None = Field(None, validation_alias="REDIS_URL")

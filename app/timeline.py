@@ -27,7 +27,7 @@ __all__ = ["DEMO_BODY", "DEMO_INPUT", "Timeline", "run_demo", "use_color"]
 
 DEMO_INPUT: Final = "Find pizza near me; book a table for 2 at 7pm if open."
 # The README's demo request: the booking workflow (workflows/book_a_table.json) makes the
-# model search first and book only a place the search returned (SPEC §7).
+# model search first and book only a place the search returned (docs/workflows.md).
 DEMO_BODY: Final[Mapping[str, Any]] = {
     "input": DEMO_INPUT,
     "workflow": "book_a_table",

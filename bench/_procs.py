@@ -465,7 +465,7 @@ def spawn_proxy(upstream_port: int) -> Proc:
 def spawn_gateway(
     upstream_url: str, artifacts: Path, env: dict[str, str] | None = None, cwd: Path = ROOT
 ) -> Proc:
-    """A gateway process in front of ``upstream_url``; ``env``: more settings (SPEC §8);
+    """A gateway process in front of ``upstream_url``; ``env``: more settings (docs/deployment.md);
     ``cwd``: the checkout whose code runs (bench.ab runs another revision's)."""
     port = free_port()
     args = ["gateway", "--port", str(port), "--upstream", upstream_url]

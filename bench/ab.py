@@ -17,12 +17,12 @@ machine drift hits all three alike.
 
 ``python -m bench.ab --redis`` compares the working tree with itself instead: base in
 memory, work with ``REDIS_URL`` pointing at a ``redis-server`` started for the run (no
-persistence, on loopback): what the shared state of SPEC §9 costs a stream (its resume
+persistence, on loopback): what the shared state of docs/deployment.md costs a stream (its resume
 buffer is mirrored to Redis while it runs).
 
 ``python -m bench.ab --auth`` likewise: base without API keys, work
 with one key in ``API_KEYS`` and every request sending it (``Authorization: Bearer``): the
-cost of the access check (SPEC §11, docs/deployment.md) as a ratio.
+cost of the access check (docs/security.md, docs/deployment.md) as a ratio.
 
 Never writes RESULTS.md.
 """

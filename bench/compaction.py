@@ -1,4 +1,4 @@
-"""The cost of one context compaction (SPEC §7) at 2k, 8k and 32k tokens of history.
+"""The cost of one context compaction (docs/context.md) at 2k, 8k and 32k tokens of history.
 
 Run with ``python -m bench.compaction`` (also part of ``make bench``). A history shaped as
 the turn engine builds it (the system prompt, the user's message, then iterations of a

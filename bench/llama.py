@@ -11,7 +11,7 @@ both sides:
   adds itself) goes to the gateway's OpenAI-compatible proxy (``POST
   /v1/chat/completions``, docs/proxy.md), whose chunks the client reads exactly as it
   reads llama-server's. Time to first token (TTFT) and tokens/s (tokens after the first ÷
-  time from first to last) are measured by the client on every side. Targets (issue 5):
+  time from first to last) are measured by the client on every side. Targets (docs/performance.md):
   tokens/s ratio ≥ 0.98, TTFT ratio ≤ 1.02; the proxy: tokens/s ratio ≥ 0.98.
 * **Resume after a tool, prompt cache on vs off.** The demo request in constrained mode
   through two gateways on the same server, one with ``LLAMA_CACHE_PROMPT=false``; the

@@ -5,7 +5,7 @@ are wrapped in a TOOL_CALL frame and fed in 4-character chunks (about one token 
 the same document is parsed once by ``orjson.loads`` in the same run. Each figure is the
 best of several repeats (the least disturbed by the rest of the machine).
 
-Targets (issue 2): µs/chunk at 100 KB ÷ µs/chunk at 1 KB ≤ 1.5 (no O(n²)); whole-stream
+Targets (docs/performance.md): µs/chunk at 100 KB ÷ µs/chunk at 1 KB ≤ 1.5 (no O(n²)); whole-stream
 cost ≤ 20× one orjson parse; plain-text throughput ≥ 20 MB/s.
 """
 

@@ -1,6 +1,6 @@
 """Proxy quality: does SmolLM2-135M call the one offered function, through the proxy?
 
-The issue's target (SPEC §7): on the embedded SmolLM2-135M, a request whose answer is one
+The target (docs/proxy.md): on the embedded SmolLM2-135M, a request whose answer is one
 call to one offered function comes back as a schema-valid call to that function in
 ≥ 90 % of cases; llama-server alone answers such requests in prose.
 

@@ -3,7 +3,7 @@ gateway's tool executor (validation, the concurrency gate, the trace), with the 
 embedding model.
 
 Run with ``python -m bench.task_analysis [--calls N]`` (``make bench`` runs it). Targets
-(seed 002): p95 < 5 s for every tool, < 2 s for ``query-task-graph``. ``detect-dependencies``
+(docs/tools.md): p95 < 5 s for every tool, < 2 s for ``query-task-graph``. ``detect-dependencies``
 is measured with the model's part replaced by a fixed answer (the model's own time depends
 on the model, not on the pack): what is measured is the pack's work around it.
 """

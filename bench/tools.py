@@ -9,7 +9,7 @@ added latency per tool round trip, excluding the tool's own time, is
 
     (t(tools2) - t(tools0) - sum of the tools' duration_ms) / 2
 
-per pair of runs (alternating, after a warm-up). Target (issue 4): p50 ≤ 5 ms.
+per pair of runs (alternating, after a warm-up). Target (docs/performance.md): p50 ≤ 5 ms.
 """
 
 from __future__ import annotations

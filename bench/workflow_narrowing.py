@@ -1,6 +1,6 @@
 """Workflow narrowing: does SmolLM2-135M book a place the search returned?
 
-Issue 17's target (SPEC §7): on the embedded model, the booking workflow
+The target (docs/workflows.md): on the embedded model, the booking workflow
 (``workflows/book_a_table.json``) books an id that ``places.search`` returned in ≥ 90 % of
 20 runs when its argument-matched prerequisite narrows constrained mode's grammar
 (``place_id`` reduced to the ids the search's results hold).

@@ -313,7 +313,7 @@ def test_gateway_environment_names_are_settings(stages: dict[str, Stage], stage:
 
 
 GATEWAYS = ["gateway-1", "gateway-2"]
-# API_KEYS (SPEC §11) is read by the auth settings; until they are in Settings, the
+# API_KEYS (docs/security.md) is read by the auth settings; until they are in Settings, the
 # compose file may name it ahead of them.
 SETTINGS_AHEAD = {"API_KEYS"}
 NGINX_CONF = ROOT / "docker" / "nginx.conf"
@@ -365,7 +365,7 @@ def test_gateway_environment(compose: dict[str, Any], stages: dict[str, Stage]) 
         # Keys pass through from the shell; none is written in the file.
         assert env["UPSTREAM_API_KEY"] is None and env["GROQ_API_KEY"] is None
         BudgetMode(interpolation_default(env["BUDGET_MODE"]))
-        # Shared state in the redis service (SPEC §9), on the port it exposes.
+        # Shared state in the redis service (docs/deployment.md), on the port it exposes.
         (redis_port,) = compose["services"]["redis"]["expose"]
         assert env["REDIS_URL"] == f"redis://redis:{redis_port}/0"
         # Reachable beyond loopback, so keys are required: ${API_KEYS:?...} stops compose.

@@ -1,4 +1,4 @@
-"""The architecture, enforced: app/core is sans-IO (STYLE convention 1), and data flows one
+"""The architecture, enforced: app/core is sans-IO (docs/architecture.md), and data flows one
 way (api -> runtime -> upstream -> core)."""
 
 from __future__ import annotations

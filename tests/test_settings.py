@@ -1,4 +1,4 @@
-"""Settings come from SPEC §8's environment variables; constructor arguments override."""
+"""Settings come from docs/deployment.md's environment variables; constructor arguments override."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ def test_defaults_are_the_documented_ones(monkeypatch: pytest.MonkeyPatch) -> No
     for name in ("UPSTREAM_BASE_URL", "GROQ_BASE_URL", "UPSTREAM_API_KEY", "GROQ_API_KEY"):
         monkeypatch.delenv(name, raising=False)
     s = Settings()
-    assert s.upstream_base_url is None  # the embedded llama-server (SPEC §6)
+    assert s.upstream_base_url is None  # the embedded llama-server (docs/servers.md)
     assert (s.ping_interval_s, s.queue_max_frames, s.resume_ttl_s) == (15.0, 128, 300.0)
     assert (s.max_frame_bytes, s.max_json_depth, s.max_body_bytes) == (65536, 16, 1048576)
     assert (s.frame_timeout_ms, s.tool_timeout_ms, s.repair_retries) == (15000, 8000, 1)

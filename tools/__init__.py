@@ -1,4 +1,4 @@
-"""Tool packs: Python tools, one module each, selected by configuration (SPEC §5).
+"""Tool packs: Python tools, one module each, selected by configuration (docs/tools.md).
 
 A *pack* is a module ``toolforge.tools.<name>`` (a file ``tools/<name>.py``, or a folder
 ``tools/<name>/``) with one function, ``pack_tools(settings: Settings) -> list[ToolSpec]``,
@@ -7,12 +7,12 @@ what they need is not configured; a pack whose tools ask the gateway's own model
 too: ``pack_tools(settings, *, model)``, see :data:`toolforge.core.tools.AskModel`).
 ``TOOL_PACKS`` (comma-separated, default ``demo``) says which packs the gateway serves;
 :func:`load_packs` builds the registry from them, stamping each tool's ``source`` as
-``pack:<name>``, and checks seed 003's rules (a redaction allowlist, the JSON Schema
+``pack:<name>``, and checks the tool rules of docs/tools.md (a redaction allowlist, the JSON Schema
 subset): a broken tool stops the start-up with a message naming it.
 
 Packs here: ``demo`` (``places.search``, ``bookings.create``), ``agent`` (``fs.read``,
-``sqlite.query``, ``time.now``), ``task_analysis`` (seed 002's five tools over a task
-index) and ``workspace`` (seed 004: facts that change only after a person confirms). See
+``sqlite.query``, ``time.now``), ``task_analysis`` (five tools over a task
+index) and ``workspace`` (docs/tools.md: facts that change only after a person confirms). See
 docs/tools.md §6.
 
 Fixtures live in ``tools/fixtures/``; the demo tools' input schemas are exported to
@@ -61,7 +61,7 @@ def load_packs(settings: Settings, *, model: AskModel | None = None) -> ToolRegi
     """A registry with the tools of every pack in ``settings.tool_packs``, checked.
 
     Raises :class:`~toolforge.core.tool_rules.ToolConfigError` for an unknown pack, two
-    tools with one name, or a tool that breaks seed 003's rules.
+    tools with one name, or a tool that breaks the tool rules (docs/tools.md).
     """
     known = available_packs()
     registry = ToolRegistry()

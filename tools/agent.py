@@ -1,6 +1,6 @@
 """The local agent pack (``TOOL_PACKS=agent``): ``fs.read``, ``sqlite.query``, ``time.now``.
 
-Tools see only what their settings give them (SPEC §11):
+Tools see only what their settings give them (docs/security.md):
 
 * ``fs.read`` reads UTF-8 text under the roots of ``FS_READ_ROOTS`` and nowhere else. A
   path is relative, its first segment names the root (``docs/guide.md`` is ``guide.md``
@@ -211,7 +211,7 @@ class SqliteQueryArgs(BaseModel):
         min_length=1, max_length=_SQL_MAX_CHARS, description="One read-only SQL statement."
     )
     # Any: SQLite binds strings, numbers and null; a union here would be an anyOf the
-    # tool schema subset refuses (seed 003), so the types are checked in run_query.
+    # tool schema subset refuses (docs/tools.md), so the types are checked in run_query.
     params: list[Any] = Field(
         default_factory=list,
         max_length=100,

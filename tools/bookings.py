@@ -183,7 +183,7 @@ def bookings_create_spec(
         fn=bookings_create,
         redact_keys=frozenset({"guest_name", "contact"}),
         idempotent=True,
-        # Seed 003: what logs and artifacts keep of a booking (not who booked it).
+        # docs/tools.md: what logs and artifacts keep of a booking (not who booked it).
         output_allowlist=frozenset(
             {"booking_id", "status", "place_id", "place_name", "time", "party_size"}
         ),

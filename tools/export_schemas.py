@@ -10,8 +10,8 @@
     python -m toolforge.tools.export_schemas --check   # exit 1, listing the differences, if stale
 
 The files are generated, never edited by hand: they exist so that a schema change shows
-up in review, and so that clients (the SDKs' typed frames, SPEC §10) can read them without
-running the gateway. ``tests/test_schemas_drift.py`` fails when a committed file differs
+up in review, and so that clients (the SDKs' typed frames, clients/python/README.md) can read them
+without running the gateway. ``tests/test_schemas_drift.py`` fails when a committed file differs
 from what the code generates. Files are 2-space indented JSON with a final newline, keys in
 pydantic's order; a file in ``tools/`` or ``frames/`` that nothing generates any more is
 stale too (and removed on export).
@@ -62,7 +62,7 @@ def render(registry: ToolRegistry | None = None) -> dict[str, bytes]:
             "$schema": JSON_SCHEMA_DIALECT,
             "title": "ToolForge stream events",
             "description": "Every server-sent event of POST /v1/stream and GET "
-            "/v1/streams/{id} (SPEC §3), as {id, event, data}; each data object is also "
+            "/v1/streams/{id} (docs/protocol.md), as {id, event, data}; each data object is also "
             "in <event>.json.",
             "$ref": f"#/$defs/{STREAM_EVENT}",
             "$defs": stream_event_definitions(),

@@ -1,4 +1,4 @@
-"""The workspace pack (seed 004, ``TOOL_PACKS=workspace``): state kept apart from the chat.
+"""The workspace pack (docs/tools.md, ``TOOL_PACKS=workspace``): state kept apart from the chat.
 
 A workspace holds ``facts`` (authoritative state), ``draft`` (working state the model may
 edit), ``locks`` (keys nothing may change implicitly) and the ``proposals`` made to facts,

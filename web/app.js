@@ -107,7 +107,7 @@ async function replay(streamId) {
   }
 }
 
-// A client-side tool (SPEC §5): the model may call it, this page runs it (the SDK's
+// A client-side tool (docs/tools.md): the model may call it, this page runs it (the SDK's
 // onToolCall) and posts the result; the timeline marks its call "client".
 const CLOCK = {
   name: "browser.clock",

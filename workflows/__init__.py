@@ -1,2 +1,2 @@
-"""The bundled workflow definitions (SPEC §7), package data of ``toolforge``: ``*.json`` and
-``*.yaml`` files read and validated at start-up (``WORKFLOWS_DIR`` replaces this folder)."""
+"""The bundled workflow definitions (docs/workflows.md), package data of ``toolforge``: ``*.json``
+and ``*.yaml`` files read and validated at start-up (``WORKFLOWS_DIR`` replaces this folder)."""

@@ -84,7 +84,7 @@ def _error_response(exc: ToolForgeError) -> JSONResponse:
 async def _start_backend(
     settings: Settings, client: httpx.AsyncClient, manager: ServerManager
 ) -> Backend:
-    """The embedded llama-server, or the model on the configured Ollama (SPEC §6)."""
+    """The embedded llama-server, or the model on the configured Ollama (docs/servers.md)."""
     config = _backend_config(settings)
     if settings.upstream_base_url is None:
         return await start_embedded(
@@ -216,7 +216,7 @@ def _cluster(settings: Settings) -> RedisCluster | None:
 async def _context_policy(
     settings: Settings, adapter: Upstream, backend: Backend | None
 ) -> ContextPolicy | None:
-    """The context budget and compaction of every stream (SPEC §7, runtime.context): the
+    """The context budget and compaction of every stream (docs/context.md, runtime.context): the
     managed server's decision, else CTX_BUDGET_TOKENS, else the remote llama-server's own
     n_ctx (read once here)."""
     reported: int | None = None
@@ -240,7 +240,7 @@ async def _context_policy(
 
 
 def load_workflow_nudges() -> WorkflowNudges:
-    """The workflow runner's corrections (SPEC §7): the step tiers and prerequisites from
+    """The workflow runner's corrections (docs/workflows.md): the step tiers and prerequisites from
     ``prompts/workflow_nudge_*.txt``, the retry and unknown-tool ones shared with the
     proxy (``prompts/proxy_nudge_required.txt``, ``proxy_nudge_unknown.txt``)."""
 
@@ -345,7 +345,8 @@ def create_app(
                 adapter = remote_upstream(settings, client)
             registry = StreamRegistry(resume_ttl_s=settings.resume_ttl_s)
             # Tool sources (docs/tools.md): the packs of TOOL_PACKS, then the MCP servers'
-            # tools, all checked against seed 003's rules; a broken one stops the start-up.
+            # tools, all checked against the tool rules (docs/tools.md); a broken one stops the
+            # start-up.
             model_id, model_upstream = effective.model_id, adapter
 
             async def ask_model(prompt: str, schema: type[BaseModel]) -> tuple[BaseModel, bool]:
@@ -365,7 +366,7 @@ def create_app(
                     await manager.aclose()
                 raise
             app.state.mcp_sources = mcp_sources
-            cluster = _cluster(settings)  # None unless REDIS_URL is set (SPEC §9)
+            cluster = _cluster(settings)  # None unless REDIS_URL is set (docs/deployment.md)
             access = getattr(app, "access", None)
             if cluster is not None and access is not None and limiter is None:
                 # Per-key limits shared by every replica: Redis counts the windows and
@@ -436,7 +437,7 @@ def create_app(
                     ),
                 ),
                 repair_template=repair_template,
-                # SPEC §4: each tool's own redaction list too.
+                # docs/protocol.md: each tool's own redaction list too.
                 artifacts=ArtifactStore(
                     settings.artifacts_dir,
                     tool_redact_keys={t.name: t.redact_keys for t in executor.registry},

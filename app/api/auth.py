@@ -1,4 +1,4 @@
-"""API keys, per-key tool allowlists and rate limits (SPEC §11, docs/deployment.md).
+"""API keys, per-key tool allowlists and rate limits (docs/security.md, docs/deployment.md).
 
 One check for every request: :class:`toolforge.api.fastpath.GatewayApp` calls
 :meth:`Access.admit` before it dispatches anything, so the fast paths (``POST

@@ -41,14 +41,14 @@ class Gateway:
     repair_template: str
     artifacts: ArtifactStore
     limits: SessionLimits  # from the settings, for every stream
-    # SPEC §6: the managed servers (embedded llama-server, Ollama models) and the backend
+    # docs/servers.md: the managed servers (embedded llama-server, Ollama models) and the backend
     # started on them with its budget decision; None for a plain remote upstream.
     servers: ServerManager | None = None
     backend: Backend | None = None
-    # The OpenAI-compatible proxy's prompts (prompts/proxy_*.txt, SPEC §7).
+    # The OpenAI-compatible proxy's prompts (prompts/proxy_*.txt, docs/proxy.md).
     proxy_tools_template: str = ""
     proxy_nudges: Nudges = field(default_factory=Nudges)
-    # SPEC §9: the state shared with other replicas, when REDIS_URL is set; None (the
+    # docs/deployment.md: the state shared with other replicas, when REDIS_URL is set; None (the
     # default) keeps everything in this process.
     cluster: RedisCluster | None = None
     # OpenTelemetry traces (toolforge.runtime.tracing): None unless OTEL_* ask for them.

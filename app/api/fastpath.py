@@ -12,7 +12,7 @@ same error responses (the proxy's in OpenAI's shape); everything else, and the l
 goes to FastAPI as usual. The FastAPI routes stay registered, so ``/docs`` and
 ``/openapi.json`` still describe them.
 
-**Access (SPEC §11).** With API keys configured, every HTTP request passes
+**Access (docs/security.md).** With API keys configured, every HTTP request passes
 :meth:`toolforge.api.auth.Access.admit` here, before the dispatch: the fast paths and
 every FastAPI route share the one check, and a route added later is covered by default.
 The key goes in the scope (``toolforge.api.auth.SCOPE_KEY``); requests that open a stream

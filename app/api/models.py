@@ -1,4 +1,4 @@
-"""HTTP request and response bodies: the wire contract of SPEC §2, in pydantic.
+"""HTTP request and response bodies: the wire contract of docs/protocol.md, in pydantic.
 
 Unknown fields are rejected (``extra="forbid"``) so that a typo in a field name is a 422
 naming the field, not a silently ignored option.
@@ -54,7 +54,7 @@ SchemaName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.:\-]{1,128}$")]
 
 
 class ClientTool(BaseModel):
-    """A tool the caller runs itself (SPEC §5): the stream waits at its call for
+    """A tool the caller runs itself (docs/tools.md): the stream waits at its call for
     ``POST /v1/streams/{id}/tool_results/{call_id}``."""
 
     model_config = _STRICT
@@ -109,10 +109,10 @@ class StreamRequest(BaseModel):
     profile: Literal["demo"] | None = None
     model: Annotated[str, Field(min_length=1, max_length=256)] | None = None
     max_tool_calls: Annotated[int, Field(ge=0, le=64)] = 8
-    # SPEC §7: a registered workflow's name (GET /v1/workflows) or an inline definition
+    # docs/workflows.md: a registered workflow's name (GET /v1/workflows) or an inline definition
     # (checked when the stream is planned: WORKFLOW_INVALID, 422).
     workflow: Annotated[str, Field(min_length=1, max_length=64)] | dict[str, Any] | None = None
-    # Ours, beyond SPEC §2 (docs/protocol.md): what a client disconnect means. "cancel"
+    # Ours, beyond docs/protocol.md (docs/protocol.md): what a client disconnect means. "cancel"
     # (the default) stops the model within 50 ms; "continue" lets the stream run to its
     # end so the client can pick it up with GET /v1/streams/{id} and Last-Event-ID.
     on_disconnect: Literal["cancel", "continue"] = "cancel"
@@ -137,7 +137,7 @@ class ApprovalDecision(BaseModel):
     approve: bool
 
 
-# -- the OpenAI-compatible proxy (SPEC §7, docs/proxy.md) ------------------------------------
+# -- the OpenAI-compatible proxy (docs/proxy.md) ------------------------------------
 
 _OPENAI = ConfigDict(extra="forbid", frozen=True)
 # OpenAI's parameters that the proxy refuses by name, with what to do instead: never
@@ -235,7 +235,7 @@ class ToolForgeExtension(BaseModel):
     server_tools: list[SchemaName] = Field(default_factory=list, max_length=64)
     guardrails: GuardSwitches = GuardSwitches()
     max_tool_calls: Annotated[int, Field(ge=0, le=64)] = 8
-    # SPEC §7: the gateway runs this workflow (a registered name, GET /v1/workflows, or an
+    # docs/workflows.md: the gateway runs this workflow (a registered name, GET /v1/workflows, or an
     # inline definition) and answers with its terminal tool's result (docs/proxy.md).
     workflow: Annotated[str, Field(min_length=1, max_length=64)] | dict[str, Any] | None = None
 

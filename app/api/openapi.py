@@ -1,4 +1,4 @@
-"""The OpenAPI document, completed where FastAPI cannot see (SPEC §2: "the OpenAPI
+"""The OpenAPI document, completed where FastAPI cannot see (docs/protocol.md: "the OpenAPI
 document describes this body and every frame").
 
 ``POST /v1/stream`` reads its body itself (it is served ahead of FastAPI, see
@@ -110,7 +110,7 @@ def _events_response() -> dict[str, Any]:
     events = "\n".join(f"- `{event}`: {_summary(cls)}" for event, cls in EVENTS.items())
     return {
         "description": "A stream of server-sent events, each `id: <n>` (pings have none), "
-        "`event: <name>` and one `data: <JSON>` line (SPEC §3; the schema of each event's "
+        "`event: <name>` and one `data: <JSON>` line (docs/protocol.md; the schema of each event's "
         f"data is in schemas/frames/<event>.json):\n\n{events}",
         "headers": {
             "X-Stream-Id": {

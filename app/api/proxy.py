@@ -1,4 +1,5 @@
-"""The OpenAI-compatible proxy (SPEC §7): ``POST /v1/chat/completions`` and ``GET /v1/models``.
+"""The OpenAI-compatible proxy (docs/proxy.md): ``POST /v1/chat/completions`` and ``GET
+/v1/models``.
 
 Thin, like every route: parse the body (OpenAI's error shape for every refusal), plan it
 (:func:`toolforge.runtime.completion_plan.plan_completion`), start a
@@ -38,7 +39,7 @@ __all__ = ["complete", "openai_error", "router"]
 
 router = APIRouter(tags=["openai"])
 
-# How a workflow run fails (SPEC §7): the model did not follow it within its budgets.
+# How a workflow run fails (docs/proxy.md): the model did not follow it within its budgets.
 _WORKFLOW_FAILURES: Final = frozenset(
     {
         ErrorCode.STEP_ENFORCEMENT_EXHAUSTED,
@@ -110,7 +111,7 @@ async def complete(
 ) -> Response:
     """``POST /v1/chat/completions``: read the body (``declared``: its Content-Length),
     parse, plan, start the session; every refusal in OpenAI's error shape. ``key``: the
-    API key admitted (SPEC §11): its tool allowlist bounds ``server_tools``, and it owns
+    API key admitted (docs/security.md): its tool allowlist bounds ``server_tools``, and it owns
     the stream."""
     try:
         body = await read_body(receive, declared, gw.settings.max_body_bytes)
@@ -193,7 +194,7 @@ async def complete(
             status = 422  # the model did not finish the workflow: not retried by the SDKs
         payload = error_body(error["code"], error["message"], status)
         payload["error"]["retryable"] = error["retryable"]
-        if error.get("details"):  # a workflow's steps, iterations, last text (SPEC §7)
+        if error.get("details"):  # a workflow's steps, iterations, last text (docs/proxy.md)
             payload["error"]["details"] = error["details"]
         payload["toolforge"] = builder.toolforge
         return JSONResponse(payload, status_code=status, headers=headers)
@@ -213,7 +214,7 @@ def _with_role(writer: ChunkWriter) -> Any:
 
 async def _until_done(session: StreamSession, receive: Receive) -> None:
     """Wait for a non-streaming request's stream to end; a client that leaves first
-    cancels it (SPEC §4: the upstream closed within 50 ms)."""
+    cancels it (docs/protocol.md: the upstream closed within 50 ms)."""
     ended = asyncio.ensure_future(session.wait())
     gone = asyncio.ensure_future(_disconnect(receive))
     try:

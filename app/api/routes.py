@@ -1,4 +1,5 @@
-"""The HTTP surface of SPEC §2 (streaming part). Routes stay thin: parse, plan, hand off."""
+"""The HTTP surface of docs/protocol.md (streaming part). Routes stay thin: parse, plan, hand
+off."""
 
 from __future__ import annotations
 
@@ -148,7 +149,7 @@ async def start_stream(
     gw: Gateway, body: bytes, idempotency_key: str | None, key: ApiKey | None = None
 ) -> Response:
     """``POST /v1/stream`` once the body is read: validate, plan, start the session.
-    ``key``: the API key admitted (SPEC §11): its tool allowlist narrows the request's
+    ``key``: the API key admitted (docs/security.md): its tool allowlist narrows the request's
     tools (shown and runnable alike), it owns the stream, and its Idempotency-Keys are its
     own."""
     if idempotency_key is not None and len(idempotency_key) > _MAX_KEY_CHARS:
@@ -183,7 +184,7 @@ async def start_stream(
                 ping_interval_s=gw.settings.ping_interval_s,
                 headers={"Idempotent-Replayed": "true"},
             )
-        if gw.cluster is not None:  # another replica may hold the key (SPEC §9)
+        if gw.cluster is not None:  # another replica may hold the key (docs/deployment.md)
             remote = await gw.cluster.replay_for(idempotency_key, body_hash)
             if remote is not None:
                 return RemoteStreamResponse(
@@ -262,7 +263,7 @@ async def _elsewhere(
 ) -> Any:
     """``op`` for a stream this replica does not run: done by the replica that does
     (through Redis), or the registry's 404. The caller's API key name goes with it: the
-    owner replica checks it against the stream's (SPEC §11)."""
+    owner replica checks it against the stream's (docs/security.md)."""
     if key is not None:
         payload = {**payload, "api_key": key.name}
     if gw.cluster is not None:
@@ -355,7 +356,7 @@ def _approve(session: StreamSession, call_id: str, decision: ApprovalDecision) -
 async def post_tool_result(
     stream_id: str, call_id: str, result: ClientToolResult, gw: GatewayDep, key: KeyDep
 ) -> dict[str, Any]:
-    """SPEC §5: ``{"ok": true, "result": ...}`` or ``{"ok": false, "error": {...}}`` for a
+    """docs/tools.md: ``{"ok": true, "result": ...}`` or ``{"ok": false, "error": {...}}`` for a
     ``tool.call`` whose executor is ``client``. 404: no such call waits; 409: answered."""
     session = gw.registry.find(stream_id)
     if session is None:
@@ -402,9 +403,11 @@ async def list_tools(gw: GatewayDep, key: KeyDep) -> dict[str, Any]:
     return {"tools": [spec.to_dict() for spec in gw.executor.registry.visible(allow)]}
 
 
-@router.get("/v1/workflows", summary="The registered workflows (SPEC §7), as their definitions")
+@router.get(
+    "/v1/workflows", summary="The registered workflows (docs/workflows.md), as their definitions"
+)
 async def list_workflows(gw: GatewayDep, key: KeyDep) -> dict[str, Any]:
-    """Those whose every tool the caller's key may use (SPEC §11), like ``/v1/tools``."""
+    """Those whose every tool the caller's key may use (docs/security.md), like ``/v1/tools``."""
     return {
         "workflows": [
             w.to_dict() for w in gw.planner.workflows.values() if allowed_workflow(key, w)

@@ -1,5 +1,5 @@
 """``GET /v1/runs`` and ``GET /v1/runs/{stream_id}``: past runs from the artifacts, newest
-first, for the web UI's list and replay (SPEC §2). The reading, and its path-escape
+first, for the web UI's list and replay (docs/protocol.md). The reading, and its path-escape
 safety, is :class:`toolforge.runtime.past_runs.PastRuns`; the list comes from the
 artifacts' index (:mod:`toolforge.runtime.run_index`), not from reading every run."""
 

@@ -1,4 +1,5 @@
-"""``GET /v1/servers``: the managed model servers and the decisions behind them (SPEC §6)."""
+"""``GET /v1/servers``: the managed model servers and the decisions behind them
+(docs/servers.md)."""
 
 from __future__ import annotations
 

@@ -4,9 +4,8 @@ A plain ASGI response, written here rather than taken from sse-starlette, becaus
 is the gateway's hot path and it is small. sse-starlette's ``EventSourceResponse`` runs
 every response in an anyio task group of four tasks (stream, ping, disconnect listener,
 exit watcher) and wraps each send in a cancel scope: measured at 9-13 µs per event and
-about 0.5 ms per request on this stack (``../shared/research/perf-reliability-anchors.md``
-§1b; bench/RESULTS.md). Here one response costs one extra task (the disconnect watcher)
-and one timer (the ping); a batch costs one ``send``:
+about 0.5 ms per request on this stack (bench/RESULTS.md). Here one response costs one extra task
+(the disconnect watcher) and one timer (the ping); a batch costs one ``send``:
 
 * frames come from :class:`~toolforge.runtime.frame_log.FrameLog` already encoded
   (``toolforge.core.protocol.frames``) and already coalesced: whatever was appended since the
@@ -16,7 +15,7 @@ and one timer (the ping); a batch costs one ``send``:
   and for a client that left, so no send is ever cancelled halfway;
 * ``send`` returns once uvicorn has the bytes; while the client reads slowly it blocks
   (uvicorn's flow control), the primary cursor stays put, and the session stops reading
-  the upstream (SPEC §4 backpressure).
+  the upstream (docs/protocol.md backpressure).
 
 Server shutdown is the session registry's business (``toolforge serve`` cancels every
 stream, so each ends with ``done``; see :mod:`toolforge.api.server`), not the writer's.

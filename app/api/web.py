@@ -1,4 +1,4 @@
-"""The demo web UI (SPEC §10, docs/ui.md): ``GET /`` and its static files.
+"""The demo web UI (docs/ui.md): ``GET /`` and its static files.
 
 ``/`` is ``web/index.html``; ``/ui/*`` are the other files of ``web/``; ``/sdk/*`` is the
 TypeScript SDK's build, ``clients/ts/dist`` (the UI is built on it: no bundler, no CDN,

@@ -1,4 +1,4 @@
-"""Context budget decisions (SPEC §6): how many tokens of context each stream may use.
+"""Context budget decisions (docs/servers.md): how many tokens of context each stream may use.
 
 Theory of operation
 -------------------
@@ -16,7 +16,7 @@ Modes (``BudgetMode``):
   and the reason says so.
 * ``manual`` — the configured ``manual_tokens``. Missing, not an integer, or below
   :data:`MIN_BUDGET_TOKENS` is a configuration error (``RequestError(BAD_REQUEST)``).
-* ``full`` — the VRAM tier of the GPUs' *total* memory (seed 001, SPEC §6):
+* ``full`` — the VRAM tier of the GPUs' *total* memory (docs/servers.md):
   < 24 GB → 4,096 tokens, 24-48 GB → 32,768, ≥ 48 GB → 262,144. No GPU → ``cpu_tokens``
   (default 4,096: the smallest GPU tier; a CPU decodes a long prompt slowly anyway).
 * ``fast`` — half of ``full`` (shorter attention, faster tokens).
@@ -24,7 +24,7 @@ Modes (``BudgetMode``):
 Whatever the mode, the budget is then clamped to ``model_ctx_train`` when it is known:
 tokens past the trained context are noise, and llama-server caps each slot there too.
 
-Units: tiers are **decimal gigabytes** (10⁹ bytes), as SPEC and seed write "GB". This is
+Units: tiers are **decimal gigabytes** (10⁹ bytes), as docs/servers.md writes "GB". This is
 deliberate: a card sold as "24 GB" has 24 GiB of memory of which NVML's ``total`` omits the
 driver's reservation (an RTX 4090 reports 24,564 MiB ≈ 25.76 × 10⁹ bytes). Against GiB
 thresholds that card would fall to the < 24 tier, and a "48 GB" RTX A6000 (49,140 MiB) to
@@ -34,7 +34,7 @@ Several GPUs: their memory is summed. llama-server's default ``--split-mode laye
 layers *and* their KV cache over every visible GPU, so the KV cache can use all of it.
 
 KV cache type: ``q8_0`` on a GPU (it halves the KV cache's VRAM against ``f16`` at a
-quality cost that is hard to measure — seed 001 uses it for the same reason; quantised V
+quality cost that is hard to measure — a common choice for the same reason; quantised V
 needs flash attention, so :meth:`BudgetDecision.server_args` turns it on). ``f16``
 (llama-server's default) on a CPU: the CPU budget is small, RAM is not the scarce
 resource, and quantising and dequantising every KV entry costs CPU time per token.
@@ -79,7 +79,7 @@ VRAM_TIERS: Final[tuple[tuple[int, int], ...]] = (
     (24 * GB, 32_768),
     (0, 4_096),
 )
-"""``(minimum total VRAM in bytes, budget tokens)``, largest first (seed 001, SPEC §6)."""
+"""``(minimum total VRAM in bytes, budget tokens)``, largest first (docs/servers.md)."""
 
 _TIER_LABELS: Final = {262_144: "≥ 48 GB", 32_768: "24-48 GB", 4_096: "< 24 GB"}
 
@@ -106,7 +106,7 @@ def _gb(n_bytes: int) -> str:
 
 
 class BudgetMode(StrEnum):
-    """How the context budget is chosen (SPEC §6)."""
+    """How the context budget is chosen (docs/servers.md)."""
 
     BACKEND = "backend"
     MANUAL = "manual"

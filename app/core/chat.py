@@ -25,7 +25,7 @@ class ChatRequest:
     into the wire body (e.g. llama-server's ``grammar``/``cache_prompt``), so it can also
     override what the adapter would send.
 
-    Native mode (SPEC §4) sends its tools through ``extra`` as well: ``{"tools": [...],
+    Native mode (docs/protocol.md) sends its tools through ``extra`` as well: ``{"tools": [...],
     "tool_choice": "auto"}``, the tools in OpenAI format (built by
     :func:`toolforge.core.native_tools.to_openai_tools`). Its continuation ``messages`` then
     hold OpenAI-shaped assistant messages with ``tool_calls`` and ``{"role": "tool",

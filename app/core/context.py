@@ -1,4 +1,4 @@
-"""Context budget and compaction (SPEC §7, seed 001 ``ContextManager``). No I/O.
+"""Context budget and compaction (docs/context.md). No I/O.
 
 Theory of operation
 -------------------
@@ -27,7 +27,7 @@ Strategies (``compaction`` of a workflow, ``CONTEXT_COMPACTION`` for ``/v1/strea
 * :class:`SlidingWindowCompact` — the opening messages (system prompt, the user's first
   message) and the last ``keep_recent`` iterations; older ones go, and the step hint
   (``[Steps completed: …]``) is appended to the user's first message (phase 1).
-* :class:`TieredCompact` — seed 001's three phases, each over the previous one's output,
+* :class:`TieredCompact` — three phases (docs/context.md), each over the previous one's output,
   touching only iterations older than the last ``keep_recent``:
 
   1. nudges dropped; tool results longer than 200 characters truncated to 200;
@@ -40,7 +40,7 @@ An *iteration* is the messages one model turn made (its call and the results and
 that followed it): they share ``MessageMeta.step``. The opening messages — up to and
 including the first user message — are never cut, nor the last ``keep_recent``
 iterations. Control flow (which steps are done) is not in the history at all: a workflow
-tracks it outside (SPEC §7), so compaction cannot undo a completed step.
+tracks it outside (docs/context.md), so compaction cannot undo a completed step.
 
 Messages that compaction leaves side by side with the same role (a nudge's reply after
 its nudge went) are merged into one, so the roles still alternate.
@@ -88,7 +88,7 @@ __all__ = [
 ]
 
 DEFAULT_THRESHOLD: Final = 0.75
-"""Compact when the prompt is over this share of the budget (SPEC §7): the rest is room
+"""Compact when the prompt is over this share of the budget (docs/context.md): the rest is room
 for the reply."""
 
 MESSAGE_OVERHEAD_TOKENS: Final = 4
@@ -96,7 +96,7 @@ MESSAGE_OVERHEAD_TOKENS: Final = 4
 the text, whichever way the text is counted."""
 
 TRUNCATE_CHARS: Final = 200
-"""Tiered phase 1 keeps this many characters of an old tool result (seed 001)."""
+"""Tiered phase 1 keeps this many characters of an old tool result (docs/context.md)."""
 
 _STUB: Final = "[result dropped to fit the context]"
 _HINT_MARK: Final = "\n\n[Steps completed:"
@@ -110,7 +110,7 @@ or the workflow's ``budget_tokens``."""
 
 
 class ContextBudgetExceeded(ToolForgeError):
-    """The prompt is over the budget and nothing is left to compact (SPEC §7)."""
+    """The prompt is over the budget and nothing is left to compact (docs/context.md)."""
 
     def __init__(self, tokens: int, budget_tokens: int, strategy: str, phase: int) -> None:
         what = "after compaction" if phase else f"and the strategy {strategy!r} compacts nothing"
@@ -326,7 +326,7 @@ class SlidingWindowCompact:
 
 @dataclass(frozen=True, slots=True)
 class TieredCompact:
-    """Seed 001's three phases (see the module docstring)."""
+    """The three phases of docs/context.md (see the module docstring)."""
 
     keep_recent: int = 2
     truncate_chars: int = TRUNCATE_CHARS
@@ -385,7 +385,7 @@ def _stub(item: Message) -> Message:
 
 
 def strategy_named(name: str, keep_recent: int = 2) -> CompactStrategy:
-    """The strategy for a name of SPEC §7 (``tiered``, ``sliding``, ``none``)."""
+    """The strategy for a name of docs/context.md (``tiered``, ``sliding``, ``none``)."""
     if name == "tiered":
         return TieredCompact(keep_recent)
     if name == "sliding":

@@ -1,7 +1,7 @@
 """Events produced by the sentinel tokenizer: immutable values, one closed union.
 
 Consumers dispatch with ``match`` and ``assert_never`` so that adding an event type is a
-type error everywhere it is not handled yet (STYLE convention 3).
+type error everywhere it is not handled yet (events are values: docs/architecture.md).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ __all__ = [
 
 
 class FrameKind(StrEnum):
-    """The three frame kinds of the emission contract (SPEC §3)."""
+    """The three frame kinds of the emission contract (docs/protocol.md)."""
 
     OBJECT = "OBJECT"
     TOOL_CALL = "TOOL_CALL"

@@ -1,6 +1,6 @@
 """Model text in, wire frames out: the tokenizer plus a JSON validator per frame. No I/O.
 
-``Framer.feed(text)`` returns, in order, the wire frames of SPEC §3 that ``text``
+``Framer.feed(text)`` returns, in order, the wire frames of docs/protocol.md that ``text``
 completes, and one ``BodyClosed`` value at each frame's END:
 
     tokenizer event        OBJECT frame      RESULT frame       TOOL_CALL frame
@@ -19,7 +19,7 @@ Each body is validated as it streams. A JSON error does not end the stream: the 
 kept (the tokenizer caps it at the frame limit) and judged at END, where an OBJECT or
 RESULT body goes to repair and a tool call's arguments go back to the model as an
 ``invalid_json`` result. A tool call is therefore never announced on a prefix that
-happens to parse (SPEC §3). A *framing* violation, by contrast, ends the framer: it
+happens to parse (docs/protocol.md). A *framing* violation, by contrast, ends the framer: it
 returns an ``error`` frame last and ``error`` holds the exception (see the tokenizer's
 docstring for why framing errors are sticky).
 """

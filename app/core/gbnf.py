@@ -1,4 +1,4 @@
-"""GBNF grammars for ``constrained`` mode (SPEC §4, issue #5). Pure: schemas in, text out.
+"""GBNF grammars for ``constrained`` mode (docs/protocol.md). Pure: schemas in, text out.
 
 llama-server samples only the tokens its request's ``grammar`` allows, so with the grammar
 written here even a 135M-parameter model emits well-formed frames whose bodies have the
@@ -7,7 +7,7 @@ shape of their JSON Schemas. :class:`FrameGrammar` writes the grammar of one mod
 
 Theory of operation
 -------------------
-One turn, as a grammar (SPEC §3's sentinel grammar, each body replaced by its schema)::
+One turn, as a grammar (docs/protocol.md's sentinel grammar, each body replaced by its schema)::
 
     root     ::= text ( call-1 | call-2 | ... | objects? result )
     text     ::= up to 200 characters of free text, never ⟦ or ⟧
@@ -17,7 +17,7 @@ One turn, as a grammar (SPEC §3's sentinel grammar, each body replaced by its s
     result   ::= "⟦BEGIN_RESULT id=r1 schema=AssistantReply⟧" REPLY "⟦END_RESULT id=r1⟧"
 
 The grammar ends at the last END, so the model can only stop there: after a tool call
-(the gateway closes the upstream at its END anyway, SPEC §4) or after the result. The free
+(the gateway closes the upstream at its END anyway, docs/protocol.md) or after the result. The free
 text is bounded, so a model that would ramble is pushed into a frame, and it can never
 hold a sentinel character, so it can never open a malformed frame.
 
@@ -54,17 +54,17 @@ usual inline schemas) use:
     format, other keywords          ignored
 
 Anything else (``{}``, ``true``, an unknown type, an unresolvable ``$ref``) is a generic
-JSON value whose nesting is bounded by ``max_depth`` (SPEC §3: 16), counted from the top
+JSON value whose nesting is bounded by ``max_depth`` (docs/protocol.md: 16), counted from the top
 of the body. The grammar steers; it is not the guarantee. Every body is still parsed
 strictly and validated against its schema (``toolforge.core.guarantee``), so a grammar that
 allows more than the schema (an ignored keyword, a generic fallback) costs at most a
 repair, and one that allows less (a fixed key order) only narrows how a valid value may
 be spelled.
 
-Strings never contain a raw ``⟦``/``⟧`` (a model must write ``\\u27E6``/``\\u27E7``, SPEC
-§3) nor a control character; every JSON escape is allowed except lone surrogates (strict
-JSON, SPEC §3). Whitespace between tokens is one space, or one newline and up to eight
-blanks of indent: a small model given unbounded whitespace can loop on newlines until
+Strings never contain a raw ``⟦``/``⟧`` (a model must write ``\\u27E6``/``\\u27E7``,
+docs/protocol.md) nor a control character; every JSON escape is allowed except lone surrogates
+(strict JSON, docs/protocol.md). Whitespace between tokens is one space, or one newline and up to
+eight blanks of indent: a small model given unbounded whitespace can loop on newlines until
 ``max_tokens`` (llama.cpp's own converter bounds it too, at two newlines and twenty blanks),
 and compact or two-level pretty-printed JSON still fits. Numbers have at most 16
 integer digits (the validator's 64-bit range) and 24 fraction digits (a float's shortest
@@ -127,7 +127,7 @@ DEFAULT_MAX_TEXT_CHARS: Final = 200
 DEFAULT_MAX_OBJECTS: Final = 4
 """OBJECT frames the grammar allows before the result, each with its own id."""
 DEFAULT_MAX_DEPTH: Final = 16
-"""SPEC §3's JSON depth limit: containers a body may nest."""
+"""docs/protocol.md's JSON depth limit: containers a body may nest."""
 
 # llama.cpp refuses repetitions that expand past 2,000 rules (MAX_REPETITION_THRESHOLD).
 _MAX_REPEAT: Final = 1000
@@ -278,7 +278,7 @@ class FrameGrammar:
     ) -> str:
         """The GBNF of one turn using ``ids``; ``allow_tools=False`` leaves only the result.
 
-        ``narrowed`` (a workflow's argument-matched prerequisites, SPEC §7): tool -> the
+        ``narrowed`` (a workflow's argument-matched prerequisites, docs/workflows.md): tool -> the
         input schema to use this turn instead of its own (an argument reduced to an
         ``enum`` of the values earlier results hold), or None to leave the tool out.
         ``allow_result=False`` leaves the RESULT frame out while a call is possible (a

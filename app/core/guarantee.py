@@ -1,4 +1,4 @@
-"""The JSON guarantee (SPEC §4): every ``json.end``/``result.end`` value is schema-valid.
+"""The JSON guarantee (docs/protocol.md): every ``json.end``/``result.end`` value is schema-valid.
 
 When a frame's body ends, the session asks :func:`finish_frame` what to do, then follows
 the answer; the policy lives here, pure and testable, and only the model call is the
@@ -85,7 +85,7 @@ SchemaLike = CompiledSchema | Mapping[str, Any]
 
 @dataclass(frozen=True, slots=True)
 class RepairLimits:
-    """``max_chars``/``max_depth`` are SPEC §3's frame limits (64 KB, 16 levels).
+    """``max_chars``/``max_depth`` are docs/protocol.md's frame limits (64 KB, 16 levels).
 
     ``max_anomalies`` bounds the damage local repair is tried on (see ``_anomalies``).
     json_repair is superlinear on some inputs (measured with 0.64: ``'{"' * 16000`` 40 s,
@@ -104,7 +104,7 @@ class ValidatorError:
     """One reason a value fails its schema: a JSON path (``$.target.kind``) and a message.
 
     ``keyword`` is the JSON Schema keyword that failed (``required``, ``enum``, ...), for
-    tool-argument rejections that must name the constraint (SPEC §5).
+    tool-argument rejections that must name the constraint (docs/tools.md).
     """
 
     path: str
@@ -112,7 +112,7 @@ class ValidatorError:
     keyword: str = ""
 
     def to_dict(self) -> dict[str, str]:
-        """The ``last_validator_errors`` item (SPEC §4): ``{"path", "message"}``."""
+        """The ``last_validator_errors`` item (docs/protocol.md): ``{"path", "message"}``."""
         return {"path": self.path, "message": self.message}
 
 

@@ -1,14 +1,14 @@
 """Incremental, strict RFC 8259 JSON validation for values that arrive in small chunks.
 
 The gateway validates tool-call arguments and OBJECT/RESULT frames as the model streams them
-(SPEC §3: "a tool runs only after its END sentinel arrived and its arguments parsed
+(docs/protocol.md: "a tool runs only after its END sentinel arrived and its arguments parsed
 strictly"). :class:`StreamingJSONValidator` checks each chunk as it comes, in one pass over
 the input, so a bad token is reported the moment it appears and ``close()`` costs a single
 ``orjson.loads`` instead of a re-parse per chunk.
 
 Choices where RFC 8259 leaves room (each raises :class:`toolforge.errors.JSONError`):
 
-* Limits (SPEC §3): nesting deeper than ``max_depth`` (default 16) is ``JSON_TOO_DEEP``,
+* Limits (docs/protocol.md): nesting deeper than ``max_depth`` (default 16) is ``JSON_TOO_DEEP``,
   raised at the bracket that opens the ``max_depth + 1``-th container; more than
   ``max_bytes`` UTF-8 bytes (default 64 KiB) is ``JSON_TOO_LARGE``, raised at the first
   character past the limit. ``max_depth`` is capped at 1024, orjson's own nesting limit.

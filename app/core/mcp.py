@@ -9,7 +9,7 @@ own beside them (all optional):
 ``retries``             retries of transient *transport* failures (default 2, 2 s apart)
 ``retry_delay_s``       the delay between them
 ``tools``               which of the server's tools to register (default: all)
-``output_allowlist``    seed 003's redaction allowlist for every tool of the server: the
+``output_allowlist``    the redaction allowlist for every tool of the server: the
                         result keys logs and artifacts keep. Default ``[]``: nothing a
                         third-party server returns is written to logs or artifacts, only
                         that it answered. ``["*"]`` keeps everything.
@@ -18,7 +18,7 @@ own beside them (all optional):
 ``disabled``, ``type``, ``description``: accepted for compatibility, ``disabled: true``
 skips the server.
 
-A server's environment is explicit (SPEC §11): a stdio server gets its ``env`` and the
+A server's environment is explicit (docs/security.md): a stdio server gets its ``env`` and the
 MCP SDK's short list of safe variables (``HOME``, ``PATH``, ``USER``...), never the
 gateway's own environment (so not ``UPSTREAM_API_KEY``).
 

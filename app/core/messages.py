@@ -1,4 +1,4 @@
-"""Messages with metadata: what the conversation remembers, and why (seed 001). No I/O.
+"""Messages with metadata: what the conversation remembers, and why (docs/workflows.md). No I/O.
 
 A :class:`Message` is one message of the history *as the gateway sees it*: its wire form
 (OpenAI-shaped: ``role``, ``content``, ``tool_calls``, ``tool_call_id``) and a
@@ -34,7 +34,7 @@ __all__ = [
 
 
 class MessageType(StrEnum):
-    """What a message is, for compaction's priorities (seed 001)."""
+    """What a message is, for compaction's priorities (docs/context.md)."""
 
     SYSTEM_PROMPT = "system_prompt"
     USER_INPUT = "user_input"

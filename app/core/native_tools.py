@@ -1,4 +1,4 @@
-"""Native tool calls (SPEC §4, ``native`` mode): the upstream's own ``tool_calls``.
+"""Native tool calls (docs/protocol.md, ``native`` mode): the upstream's own ``tool_calls``.
 
 Two halves, both sans-IO:
 
@@ -7,7 +7,7 @@ Two halves, both sans-IO:
   :mod:`toolforge.upstream.base`) into whole calls.
 * :func:`to_openai_tools`, :func:`assistant_tool_call_message` and
   :func:`tool_result_message` build the OpenAI wire shapes: the ``tools`` offered, and the
-  two messages that continue the conversation after the calls ran (seed 003: wire formats
+  two messages that continue the conversation after the calls ran (docs/tools.md: wire formats
   are adapters over :class:`toolforge.core.tools.ToolSpec`).
 
 Theory of operation of the assembler. OpenAI streams each call as pieces that share an

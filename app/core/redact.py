@@ -1,10 +1,10 @@
-"""Secret redaction for logs and artifacts (SPEC §4: "secrets redacted everywhere").
+"""Secret redaction for logs and artifacts (docs/protocol.md: "secrets redacted everywhere").
 
 Two rules, applied to any JSON-like value:
 
 * **By key.** A mapping entry whose key is a known secret name (``api_key``,
   ``authorization``, ``password``, ...) or one of the caller's ``extra_keys`` (a tool's
-  redaction list, SPEC §5) has its whole value replaced by ``"[REDACTED]"``, whatever
+  redaction list, docs/tools.md) has its whole value replaced by ``"[REDACTED]"``, whatever
   its type: a nested object under ``token`` is as secret as a string. Keys compare
   case-insensitively with ``-`` and ``_`` treated alike, so ``X-Api-Key``, ``x_api_key``
   and ``X-API-KEY`` are one name. Names match whole, never as substrings: ``max_tokens``
@@ -79,14 +79,14 @@ SENSITIVE_KEYS: Final = frozenset(
 )
 """Key names (normalised by :func:`normalize_key`) whose values are always secret.
 
-The brief's list plus the obvious siblings (``set-cookie``, ``proxy-authorization``,
+The list of docs/security.md plus the obvious siblings (``set-cookie``, ``proxy-authorization``,
 ``refresh_token``, ``client_secret``) that carry the same credentials under another name.
 """
 
 # Characters that may sit right before a key for it to count as one: a key glued to a word
 # ("task-list" contains "sk-list", "disk_sk_x" contains "sk_x") is an identifier, not a key.
 _NOT_WORD_BEFORE = r"(?<![A-Za-z0-9_\-])"
-# sk-… (OpenAI, incl. sk-proj-…), sk_… (Stripe-style, named in SPEC §4), gsk_… (Groq).
+# sk-… (OpenAI, incl. sk-proj-…), sk_… (Stripe-style, named in docs/protocol.md), gsk_… (Groq).
 # Four characters minimum so "sk-" in prose survives; the body is OpenAI's alphabet.
 _API_KEY = rf"{_NOT_WORD_BEFORE}(?:sk-|sk_|gsk_)[A-Za-z0-9_\-]{{4,}}"
 # RFC 6750 b64token after the scheme; the scheme word is kept so a reader can still see

@@ -1,5 +1,5 @@
-"""Tool calls a model wrote as text, rescued (SPEC: "a JSON object in a code fence or bare,
-``<tool_call>…</tool_call>`` tags, ``name(args)``, Mistral-style ``[TOOL_CALLS]``, and
+"""Tool calls a model wrote as text, rescued (docs/workflows.md: "a JSON object in a code fence or
+bare, ``<tool_call>…</tool_call>`` tags, ``name(args)``, Mistral-style ``[TOOL_CALLS]``, and
 ``name[ARGS]{…}`` forms, the tool's name in another case or with ``_`` for ``.``").
 
 Small models asked for native tool calls often answer with the call in their text instead.
@@ -90,7 +90,7 @@ __all__ = [
     "rescue_tool_calls",
 ]
 
-# SPEC §3's frame limit: a call longer than any frame the gateway accepts is no call.
+# docs/protocol.md's frame limit: a call longer than any frame the gateway accepts is no call.
 MAX_SCAN_CHARS: Final = 64 * 1024
 # Deeper than any real arguments (frames allow 16 levels) plus the call's own wrapping.
 MAX_DEPTH: Final = 64

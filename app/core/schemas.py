@@ -1,6 +1,6 @@
 """The schemas frames are validated against, compiled once, and the registry that names them.
 
-SPEC §2-§4: every OBJECT and RESULT frame names a schema; ``json.end``/``result.end`` must
+docs/protocol.md: every OBJECT and RESULT frame names a schema; ``json.end``/``result.end`` must
 carry a value valid against it, degrading to a minimal valid object when repair fails. So a
 schema is only usable once we know three things about it, checked here, at registration:
 
@@ -89,7 +89,8 @@ __all__ = [
 
 ANY: Final = "Any"
 # An inline schema is shown to the model in the prompt and compiled per request; one larger
-# than a frame (SPEC §3: 64 KB) is a mistake, and the limit bounds the compile cache's memory.
+# than a frame (docs/protocol.md: 64 KB) is a mistake, and the limit bounds the compile cache's
+# memory.
 MAX_SCHEMA_BYTES: Final = 64 * 1024
 # The names the sentinel grammar accepts (tokenizer ``_NAME_RE``, api ``SchemaName``).
 _NAME_RE: Final = re.compile(r"[A-Za-z0-9_.:\-]{1,128}")
@@ -103,7 +104,7 @@ _COMPILE_CACHE_SIZE: Final = 256
 _CLOSED = ConfigDict(extra="forbid")
 
 
-# --- the built-in models (seed 000) -----------------------------------------------------
+# --- the built-in models (docs/protocol.md) -----------------------------------------------------
 
 
 class DiagnosticError(BaseModel):
@@ -135,7 +136,7 @@ class AssistantReply(BaseModel):
         default=[], description="Sources the answer relies on (ids or URLs)."
     )
     # readOnly (JSON Schema: owned by the gateway, not the writer): constrained mode's grammar
-    # leaves it out, so a small model cannot spend its max_tokens filling it in (issue #5).
+    # leaves it out, so a small model cannot spend its max_tokens filling it in (constrained mode).
     diagnostics: Diagnostics | None = Field(default=None, json_schema_extra={"readOnly": True})
 
 
@@ -224,7 +225,7 @@ class CompiledSchema:
 
     def fallback_with_defaults(self) -> object:
         """Like ``fallback``, plus the optional properties that declare a non-null default
-        (``AssistantReply`` gets ``"citations": []``, as in seed 000's degraded example)."""
+        (``AssistantReply`` gets ``"citations": []``, as in docs/protocol.md's degraded example)."""
         fallback = self.require_fallback()
         value = _Synthesiser(self.validator, _resolver(self.schema), with_defaults=True).build(
             self.schema
@@ -540,7 +541,8 @@ class SchemaRegistry:
         return self.register(name, model_schema(model))
 
     def register_inline(self, name: str, schema: object) -> CompiledSchema:
-        """A caller-supplied ``{"name", "schema"}`` (SPEC §2): checked, then registered here.
+        """A caller-supplied ``{"name", "schema"}`` (docs/protocol.md): checked, then registered
+        here.
 
         Raises :class:`RequestError` (422 ``INVALID_SCHEMA``) naming the problem.
         """
@@ -589,7 +591,7 @@ class SchemaRegistry:
 
 
 def builtin_registry() -> SchemaRegistry:
-    """A fresh registry with ``Any``, ``AssistantReply`` and ``Action`` (seed 000)."""
+    """A fresh registry with ``Any``, ``AssistantReply`` and ``Action`` (docs/protocol.md)."""
     registry = SchemaRegistry()
     registry.register(ANY, {})
     registry.register_model("AssistantReply", AssistantReply)

@@ -1,4 +1,4 @@
-"""The workflow runner's rules (SPEC §7, seed 001), outside the message history. No I/O.
+"""The workflow runner's rules (docs/workflows.md), outside the message history. No I/O.
 
 The turn engine (:class:`~toolforge.core.engine.Conversation`) runs a workflow by asking
 a :class:`WorkflowPolicy` at four points; the policy owns every counter, answers with a
@@ -28,7 +28,7 @@ message list's wire format:
 Its state leaves as one value, :meth:`WorkflowPolicy.summary` (``done.workflow``, the run
 record, the Python runner).
 
-The pieces are seed 001's, each usable alone: :class:`StepTracker` (required steps done),
+The pieces (docs/workflows.md), each usable alone: :class:`StepTracker` (required steps done),
 :class:`StepEnforcer` (premature terminal calls, tiers 1-3, and prerequisites, by name or
 argument-matched), :class:`ErrorTracker` (the retry and tool-error budgets, each reset on
 progress). Every budget allows ``max`` in a row and fails on the next one: a terminal tool
@@ -101,12 +101,12 @@ class WorkflowNudges:
     unknown: str = "There is no function named '{name}'. Call one of: {tools}."
 
 
-# -- seed 001's pieces ------------------------------------------------------------------------
+# -- the pieces, each usable alone ---------------------------------------------------------
 
 
 @dataclass(slots=True)
 class StepTracker:
-    """Which required steps are done: control flow, not memory (seed 001, P0-1)."""
+    """Which required steps are done: control flow, not memory (docs/workflows.md)."""
 
     required_steps: Sequence[str]
     completed_steps: dict[str, None] = field(default_factory=dict)
@@ -481,7 +481,7 @@ class WorkflowPolicy:
         )
 
     def _fail(self, code: ErrorCode, message: str) -> WorkflowError:
-        """A failure with the context seed 001 asks for."""
+        """A failure with its context (docs/workflows.md: fail loud, with context)."""
         context: dict[str, object] = {
             "workflow": self._workflow.name,
             "completed_steps": list(self._steps.completed_steps),

@@ -1,4 +1,4 @@
-"""The sentinel tokenizer: model text in, framing events out (SPEC §3). No I/O.
+"""The sentinel tokenizer: model text in, framing events out (docs/protocol.md). No I/O.
 
 Theory of operation
 -------------------
@@ -41,7 +41,7 @@ either completes a valid sentinel or is a typed violation (``⟦BEGIN_FOO …⟧
 ``UNKNOWN_FRAME_KIND``, not text).
 
 Inside a frame body the tokenizer tracks JSON strings and backslash escapes, because a
-``⟦`` inside a JSON string is content, not a sentinel (SPEC §3). It does not validate the
+``⟦`` inside a JSON string is content, not a sentinel (docs/protocol.md). It does not validate the
 JSON: that is ``StreamingJSONValidator``'s job, and a lookalike ``⟦`` outside a string is
 passed on as body content for the validator to reject. A body whose string never closes
 swallows the END sentinel; the frame then hits ``FRAME_TOO_LARGE`` or ``FRAME_UNCLOSED``.
@@ -79,7 +79,7 @@ __all__ = [
 ]
 
 
-# SPEC §3: a frame body is capped at 64 KB (the same order as Envoy's and h11's header
+# docs/protocol.md: a frame body is capped at 64 KB (the same order as Envoy's and h11's header
 # buffers: enough for any real tool call, small enough that one stream cannot hold
 # megabytes in the gateway).
 DEFAULT_MAX_FRAME_BYTES: Final = 64 * 1024
@@ -127,7 +127,7 @@ def _utf8_len(s: str) -> int:
 
 
 class SentinelTokenizer:
-    """Incremental tokenizer for the sentinel framing grammar of SPEC §3.
+    """Incremental tokenizer for the sentinel framing grammar of docs/protocol.md.
 
     ``feed`` and ``close`` return events; a protocol violation is returned as a final
     ``Violation`` event (so the events before it are identical however the input was
@@ -141,7 +141,7 @@ class SentinelTokenizer:
         seen_ids: set[str] | None = None,
     ) -> None:
         """``seen_ids``: ids already used in this stream, shared across the tokenizers of
-        one stream's generation turns (ids are unique per stream, SPEC §3)."""
+        one stream's generation turns (ids are unique per stream, docs/protocol.md)."""
         self._max_frame_bytes = max_frame_bytes
         self._state = _State.TEXT
         self._held = ""  # a candidate or committed sentinel, starting with ⟦
@@ -358,7 +358,7 @@ class SentinelTokenizer:
     # -- acting on a complete sentinel ------------------------------------------------
 
     def _parse(self, sentinel: str) -> _Sentinel:
-        """Parse ``⟦VERB_KIND k=v …⟧`` strictly, as the grammar of SPEC §3 writes it."""
+        """Parse ``⟦VERB_KIND k=v …⟧`` strictly, as the grammar of docs/protocol.md writes it."""
         head, *attrs = sentinel[1:-1].split(" ")
         verb, _, kind_name = head.partition("_")
         is_begin = verb == "BEGIN"

@@ -1,4 +1,5 @@
-"""Seed 003's rules for every tool, whatever its source (a Python pack, an MCP server).
+"""The tool rules of docs/tools.md for every tool, whatever its source (a Python pack, an MCP
+server).
 
 * **REDACTION_REQUIRED**: every tool declares an output redaction *allowlist*
   (:attr:`ToolSpec.output_allowlist`): the only result keys that logs and artifacts keep.
@@ -56,7 +57,7 @@ UNSUPPORTED_KEYWORDS: Final = frozenset(
         "$recursiveRef",
     }
 )
-"""Keywords a tool's input schema may not use (seed 003, P0 subset): a small model cannot
+"""Keywords a tool's input schema may not use (docs/tools.md): a small model cannot
 follow them reliably, and the gateway could not describe a violation usefully."""
 
 _SUBSCHEMA_MAPS: Final = ("properties", "$defs", "definitions")
@@ -129,7 +130,7 @@ def _nullable(any_of: object) -> bool:
 
 
 def check_spec(spec: ToolSpec[Any]) -> list[str]:
-    """Seed 003's problems with one tool, each a sentence naming the tool."""
+    """The tool rules' problems with one tool, each a sentence naming the tool."""
     problems: list[str] = []
     if spec.output_allowlist is None:
         problems.append(
@@ -149,7 +150,7 @@ def check_spec(spec: ToolSpec[Any]) -> list[str]:
 
 
 def check_confirmations(specs: Iterable[ToolSpec[Any]]) -> list[str]:
-    """Seed 004's rule for ``confirm_with``: the confirming tool is registered, hidden from
+    """The rule for ``confirm_with`` (docs/tools.md): the confirming tool is registered, hidden from
     the model and waits for a person (``needs_approval``); otherwise a model could commit
     what it proposed by itself, or the gateway would call a tool that is not there."""
     by_name = {spec.name: spec for spec in specs}
@@ -172,8 +173,8 @@ def check_confirmations(specs: Iterable[ToolSpec[Any]]) -> list[str]:
 
 
 def check_registry(specs: Iterable[ToolSpec[Any]] | ToolRegistry) -> None:
-    """Raise :class:`ToolConfigError` listing every tool that breaks seed 003's rules (and
-    seed 004's ``confirm_with`` rule)."""
+    """Raise :class:`ToolConfigError` listing every tool that breaks the tool rules (and
+    the ``confirm_with`` rule; docs/tools.md)."""
     specs = list(specs)
     problems = [p for spec in specs for p in check_spec(spec)]
     problems += check_confirmations(specs)

@@ -1,11 +1,11 @@
-"""Canonical tool types and the pure rules of tool execution (SPEC §5, seeds 002 and 003).
+"""Canonical tool types and the pure rules of tool execution (docs/tools.md).
 
 What lives here, and why it is sans-IO:
 
 * :class:`ToolSpec` is the one definition of a tool. Its ``input_schema`` is *derived* from
   the pydantic ``args_model`` (``model_json_schema()``) and cannot be passed in: a
-  hand-written schema next to the model is a duplicate that drifts (seed 003,
-  NO_MANUAL_SCHEMA_DUPLICATION). Wire formats (OpenAI ``tools[]``, GBNF) are adapters
+  hand-written schema next to the model is a duplicate that drifts (docs/tools.md).
+  Wire formats (OpenAI ``tools[]``, GBNF) are adapters
   over this type, never another definition.
 * :class:`ToolInvocationRecord` is what logs and artifacts keep of one call, already
   redacted with the tool's ``redact_keys``; :class:`ToolEnvelope` is what the model and
@@ -17,7 +17,8 @@ What lives here, and why it is sans-IO:
   :class:`ToolError` (a :class:`~toolforge.errors.ToolForgeError`), whatever they are given.
 
 The async side (timeouts, retries, the FIFO concurrency gate, approval, the result cache)
-is :mod:`toolforge.runtime.executor`. No clock, loop or logging here (STYLE convention 1).
+is :mod:`toolforge.runtime.executor`. No clock, loop or logging here (app/core is sans-IO:
+docs/architecture.md).
 
 JSON here means what orjson writes: compact UTF-8, keys as given (they must be strings),
 non-ASCII characters raw (not ``\\u`` escaped), NaN and ±Infinity as ``null``, at most 254
@@ -67,9 +68,10 @@ __all__ = [
 ]
 
 MAX_ARGS_BYTES: Final = 32 * 1024
-"""SPEC §3: tool arguments, as compact UTF-8 JSON. A model that writes more is looping."""
+"""docs/protocol.md: tool arguments, as compact UTF-8 JSON. A model that writes more is looping."""
 MAX_RESULT_BYTES: Final = 64 * 1024
-"""SPEC §3: a tool result goes back into the model's context; 64 KB is already ~16k tokens."""
+"""docs/protocol.md: a tool result goes back into the model's context; 64 KB is already ~16k
+tokens."""
 
 # The UTF-8 bytes of the sentinel characters, and the bytes their escapes take *inside a
 # JSON string* (the backslash itself escaped): what escaping does to serialised JSON.
@@ -98,7 +100,7 @@ model's JSON was unusable even after one repair). Built by the app over its upst
 
 class ToolError(ToolForgeError):
     """A tool call that did not produce a result. It goes back to the model as the
-    envelope's error (the stream goes on, SPEC §4), never as a stream ``error`` frame.
+    envelope's error (the stream goes on, docs/protocol.md), never as a stream ``error`` frame.
 
     ``retryable`` is per instance here: whether calling again (after a correction, or
     later) can help. It is what the model reads in the envelope.
@@ -125,7 +127,7 @@ class ToolArgumentsError(ToolError):
 
 class TransientToolError(ToolError):
     """Raised by a tool when calling again later may succeed (a network blip, a busy
-    backend). The executor retries these, and timeouts, with a fixed delay (SPEC §5)."""
+    backend). The executor retries these, and timeouts, with a fixed delay (docs/tools.md)."""
 
     def __init__(self, message: str, *, details: list[dict[str, str]] | None = None) -> None:
         super().__init__(ErrorCode.TOOL_UNAVAILABLE, message, retryable=True, details=details)
@@ -157,7 +159,7 @@ class JsonArgs(RootModel[dict[str, Any]]):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ToolSpec(Generic[ArgsT]):
-    """One tool: what the model is told, how it is checked and how it runs (SPEC §5).
+    """One tool: what the model is told, how it is checked and how it runs (docs/tools.md).
 
     ``input_schema`` is computed from ``args_model`` at construction and is not an
     argument. ``timeout_s=None`` means the executor's default (``TOOL_TIMEOUT_MS``).
@@ -165,7 +167,7 @@ class ToolSpec(Generic[ArgsT]):
     (on top of :data:`toolforge.core.redact.SENSITIVE_KEYS`); the model and the client still
     see them, since the model supplied them or needs them.
 
-    Seed 003's fields (:mod:`toolforge.core.tool_rules` checks them at start-up):
+    The fields of docs/tools.md (:mod:`toolforge.core.tool_rules` checks them at start-up):
     ``output_allowlist`` is the result's redaction allowlist, the only result keys that
     logs and artifacts keep (``"*"``: all of them); ``None`` means undeclared, which a
     configured registry refuses. ``source`` says where the tool comes from (``pack:demo``,
@@ -175,10 +177,10 @@ class ToolSpec(Generic[ArgsT]):
     else why not (an MCP server being restarted).
 
     ``confirm_with`` names the tool that makes this one's proposal real once a person says
-    so (seed 004's ``facts.propose`` → ``facts.commit``): after a successful call the
-    gateway itself calls that tool, with this call's result ``data`` as its arguments, and
-    the call waits for ``POST …/approvals/{call_id}`` like any ``needs_approval`` call. The
-    confirming tool must be registered, not model-facing and ``needs_approval``
+    so (the workspace pack's ``facts.propose`` → ``facts.commit``, docs/tools.md): after a
+    successful call the gateway itself calls that tool, with this call's result ``data`` as its
+    arguments, and the call waits for ``POST …/approvals/{call_id}`` like any ``needs_approval``
+    call. The confirming tool must be registered, not model-facing and ``needs_approval``
     (:mod:`toolforge.core.tool_rules` checks it), so the model can neither see it nor run it;
     the model is told the outcome in the proposing call's result (``confirmation``).
     """
@@ -250,7 +252,7 @@ class ToolSpec(Generic[ArgsT]):
 @dataclass(frozen=True, slots=True)
 class ToolOutput:
     """What a tool may return instead of bare data: the data, and the source's own
-    payload (``raw``), which the executor keeps on the record only (seed 003)."""
+    payload (``raw``), which the executor keeps on the record only (docs/tools.md)."""
 
     data: object
     raw: object = None
@@ -289,13 +291,13 @@ class ToolEnvelope:
 
 @dataclass(frozen=True, slots=True)
 class ToolInvocationRecord:
-    """One call, for logs and ``tool_logs.json`` (SPEC §5). ``args`` and ``result`` are
+    """One call, for logs and ``tool_logs.json`` (docs/tools.md). ``args`` and ``result`` are
     redacted with the tool's keys; ``started_at``/``ended_at`` are Unix seconds;
     ``attempts`` is 0 when the tool never ran (rejected, denied or served from cache).
 
     ``raw`` is the source's own payload (an MCP ``CallToolResult`` as the server sent it),
     for observability in-process only: :meth:`to_dict`, which logs, artifacts and the UI
-    use, leaves it out, and it never decides anything (seed 003)."""
+    use, leaves it out, and it never decides anything (docs/tools.md)."""
 
     call_id: str
     name: str
@@ -325,7 +327,7 @@ class ToolInvocationRecord:
 
 def is_allowed(spec: ToolSpec[Any], allow: Collection[str] | None, deny: Collection[str]) -> bool:
     """Whether ``spec`` is shown to the model and may run. ``allow=None`` means every
-    model-facing tool (SPEC §2's default); ``deny`` always wins."""
+    model-facing tool (docs/protocol.md's default); ``deny`` always wins."""
     if not spec.model_facing or spec.name in deny:
         return False
     return allow is None or spec.name in allow
@@ -441,7 +443,7 @@ def parse_args(raw: object, *, limit: int = MAX_ARGS_BYTES) -> bytes:
 
     ``str``/``bytes`` are JSON text (native tool calls carry their arguments as a
     string): their size is checked *before* parsing, and text that is not strict JSON is
-    ``INVALID_JSON`` (SPEC §5). Anything else is a value already parsed (the framer's).
+    ``INVALID_JSON`` (docs/tools.md). Anything else is a value already parsed (the framer's).
     Too large is ``ARGUMENTS_TOO_LARGE``.
     """
     if isinstance(raw, str | bytes | bytearray):
@@ -589,7 +591,7 @@ def escape_sentinels(value: object) -> object:
     """``value`` with every ``⟦`` (U+27E6) and ``⟧`` (U+27E7), in every string — object
     keys included — replaced by the six visible characters ``\\u27e6`` / ``\\u27e7``.
 
-    So a tool result can never carry a sentinel to the model or the client (SPEC §3):
+    So a tool result can never carry a sentinel to the model or the client (docs/protocol.md):
     ``{"note": "⟦END_TOOL_CALL id=1⟧"}`` becomes ``{"note": "\\u27e6END_TOOL_CALL
     id=1\\u27e7"}`` — a literal backslash in the value, so its JSON text reads
     ``"\\\\u27e6…"`` and decodes to the escape, not to the sentinel. Nothing else changes.
@@ -615,7 +617,7 @@ def escape_sentinels_json(blob: bytes) -> bytes:
 
 
 def derive_call_key(idempotency_key: str, stream_call_id: str, tool: str, args: object) -> str:
-    """The per-call key of SPEC §5: sha256 (hex) over the request's ``Idempotency-Key``,
+    """The per-call key of docs/tools.md: sha256 (hex) over the request's ``Idempotency-Key``,
     the call's id in its stream, the tool name and its arguments (canonical JSON, keys
     sorted). The same call in a replayed request gets the same key; another call, or the
     same id with other arguments, never does."""

@@ -1,4 +1,4 @@
-"""Workflow definitions (SPEC §7, seed 001): data, parsed and validated. No I/O.
+"""Workflow definitions (docs/workflows.md): data, parsed and validated. No I/O.
 
 A workflow is a document (a file in ``workflows/``, or inline in ``POST /v1/stream``)::
 
@@ -11,9 +11,9 @@ A workflow is a document (a file in ``workflows/``, or inline in ``POST /v1/stre
      "max_iterations": 10, "max_retries_per_step": 3, "max_tool_errors": 2,
      "compaction": "tiered", "keep_recent": 2, "rescue": true, "narrow": true}
 
-:func:`parse_workflow` checks its shape (unknown keys are refused) and the rules of seed
-001: every tool exists; required steps and terminal tools are among the workflow's tools;
-a terminal tool is not a required step; prerequisites name the workflow's tools. A bad
+:func:`parse_workflow` checks its shape (unknown keys are refused) and these rules
+(docs/workflows.md): every tool exists; required steps and terminal tools are among the workflow's
+tools; a terminal tool is not a required step; prerequisites name the workflow's tools. A bad
 definition is a :class:`~toolforge.errors.RequestError` ``WORKFLOW_INVALID`` that says
 what is wrong and where (the file, or ``request``).
 
@@ -90,7 +90,7 @@ RESPOND_TOOL: Final[Mapping[str, Any]] = {
         "additionalProperties": False,
     },
 }
-"""The built-in ``respond`` tool's description (seed 001's synthetic respond tool)."""
+"""The built-in ``respond`` tool's description (the synthetic respond tool, docs/workflows.md)."""
 
 _NAME = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.\-]+$")]
 _ARG = Annotated[str, Field(min_length=1, max_length=64)]

@@ -1,7 +1,7 @@
 """A scripted OpenAI-style upstream: a real HTTP/1.1 server on 127.0.0.1 for tests and benches.
 
 Why a real server and not ``httpx.MockTransport``: the faults the gateway must survive
-(research doc §2: RST, FIN without ``[DONE]``, truncated chunked bodies, hangs before and
+(the usual upstream faults: RST, FIN without ``[DONE]``, truncated chunked bodies, hangs before and
 after headers, chunk boundaries inside a UTF-8 character or between CR and LF) only exist
 on a socket. The server writes raw bytes with ``asyncio.start_server``: each script step is
 one write, which with the default chunked framing is one HTTP chunk, so the client's

@@ -1,4 +1,4 @@
-"""Per-stream artifacts (SPEC §4): what happened in one stream, on disk, secrets redacted.
+"""Per-stream artifacts (docs/protocol.md): what happened in one stream, on disk, secrets redacted.
 
 Layout, under ``<root>/runs/<stream_id>/``::
 
@@ -109,7 +109,7 @@ class ArtifactStore:
         self._written_since_sweep = 0
         self._sweeping = threading.Lock()
         self.redact_keys = tuple(redact_keys)
-        # A tool's own list (SPEC §4) applies to its tool.call / tool.result frames; the
+        # A tool's own list (docs/protocol.md) applies to its tool.call / tool.result frames; the
         # other files, which mix every tool's data, get every list.
         self.tool_keys = {
             name: (*self.redact_keys, *keys) for name, keys in (tool_redact_keys or {}).items()

@@ -1,4 +1,4 @@
-"""What the gateway talks to, started and sized at start-up (SPEC §6).
+"""What the gateway talks to, started and sized at start-up (docs/servers.md).
 
 **The embedded default**: a managed llama-server with a small model, no API key.
 When no ``UPSTREAM_BASE_URL`` is set, the gateway's lifespan calls :func:`start_embedded`:

@@ -1,4 +1,4 @@
-"""Shared state between gateway replicas, in Redis (SPEC §9; docs/deployment.md).
+"""Shared state between gateway replicas, in Redis (docs/deployment.md).
 
 With ``REDIS_URL`` unset nothing here is built: the gateway keeps its in-memory registry,
 FIFO tool gate and idempotency records, and no request pays for a check. With it set, the
@@ -234,7 +234,7 @@ if #ARGV > 1 then redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[1]) * 4) end
 return 1
 """
 
-# Per-key limits (the RateLimiter of SPEC §11's per-key rate limits), with Redis's clock.
+# Per-key limits (the RateLimiter of docs/security.md's per-key rate limits), with Redis's clock.
 # A fixed window: KEYS: the key's counter prefix. ARGV: requests, window ms. Returns 0 (go
 # on) or the ms until the window turns. Over the limit the request still counts.
 _WINDOW_HIT: Final = """
@@ -705,7 +705,7 @@ class RemoteStream:
         self.id = stream_id
         self.owner = owner  # the replica that runs (ran) it
         self.state = state
-        self.key = key  # the API key name that started it (SPEC §11), None without keys
+        self.key = key  # the API key name that started it (docs/security.md), None without keys
 
     async def follow(self, after: int = 0) -> AsyncIterator[bytes]:
         """The frames after id ``after``, in batches, until ``done``; ``b""`` whenever
@@ -823,8 +823,8 @@ class RateLimitLike(Protocol):
 
 
 class RedisRateLimiter:
-    """Per-key rate limits shared by every replica (SPEC §11 with §9): the three methods
-    of the auth layer's ``RateLimiter`` (``hit``, ``open_stream``, ``close_stream``), each
+    """Per-key rate limits shared by every replica (docs/security.md, docs/deployment.md): the three
+    methods of the auth layer's ``RateLimiter`` (``hit``, ``open_stream``, ``close_stream``), each
     one Lua call on Redis's clock, so every replica counts the same windows and streams.
 
     - ``hit``: a fixed window per key (``INCR`` of ``tf:rl:{sha256(key)}:{window index}``,

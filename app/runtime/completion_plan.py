@@ -1,6 +1,6 @@
 """Planning an OpenAI-compatible request: from a validated ``POST /v1/chat/completions`` body
 to a :class:`~toolforge.runtime.planner.StreamPlan` whose mode is the proxy's
-(:class:`toolforge.core.engine.completion.CompletionMode`), SPEC §7.
+(:class:`toolforge.core.engine.completion.CompletionMode`), docs/workflows.md.
 
 The plan decides, once per request:
 
@@ -489,7 +489,7 @@ def _native_choice(choice: str, forced: str | None, respond: bool) -> object:
     if forced is not None:
         return {"type": "function", "function": {"name": forced}}
     if choice == "auto" and respond:
-        return "required"  # the answer is a call to respond (seed 001)
+        return "required"  # the answer is a call to respond (docs/workflows.md)
     return choice
 
 

@@ -1,4 +1,4 @@
-"""The context budget of a stream and the counting of its prompt (SPEC §7).
+"""The context budget of a stream and the counting of its prompt (docs/context.md).
 
 :mod:`toolforge.core.context` decides when and how to compact; this module gives it the two
 facts it needs from the world:

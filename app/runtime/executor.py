@@ -1,4 +1,4 @@
-"""The tool executor: runs one validated tool call under the rules of SPEC §5.
+"""The tool executor: runs one validated tool call under the rules of docs/tools.md.
 
 One call, in order (each step's failure is an envelope for the model, never an exception;
 only cancellation propagates):
@@ -14,16 +14,16 @@ only cancellation propagates):
 4. **Approval** (``needs_approval``): wait for the approval callable, up to
    ``approval_timeout_s``; denied or timed out is an envelope. This happens *before* a
    concurrency slot is taken: a human deciding must not hold one of the ten slots.
-5. **Concurrency**: a global FIFO gate of ``concurrency`` slots (default 10, seed 002
-   FR-012). Queue depth, high-water and wait are attributes and logged.
+5. **Concurrency**: a global FIFO gate of ``concurrency`` slots (default 10,
+   docs/tools.md). Queue depth, high-water and wait are attributes and logged.
 6. **Attempts**: each under ``asyncio.timeout(timeout_s)`` (``TOOL_TIMEOUT_MS``).
    :class:`~toolforge.core.tools.TransientToolError` and timeouts are retried ``spec.retries``
-   times after a fixed ``spec.retry_delay_s`` (2 and 2 s, seed 002 FR-011); any other
+   times after a fixed ``spec.retry_delay_s`` (2 and 2 s, docs/tools.md); any other
    exception is permanent and not retried. Every attempt is logged with redacted
    arguments. The slot is held through the retry delay: retries are rare, and giving the
    slot back would send the call to the back of the queue.
 7. **Result**: sentinel characters escaped, then at most 64 KB of JSON
-   (``TOOL_OUTPUT_TOO_LARGE``). Slower than the soft target (5 s, seed 002 FR-009) →
+   (``TOOL_OUTPUT_TOO_LARGE``). Slower than the soft target (5 s, docs/tools.md) →
    ``performance_warning``; the call still completes.
 
 Why a hand-written FIFO gate rather than ``asyncio.Semaphore``: the semaphore of the
@@ -96,7 +96,7 @@ SENTINELS_ESCAPED: Final = "sentinels_escaped"
 @dataclass(frozen=True, slots=True)
 class ToolResult:
     """One finished call. ``envelope`` goes to the model; ``record`` (redacted) to logs and
-    ``tool_logs.json``; :meth:`frame` is the ``tool.result`` frame (SPEC §3).
+    ``tool_logs.json``; :meth:`frame` is the ``tool.result`` frame (docs/protocol.md).
 
     ``attempts`` counts runs of the tool (0: rejected before running). ``duration_ms``
     covers the attempts and retry delays, not the queue or approval wait
@@ -117,8 +117,8 @@ class ToolResult:
         return self.envelope.ok
 
     def frame(self) -> frames.ToolResult:
-        """The ``tool.result`` frame (SPEC §3): ``result`` is the envelope's data, ``error``
-        its first error."""
+        """The ``tool.result`` frame (docs/protocol.md): ``result`` is the envelope's data,
+        ``error`` its first error."""
         errors = self.envelope.errors
         return frames.ToolResult(
             id=self.record.call_id,
@@ -217,7 +217,7 @@ class _Outcome:
 class ToolExecutor:
     """Runs tool calls from one registry under a global concurrency limit.
 
-    One instance per gateway (the limit is global, SPEC §5). ``concurrency`` is
+    One instance per gateway (the limit is global, docs/tools.md). ``concurrency`` is
     ``TOOL_CONCURRENCY``; ``default_timeout_s`` is ``TOOL_TIMEOUT_MS / 1000``, used by
     tools whose spec has no ``timeout_s``.
     """
@@ -252,7 +252,7 @@ class ToolExecutor:
         self._cache: OrderedDict[str, ToolResult] = OrderedDict()
         self._cache_size = cache_size
         self._inflight: dict[str, asyncio.Future[None]] = {}
-        # Queue metrics (SPEC §5): cumulative since start, for /metrics and metrics.json.
+        # Queue metrics (docs/tools.md): cumulative since start, for /metrics and metrics.json.
         self.queue_high_water = 0
         self.queued_total = 0
         self.queue_wait_ms_total = 0.0
@@ -287,7 +287,7 @@ class ToolExecutor:
         (``None``: every model-facing tool). ``approval`` is awaited for
         ``needs_approval`` tools; without one they are denied.
 
-        ``confirming``: the gateway's own call of a confirming tool (seed 004,
+        ``confirming``: the gateway's own call of a confirming tool (docs/tools.md,
         ``ToolSpec.confirm_with``), which is never model-facing: the allow list does not
         apply, the deny list does, and only a hidden ``needs_approval`` tool qualifies, so
         the flag cannot open any other tool.
@@ -571,7 +571,7 @@ class ToolExecutor:
         duration_s: float,
         started_at: float,
     ) -> ToolResult:
-        """A client-side tool's result (SPEC §5), posted by the client or its timeout:
+        """A client-side tool's result (docs/tools.md), posted by the client or its timeout:
         checked like any tool output (sentinels escaped, size capped), redacted for the
         logs. The client ran it once: ``attempts`` is 1, 0 when nothing came."""
         return client_result(
@@ -706,7 +706,8 @@ def client_result(
 
 
 def checked_output(data: object, warnings: list[dict[str, str]], max_bytes: int) -> object:
-    """Escape sentinels, check the size, and return a detached JSON copy (SPEC §3, §5)."""
+    """Escape sentinels, check the size, and return a detached JSON copy (docs/protocol.md,
+    docs/tools.md)."""
     try:
         blob = dump_json(data)
     except TypeError as exc:

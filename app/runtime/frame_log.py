@@ -4,7 +4,7 @@ Every frame of a stream is encoded once (``toolforge.core.protocol.frames``) and
 Readers follow the log with a cursor:
 
 - the *primary* reader is the client that started the stream. The log is the bounded
-  queue of SPEC §4 between the upstream reader and that client's SSE writer: once
+  queue of docs/protocol.md between the upstream reader and that client's SSE writer: once
   ``max_pending`` frames are appended but not yet written to it, ``wait_for_room`` blocks
   the producer, which therefore stops reading the upstream, and TCP throttles the model
   server. It resumes as soon as the writer catches up.

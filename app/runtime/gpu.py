@@ -1,4 +1,4 @@
-"""What NVIDIA GPUs this machine has, from NVML (SPEC §6), for the budget decision.
+"""What NVIDIA GPUs this machine has, from NVML (docs/servers.md), for the budget decision.
 
 :func:`read_gpus` never raises: no NVIDIA driver, no ``libnvidia-ml.so``, a GPU that
 fell off the bus, even a broken binding all mean "no GPU", with NVML's own words as the
@@ -8,7 +8,7 @@ must never be what keeps the gateway from starting.
 ``nvmlShutdown`` runs after every successful ``nvmlInit``, whatever happens in between:
 NVML counts its initialisations, and a leaked one keeps the library loaded. Memory is
 NVML's ``nvmlDeviceGetMemoryInfo`` (v1) ``total``/``free`` in bytes; the budget uses the
-total (a stable number, seed 001), ``free`` is only reported.
+total (a stable number, docs/servers.md), ``free`` is only reported.
 
 NVML is injectable (``nvml=``): tests pass a fake module; by default ``pynvml`` (the
 ``nvidia-ml-py`` package) is imported on first use, so importing this module costs nothing.

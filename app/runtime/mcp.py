@@ -423,8 +423,8 @@ async def start_mcp_sources(
     default_timeout_s: float | None = None,
     restart_delays_s: tuple[float, ...] = _RESTART_DELAYS_S,
 ) -> McpSources:
-    """Start every server, register its tools in ``registry`` and check seed 003's rules
-    over the whole registry. Any failure stops everything started and raises
+    """Start every server, register its tools in ``registry`` and check the tool rules
+    (docs/tools.md) over the whole registry. Any failure stops everything started and raises
     :class:`ToolConfigError` (the gateway does not start half-configured)."""
     sources = [
         McpServerSource(name, cfg, restart_delays_s=restart_delays_s)

@@ -1,4 +1,4 @@
-"""Prometheus metrics for ``GET /metrics`` (SPEC §2), kept off the per-frame hot path.
+"""Prometheus metrics for ``GET /metrics`` (docs/protocol.md), kept off the per-frame hot path.
 
 Why it is built this way:
 
@@ -10,7 +10,7 @@ Why it is built this way:
   same metric name twice in one registry is an error. Each app owns its instance.
 * **Recorded once per stream.** The session counts frames by event in a plain dict as it
   sends them and hands the totals to :meth:`GatewayMetrics.stream_finished`; a metric
-  call (a lock and a label lookup) per frame would tax the hot path (STYLE convention 7).
+  call (a lock and a label lookup) per frame would tax the hot path (docs/performance.md).
 * **Recording never raises.** Counters refuse negative increments and NaN would poison a
   series forever; a clock hiccup or a bad count is clamped to zero rather than allowed to
   break the end of a stream.
@@ -26,7 +26,7 @@ Why it is built this way:
 * **Failed authentication is counted**, by a reason from a fixed set
   (:attr:`GatewayMetrics.AUTH_REASONS`), never by the key or the address.
 * **Gauges read at scrape time.** The queue depths (frames buffered for clients across the
-  open streams, SPEC §4; tool calls waiting for a slot, SPEC §5) are callbacks that
+  open streams, docs/protocol.md; tool calls waiting for a slot, docs/tools.md) are callbacks that
   prometheus-client calls when ``/metrics`` is read: nothing on the stream's path.
 * **Content negotiation** is prometheus-client's own: OpenMetrics when the scrape's
   ``Accept`` asks for ``application/openmetrics-text``, Prometheus text 0.0.4 otherwise.
@@ -100,7 +100,7 @@ class GatewayMetrics:
         600.0,
     )
     """Whole-stream duration, 10 ms to 10 min: several tool round trips with 8 s tool
-    timeouts and 15 s frame timeouts (SPEC §3) make minutes-long streams legitimate."""
+    timeouts and 15 s frame timeouts (docs/protocol.md) make minutes-long streams legitimate."""
 
     TOOL_BUCKETS: ClassVar[tuple[float, ...]] = (
         0.0005,
@@ -185,7 +185,7 @@ class GatewayMetrics:
         )
         self.queue_paused = Counter(
             "toolforge_queue_paused_seconds",
-            "Time upstream reading was paused because the frame queue was full (SPEC §4).",
+            "Time upstream reading was paused because the frame queue was full (docs/protocol.md).",
             registry=registry,
         )
         self.tokens = Counter(
@@ -215,12 +215,12 @@ class GatewayMetrics:
         )
         self.frame_queue_depth = Gauge(
             "toolforge_frame_queue_depth",
-            "Frames buffered for clients now, over every open stream (SPEC §4).",
+            "Frames buffered for clients now, over every open stream (docs/protocol.md).",
             registry=registry,
         )
         self.tool_queue_depth = Gauge(
             "toolforge_tool_queue_depth",
-            "Tool calls waiting for an executor slot now (SPEC §5).",
+            "Tool calls waiting for an executor slot now (docs/tools.md).",
             registry=registry,
         )
         self.frame_queue_depth.set_function(lambda: 0.0)

@@ -1,4 +1,4 @@
-"""Ask the gateway's own model for a JSON value, with the JSON guarantee (SPEC §4).
+"""Ask the gateway's own model for a JSON value, with the JSON guarantee (docs/protocol.md).
 
 Tools that need the model (the task-analysis pack's ``detect-dependencies``) call
 :func:`ask_json`: one turn at temperature 0 asking for JSON, then the same policy a frame

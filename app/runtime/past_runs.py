@@ -1,5 +1,5 @@
-"""Past runs, read back from the artifacts (SPEC §2: ``GET /v1/runs``, ``GET /v1/runs/{id}``),
-for the web UI's list and replay.
+"""Past runs, read back from the artifacts (docs/protocol.md: ``GET /v1/runs``, ``GET
+/v1/runs/{id}``), for the web UI's list and replay.
 
 The artifacts directory is written by :mod:`toolforge.runtime.artifacts`; this module only
 reads it, and reads it defensively, because a URL names what is read:

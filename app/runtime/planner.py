@@ -1,7 +1,7 @@
 """Planning a stream: from a validated ``POST /v1/stream`` body to a :class:`StreamPlan`.
 
 What a plan needs beyond the body is decided here, once per app: the mode (``auto`` probes
-the upstream once per model and caches the answer, SPEC §4), and the *shape* of the
+the upstream once per model and caches the answer, docs/protocol.md), and the *shape* of the
 request's schemas and tools (the system prompt, the native tools, the registered schemas;
 cached per combination, so a repeated request costs a dict lookup), then the messages,
 sampling, mode strategy and, in constrained mode, the grammar. Routes only parse the body
@@ -85,35 +85,35 @@ class StreamPlan:
     chat: ChatRequest
     mode: Mode
     on_disconnect: DisconnectPolicy = "cancel"
-    # The context-budget decision behind the upstream (SPEC §6), when the gateway made one;
+    # The context-budget decision behind the upstream (docs/servers.md), when the gateway made one;
     # its budget_tokens goes in stream.begin, the whole decision in metrics.json.
     budget: Mapping[str, Any] | None = None
     prompt_record: Mapping[str, Any] = field(default_factory=dict)
     # Schemas the model may use in OBJECT / RESULT frames, by name ("Any" included).
     schemas: Mapping[str, CompiledSchema] = field(default_factory=dict)
-    # The RESULT frame's schema, whatever name the model writes in it (SPEC §2).
+    # The RESULT frame's schema, whatever name the model writes in it (docs/protocol.md).
     result_schema: str | None = None
     # Every registered schema: an OBJECT frame naming one the request did not declare is
     # still held to it; only a name nobody registered falls back to Any.
     registered: Mapping[str, CompiledSchema] = field(default_factory=dict)
     tools_allow: tuple[str, ...] | None = None  # None: every model-facing tool
     approval_tools: frozenset[str] = frozenset()  # their calls wait for an approval
-    # Seed 004: tool -> the hidden tool the gateway confirms its proposals with.
+    # docs/tools.md: tool -> the hidden tool the gateway confirms its proposals with.
     confirmations: Mapping[str, str] = field(default_factory=dict)
     max_tool_calls: int = DEFAULT_MAX_TOOL_CALLS
     idempotency_key: str | None = None
-    # The OpenAI-compatible proxy's: functions the client runs itself (SPEC §7).
+    # The OpenAI-compatible proxy's: functions the client runs itself (docs/proxy.md).
     client_tools: frozenset[str] = frozenset()
-    # POST /v1/stream's client_tools (SPEC §5): the stream waits at their calls for the
+    # POST /v1/stream's client_tools (docs/tools.md): the stream waits at their calls for the
     # client's result; their arguments are checked against these schemas first.
     awaited_tools: Mapping[str, CompiledSchema] = field(default_factory=dict)
-    # Context compaction (SPEC §7): the budget, its source and the strategy; None: no
+    # Context compaction (docs/context.md): the budget, its source and the strategy; None: no
     # budget is known, the prompt is never measured.
     context: ContextPolicy | None = None
-    # The API key that started the stream (its name; SPEC §11): only it may resume, cancel
+    # The API key that started the stream (its name; docs/security.md): only it may resume, cancel
     # or answer the stream. None: the gateway runs without keys.
     owner: str | None = None
-    # A workflow run (SPEC §7): its policy, fresh for this stream (it counts steps).
+    # A workflow run (docs/workflows.md): its policy, fresh for this stream (it counts steps).
     workflow: WorkflowPolicy | None = None
     # Measure (and compact) the first turn's prompt too (ConversationConfig.fit_first_turn):
     # the Python runner's initial_messages.
@@ -155,7 +155,7 @@ class SamplingAsk(Protocol):
 
 
 class StreamAsk(Protocol):
-    """What the planner reads of a ``POST /v1/stream`` body (SPEC §2)."""
+    """What the planner reads of a ``POST /v1/stream`` body (docs/protocol.md)."""
 
     @property
     def mode(self) -> str: ...
@@ -206,7 +206,7 @@ class PlanShape:
     extra: Mapping[str, Any]  # native mode: the upstream's own tools
     registered: Mapping[str, CompiledSchema]  # every schema the request can name
     approval_tools: frozenset[str]
-    confirmations: Mapping[str, str]  # seed 004: visible tool -> its confirming tool
+    confirmations: Mapping[str, str]  # docs/tools.md: visible tool -> its confirming tool
     # For the prompt record (artifacts): the schema documents and the tools' descriptions.
     schema_docs: Mapping[str, Any]
     tool_dicts: Sequence[Mapping[str, Any]]
@@ -246,7 +246,7 @@ class StreamPlanner:
     schemas: SchemaRegistry
     tools: ToolRegistry
     system_template: str
-    # The context-budget decision behind the upstream (SPEC §6), when the gateway made one.
+    # The context-budget decision behind the upstream (docs/servers.md), when the gateway made one.
     budget: Mapping[str, Any] | None = None
     # Context compaction for every stream (toolforge.runtime.context.context_policy).
     context: ContextPolicy | None = None
@@ -255,7 +255,7 @@ class StreamPlanner:
     modes: dict[str, asyncio.Future[ModeDecision]] = field(default_factory=dict)
     # By (result schema, object schema names, tool names, mode).
     shapes: dict[tuple[object, ...], PlanShape] = field(default_factory=dict)
-    # The registered workflows (workflows/, SPEC §7) and the corrections they send.
+    # The registered workflows (workflows/, docs/workflows.md) and the corrections they send.
     workflows: Mapping[str, WorkflowDef] = field(default_factory=dict)
     workflow_nudges: WorkflowNudges = field(default_factory=WorkflowNudges)
     workflow_template: str = ""  # prompts/workflow.txt: the workflow's part of the prompt
@@ -326,7 +326,7 @@ class StreamPlanner:
         policy: WorkflowPolicy | None = None
         context = self.context
         if workflow is not None:
-            # The workflow's own compaction, keep_recent and budget_tokens (SPEC §7).
+            # The workflow's own compaction, keep_recent and budget_tokens (docs/context.md).
             context = workflow_context(
                 context,
                 strategy=workflow.compaction,
@@ -387,7 +387,7 @@ class StreamPlanner:
     # -- the mode -------------------------------------------------------------------------
 
     async def decide_mode(self, req: StreamAsk) -> ModeDecision:
-        """``mode``: as asked, or for ``auto`` probed once per model and cached (SPEC §4).
+        """``mode``: as asked, or for ``auto`` probed once per model and cached (docs/protocol.md).
 
         ``constrained`` needs an upstream that takes GBNF grammars: one the settings call a
         llama-server (``UPSTREAM_KIND``, the managed default), or one the probe finds is.
@@ -453,8 +453,8 @@ class StreamPlanner:
         return await asyncio.shield(probe)
 
     def _mode(self, req: StreamAsk, shape: PlanShape, mode: str, chat: ChatRequest) -> Mode:
-        """The engine's strategy for ``mode``; constrained mode's grammar (SPEC §4) holds the
-        frames the model is shown, sized to the turn's ``max_tokens`` so a looping model
+        """The engine's strategy for ``mode``; constrained mode's grammar (docs/protocol.md) holds
+        the frames the model is shown, sized to the turn's ``max_tokens`` so a looping model
         still closes its frame in time."""
         if mode != "constrained":
             return mode_named(mode)
@@ -500,7 +500,7 @@ class StreamPlanner:
                 schemas[item] = registry.get(item)
             else:
                 schemas[item.name] = registry.register_inline(item.name, item.schema_)
-        # Tools: what the model is shown is what may run (SPEC §5).
+        # Tools: what the model is shown is what may run (docs/tools.md).
         tools = self.tools
         for name in asked_tools or ():
             tools.check_allowed(name)  # unknown or internal tool names are the caller's error
@@ -508,7 +508,7 @@ class StreamPlanner:
         tool_dicts = [t.to_dict() for t in visible]
         if workflow is not None and workflow.uses_respond:
             tool_dicts.append(dict(RESPOND_TOOL))
-        # Client-side tools are shown like the registry's (SPEC §5), under their own names.
+        # Client-side tools are shown like the registry's (docs/tools.md), under their own names.
         client_schemas: dict[str, CompiledSchema] = {}
         for tool in req.client_tools:
             if tool.name in client_schemas or tools.get(tool.name) is not None:
@@ -529,7 +529,7 @@ class StreamPlanner:
                 }
             )
         extra: dict[str, Any] = {}
-        if mode == "native" and visible:  # the upstream's own function calling (SPEC §4)
+        if mode == "native" and visible:  # the upstream's own function calling (docs/protocol.md)
             extra = {"tools": to_openai_tools(tool_dicts), "tool_choice": "auto"}
         system = render_system_prompt(
             self.system_template,

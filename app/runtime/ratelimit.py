@@ -1,4 +1,4 @@
-"""Per-key rate limits (SPEC §11): requests per window and concurrent streams.
+"""Per-key rate limits (docs/security.md): requests per window and concurrent streams.
 
 The gateway asks three things of the limiter's state, and nothing else
 (:class:`RateLimiter`); :class:`MemoryRateLimiter` keeps it in this process, which is

@@ -89,7 +89,7 @@ class RunRecord:
 
     @staticmethod
     def done(reason: str, counts: ConversationStats, summary: Mapping[str, Any]) -> Done:
-        """The stream's last frame (SPEC §3): usage summed over its model calls."""
+        """The stream's last frame (docs/protocol.md): usage summed over its model calls."""
         usage = counts.usage if counts.usage is not None else {"completion_chunks": counts.chunks}
         metrics = DoneMetrics(
             ttft_ms=summary["ttft_ms"],
@@ -116,7 +116,8 @@ class RunRecord:
         prompt: Mapping[str, Any],
         summary: Mapping[str, Any],
     ) -> None:
-        """The run's artifacts (SPEC §4); a failure is logged: the client has its stream."""
+        """The run's artifacts (docs/protocol.md); a failure is logged: the client has its
+        stream."""
         result = {
             "stream_id": stream_id,
             "reason": reason,
@@ -139,7 +140,8 @@ class RunRecord:
 
 
 def _records(encoded: tuple[bytes, ...], degraded: frozenset[int]) -> Iterator[dict[str, object]]:
-    """frames.ndjson's records: id, event, data, and ``degraded`` where SPEC §4 marks it."""
+    """frames.ndjson's records: id, event, data, and ``degraded`` where docs/protocol.md marks
+    it."""
     for seq, (event, data) in enumerate(decode_events(encoded), start=1):
         record: dict[str, object] = {"id": seq, "event": event, "data": data}
         if seq in degraded:

@@ -1,6 +1,6 @@
 """ServerManager: local llama-server processes, started, health-checked, reused, stopped.
 
-SPEC §6. A server is identified by everything that changes what it serves: binary, model,
+docs/servers.md. A server is identified by everything that changes what it serves: binary, model,
 context size, slots, KV-cache types and extra flags (:meth:`LlamaServerSpec.key`). Asking
 for a spec that is already running and healthy returns that server (reuse); anything else
 starts a new process on a free loopback port and polls ``GET /health`` until the model is
@@ -207,7 +207,7 @@ def _tail(path: Path) -> str:
 
 
 class ServerManager:
-    """Starts, reuses, watches, restarts and stops llama-server processes (SPEC §6).
+    """Starts, reuses, watches, restarts and stops llama-server processes (docs/servers.md).
 
     ``client`` is used for health and ``/props`` requests; ``log_dir`` receives one log
     file per server. ``on_change`` is called after every state change (metrics).

@@ -1,4 +1,4 @@
-"""One stream, end to end: the driver of the turn engine (SPEC §3-§5).
+"""One stream, end to end: the driver of the turn engine (docs/protocol.md).
 
 The rules of the conversation are :class:`toolforge.core.engine.Conversation`'s: it says which
 request to send, which frames to emit, when a tool runs and when a body is repaired. A
@@ -13,7 +13,7 @@ the client goes, someone cancels — the task ends the same way: an ``error`` fr
 something failed, then exactly one ``done``, then the artifacts. Cancellation is owned:
 ``cancel(reason)`` cancels the task's anyio cancel scope, which closes the upstream
 response (and its TCP connection) and any running tool at its next await, well within
-SPEC §4's 50 ms.
+docs/protocol.md's 50 ms.
 
 Why an anyio scope and not ``task.cancel()``: httpx and httpcore are built on anyio and
 shield their connection-pool cleanup with anyio scopes. A native cancel ignores those
@@ -148,7 +148,7 @@ class StreamSession:
                 workflow=plan.workflow,
             )
         )
-        # Measures the prompt for compaction (SPEC §7): only streams with a budget use it.
+        # Measures the prompt for compaction (docs/context.md): only streams with a budget use it.
         self._counter = TokenCounter(upstream) if plan.context is not None else None
         self.log = FrameLog(max_pending=limits.queue_max_frames, clock=clock)
         self._task: asyncio.Task[None] | None = None
@@ -207,7 +207,7 @@ class StreamSession:
     def post_tool_result(
         self, call_id: str, answer: ClientAnswer
     ) -> Literal["accepted", "unknown", "duplicate"]:
-        """A client-side tool's result for call ``call_id`` (SPEC §5): the stream resumes."""
+        """A client-side tool's result for call ``call_id`` (docs/tools.md): the stream resumes."""
         if call_id in self._answered:
             return "duplicate"
         waiter = self._client_calls.get(call_id)
@@ -613,7 +613,7 @@ class StreamSession:
 
     def _context_record(self) -> dict[str, Any] | None:
         """metrics.json's ``context``: the budget, its source, how tokens were counted,
-        and each compaction (SPEC §7)."""
+        and each compaction (docs/context.md)."""
         policy = self.plan.context
         if policy is None or self._counter is None:
             return None

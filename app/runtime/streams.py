@@ -1,10 +1,10 @@
 """Live and recent streams: lookup for resume and cancel, and idempotency records.
 
-In memory, per process (the default of SPEC §9; a Redis-backed store is the multi-replica
+In memory, per process (the default of docs/deployment.md; a Redis-backed store is the multi-replica
 option). A finished stream stays for ``resume_ttl_s`` so a client can resume it or replay
 it by idempotency key; after that it is forgotten, and so is its key.
 
-Idempotency (IETF draft-ietf-httpapi-idempotency-key-header, SPEC §5):
+Idempotency (IETF draft-ietf-httpapi-idempotency-key-header, docs/tools.md):
 same key + same body -> the stored stream, replayed with the same frames and ids;
 same key while that stream still runs -> 409; same key + a different body -> 422.
 """

@@ -1,4 +1,4 @@
-"""The workflow runner in Python (SPEC §7): ``from toolforge import Workflow, ToolDef,
+"""The workflow runner in Python (docs/workflows.md): ``from toolforge import Workflow, ToolDef,
 WorkflowRunner``.
 
 It runs a workflow in-process, with Python callables as tools, against any upstream
@@ -95,7 +95,7 @@ class ToolDef:
                     result = await result
             except ToolError:
                 raise
-            except Exception as exc:  # fed back to the model (seed 001: self-correction)
+            except Exception as exc:  # fed back to the model (docs/workflows.md: self-correction)
                 raise PermanentToolError(f"{self.name} raised {type(exc).__name__}: {exc}") from exc
             return result
 
@@ -136,7 +136,7 @@ def _schema_model(tool: ToolDef) -> type[BaseModel]:
 
 
 class Workflow:
-    """A workflow of Python tools (SPEC §7), validated like a definition file."""
+    """A workflow of Python tools (docs/workflows.md), validated like a definition file."""
 
     def __init__(
         self,

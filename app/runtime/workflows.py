@@ -1,4 +1,4 @@
-"""The workflow registry: definitions read from a folder at start-up (SPEC §7).
+"""The workflow registry: definitions read from a folder at start-up (docs/workflows.md).
 
 Every ``*.json``, ``*.yaml`` and ``*.yml`` file of the folder (``WORKFLOWS_DIR``, or the
 bundled ``workflows/``) holds one definition, checked by

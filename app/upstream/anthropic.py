@@ -1,7 +1,7 @@
 """Adapter for Anthropic's Messages API (``UPSTREAM_KIND=anthropic``): a frontier baseline.
 
 The gateway's histories are OpenAI-shaped (:mod:`toolforge.core.messages`); this adapter
-converts them at the boundary, as seed 001's ``AnthropicClient`` does
+converts them at the boundary, as an Anthropic client does
 (:func:`to_anthropic`):
 
 * system messages become the top-level ``system`` string;

@@ -2,8 +2,8 @@
 
 Every adapter (OpenAI-compatible, llama-server, Ollama, ...) turns a dialect-neutral
 :class:`ChatRequest` into its own wire format and yields :class:`UpstreamDelta` values, so
-the runtime never sees HTTP, SSE or a dialect's JSON (STYLE.md: a small ``Model`` seam, as
-in openai-agents). Scripted fakes for tests implement the same :class:`Upstream` protocol.
+the runtime never sees HTTP, SSE or a dialect's JSON (docs/architecture.md: a small ``Model`` seam,
+as in openai-agents). Scripted fakes for tests implement the same :class:`Upstream` protocol.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ __all__ = [
 
 @dataclass(frozen=True, slots=True)
 class SamplingProfile:
-    """Named sampling settings a caller can pick with ``profile`` (SPEC §2)."""
+    """Named sampling settings a caller can pick with ``profile`` (docs/protocol.md)."""
 
     temperature: float | None = None
     seed: int | None = None
@@ -50,7 +50,7 @@ class SamplingProfile:
 
 PROFILES: Final[Mapping[str, SamplingProfile]] = MappingProxyType(
     {
-        # SPEC §2: low temperature and a fixed seed make the demo repeatable on small
+        # docs/protocol.md: low temperature and a fixed seed make the demo repeatable on small
         # models; 384 tokens is enough for a tool call plus a short answer.
         "demo": SamplingProfile(temperature=0.2, seed=42, max_tokens=384),
     }

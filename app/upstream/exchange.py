@@ -4,7 +4,8 @@
 :mod:`toolforge.upstream.ollama_control` speak different dialects over the same kind of
 exchange; what does not depend on the dialect is here.
 
-* Three timeouts, each named in its error (research doc §2, fault 4). httpx has a single
+* Three timeouts, each named in its error (a hang before the headers, between chunks or while
+connecting is a different fault). httpx has a single
   read timeout, so only ``connect`` (and pool) is left to httpx; the first-byte and idle
   deadlines are per-read deadlines with ``asyncio.timeout`` semantics, kept by
   :class:`Exchange` (see it for why not ``asyncio.timeout`` itself: cost per token). The
@@ -131,7 +132,7 @@ class Exchange:
 
     Used as ``with exchange.until(when):`` around every await on httpx, never around a
     ``yield``: the deadline bounds how long the upstream takes to deliver once we ask, so a
-    consumer that pauses (backpressure, SPEC §4) does not make the upstream "idle".
+    consumer that pauses (backpressure, docs/protocol.md) does not make the upstream "idle".
 
     The deadline is ``asyncio.timeout_at`` semantics at a fraction of the cost. We measured
     ``async with asyncio.timeout(...)`` around each read at about 6 µs (a Timeout and a

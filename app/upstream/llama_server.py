@@ -1,12 +1,12 @@
 """Adapter for llama.cpp's ``llama-server``: its OpenAI-compatible stream plus its own fields.
 
 llama-server speaks the OpenAI ``chat.completion.chunk`` dialect, so streaming is the
-OpenAI-compatible adapter's; what differs is data (STYLE: dialect differences are data, not
-``if``\\ s), merged into every request body:
+OpenAI-compatible adapter's; what differs is data (docs/architecture.md: dialect differences are
+data, not ``if``\\ s), merged into every request body:
 
 * ``cache_prompt: true`` — reuse the KV cache of the longest common prefix. A resumed turn
   after a tool call sends the previous prompt plus the model's own text plus the result
-  (app/runtime/session.py), so only the new tokens are processed (SPEC §4).
+  (app/runtime/session.py), so only the new tokens are processed (docs/protocol.md).
 * ``id_slot`` when the adapter is pinned to a slot. Unpinned (the default), llama-server
   picks the idle slot whose cached prompt is most similar to the new one, which keeps a
   resumed stream on its slot without making concurrent streams queue for one slot.

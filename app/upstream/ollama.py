@@ -5,17 +5,17 @@ already speaks): only the native API takes ``options.num_ctx`` and ``keep_alive`
 an explicit ``num_ctx`` Ollama runs every model at its own default context (2048 or 4096
 tokens, depending on the version) and silently drops the start of a longer prompt; and a
 request whose ``num_ctx`` differs from the loaded runner's makes Ollama reload the model.
-So the context budget the ServerManager chose (SPEC §6) is given to the constructor and
+So the context budget the ServerManager chose (docs/servers.md) is given to the constructor and
 sent on every request; nothing in a :class:`ChatRequest` can change it.
 
-The adapter is thin (STYLE.md): it builds the body and parses the stream with the sans-IO
-:mod:`toolforge.upstream.ollama_wire`, over an injected ``httpx.AsyncClient``. Connect,
+The adapter is thin (docs/architecture.md): it builds the body and parses the stream with the
+sans-IO :mod:`toolforge.upstream.ollama_wire`, over an injected ``httpx.AsyncClient``. Connect,
 first-byte and idle timeouts, the one mapping of httpx exceptions
 (:class:`~toolforge.upstream.exchange.Exchange`) and the drain after the last line are
 :mod:`toolforge.upstream.exchange`'s, shared with :mod:`toolforge.upstream.openai_compat`, and the
 close is as prompt and cancel-safe as there: closing the generator (``aclose()`` or
 cancelling the task) closes the response, and with it the TCP connection when the body was
-not finished (SPEC §4: cancel within 50 ms).
+not finished (docs/protocol.md: cancel within 50 ms).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Ollama model management through its HTTP API (SPEC §6: load/unload, ``keep_alive``).
+"""Ollama model management through its HTTP API (docs/servers.md: load/unload, ``keep_alive``).
 
 The ServerManager drives Ollama here rather than through a process: which models are
 loaded (``GET /api/ps``), load one with an explicit context (``POST /api/generate`` with

@@ -6,7 +6,7 @@ it elsewhere, and those are asked:
 
 - llama-server: ``GET /props`` → ``chat_template_caps.supports_tool_calls``. Answering
   ``/props`` at all also says it is a llama-server, which takes a GBNF ``grammar`` with
-  each request: ``constrained`` mode (SPEC §4) when the template has no tool calls;
+  each request: ``constrained`` mode (docs/protocol.md) when the template has no tool calls;
 - Ollama: ``POST /api/show {"model"}`` → ``"tools"`` in ``capabilities`` (no grammars).
 
 The preference is native (the model's own format), then constrained (a grammar makes even

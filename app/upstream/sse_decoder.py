@@ -2,7 +2,7 @@
 
 Why a wrapper and not ``httpx_sse.aconnect_sse``: the adapter reads raw bytes
 (``response.aiter_raw()``, the cheapest httpx path, see
-``shared/research/perf-reliability-anchors.md`` §1b) and must bound what a misbehaving
+bench/RESULTS.md) and must bound what a misbehaving
 upstream can make us buffer, reject invalid UTF-8 instead of replacing it, and raise our
 own error type. httpx-sse's public API decodes text with ``errors="replace"`` and has no
 limits, so we reuse only its two WHATWG building blocks and put the rest around them.
@@ -34,7 +34,7 @@ from typing import Final
 
 # httpx-sse exposes only connect/aconnect helpers publicly; its decoders live in a private
 # module. We import them here, in one place, because they are the well-tested WHATWG
-# implementation the project chose (SPEC §1) and reimplementing them buys no measurable
+# implementation the project chose (docs/architecture.md) and reimplementing them buys no measurable
 # speed (see tests/upstream/test_sse_decoder.py::test_cost_per_event). If a release moves
 # them, this import is the only line to change.
 from httpx_sse._decoders import SSEDecoder, SSELineDecoder
@@ -45,7 +45,7 @@ __all__ = ["MAX_EVENT_CHARS", "MAX_LINE_BYTES", "SSEMessage", "UpstreamSSEDecode
 
 MAX_LINE_BYTES: Final = 1024 * 1024
 """One SSE line may not exceed 1 MiB: an OpenAI chunk is a few hundred bytes, and the
-research doc's oversized-input category (§2.6) asks for a bound on a single line."""
+oversized-input category of upstream faults asks for a bound on a single line."""
 
 MAX_EVENT_CHARS: Final = 4 * 1024 * 1024
 """Field lines of one event (before its blank line) may not exceed 4 Mi characters, so an

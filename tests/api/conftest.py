@@ -67,7 +67,7 @@ async def upstream_closed_within(gw: Harness, seconds: float) -> float:
 
 
 def assert_well_formed(events: list[Event]) -> None:
-    """The protocol invariants every stream keeps (SPEC §3)."""
+    """The protocol invariants every stream keeps (docs/protocol.md)."""
     numbered = frames(events)
     assert numbered[0].event == "stream.begin"
     assert [int(e.id) for e in numbered] == list(range(1, len(numbered) + 1))

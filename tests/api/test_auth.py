@@ -1,4 +1,4 @@
-"""API keys, per-key tools and rate limits, stream owners and CORS (SPEC §11): a real
+"""API keys, per-key tools and rate limits, stream owners and CORS (docs/security.md): a real
 gateway on loopback, every route taken from the app itself, so a route added later without
 the check fails here."""
 

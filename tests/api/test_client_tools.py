@@ -1,4 +1,4 @@
-"""Client-side tools in ``POST /v1/stream`` (SPEC §5): the stream emits ``tool.call`` with
+"""Client-side tools in ``POST /v1/stream`` (docs/tools.md): the stream emits ``tool.call`` with
 ``executor: "client"``, waits (pings go on) for ``POST /v1/streams/{id}/tool_results/
 {call_id}``, and resumes the model exactly as for a server tool; a result that never
 comes is a ``CLIENT_TOOL_TIMEOUT`` result for the model, never a hung stream."""

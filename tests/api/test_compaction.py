@@ -1,4 +1,4 @@
-"""Context compaction over a whole /v1/stream (SPEC §7): a real gateway in front of the
+"""Context compaction over a whole /v1/stream (docs/context.md): a real gateway in front of the
 scripted upstream on loopback, a conversation with many tool calls, a budget small enough
 that it must compact.
 

@@ -1,4 +1,4 @@
-"""Constrained mode (SPEC §4, issue #5): sentinel mode plus a GBNF grammar in every upstream
+"""Constrained mode (docs/protocol.md): sentinel mode plus a GBNF grammar in every upstream
 request; available only where the upstream takes grammars (llama-server)."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """``GET /metrics`` after a scripted stream: content negotiation (OpenMetrics from the
 Accept header) and the values the stream left: model and mode labels, prompt and
 completion tokens from the upstream's usage, the tool-latency histogram, the queue
-depth gauges (SPEC §4, §5)."""
+depth gauges (docs/protocol.md, docs/tools.md)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """/openapi.json describes POST /v1/stream: its body (unknown fields refused), its events
-(the typed frames' union, each described) and its error body (SPEC §2)."""
+(the typed frames' union, each described) and its error body (docs/protocol.md)."""
 
 from __future__ import annotations
 

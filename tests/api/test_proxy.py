@@ -1,4 +1,4 @@
-"""The OpenAI-compatible proxy through the official ``openai`` SDK (SPEC §7): a real gateway
+"""The OpenAI-compatible proxy through the official ``openai`` SDK (docs/proxy.md): a real gateway
 on loopback in front of the scripted upstream. The SDK is the client a user has, so every
 case asserts what the SDK returns or raises, and what the upstream was sent."""
 
@@ -177,7 +177,7 @@ async def test_a_native_tool_call_streams_as_tool_call_deltas(
     body = sent(gw)
     names = [t["function"]["name"] for t in body["tools"]]
     assert names == ["get_weather", "respond"]  # respond offered beside the client's tools
-    assert body["tool_choice"] == "required"  # the answer is a call too (seed 001)
+    assert body["tool_choice"] == "required"  # the answer is a call too (docs/proxy.md)
 
 
 async def test_the_tool_call_round_trip(make_gateway: HarnessFactory, sdk: SDK) -> None:

@@ -1,4 +1,4 @@
-"""The OpenAI-compatible proxy through the official ``openai`` npm package (SPEC §7): the
+"""The OpenAI-compatible proxy through the official ``openai`` npm package (docs/proxy.md): the
 Node side of tests/api/test_proxy.py. ``tests/node/proxy.test.mjs`` holds the cases; this
 test starts a real gateway on loopback in front of the scripted upstream and runs
 ``node --test`` against it. Node and ``tests/node/node_modules`` come from ``make test``

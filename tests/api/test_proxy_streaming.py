@@ -1,5 +1,5 @@
-"""The proxy streams with the same care as ``/v1/stream`` (SPEC §4, §7): a client that
-leaves closes the upstream within 50 ms (streaming or not), a slow client pauses the
+"""The proxy streams with the same care as ``/v1/stream`` (docs/protocol.md, docs/proxy.md): a
+client that leaves closes the upstream within 50 ms (streaming or not), a slow client pauses the
 upstream with nothing lost, every request has its artifacts, and the guardrails' actions
 reach the headers and ``/metrics``."""
 

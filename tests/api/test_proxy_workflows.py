@@ -1,4 +1,4 @@
-"""Workflows through the OpenAI-compatible proxy (SPEC §7: ``"toolforge": {"workflow": …}``),
+"""Workflows through the OpenAI-compatible proxy (docs/proxy.md: ``"toolforge": {"workflow": …}``),
 with the official ``openai`` SDK as the client: a real gateway on loopback in front of the
 scripted upstream. The gateway runs the workflow — its tools, its rules, its nudges, its
 narrowed grammar on llama-server — and the completion is its terminal tool's result."""

@@ -1,5 +1,6 @@
-"""``GET /v1/runs`` and ``GET /v1/runs/{stream_id}``: past runs from the artifacts (SPEC §2),
-read defensively (the URL names what is read), and ``GET /`` with its web UI's files."""
+"""``GET /v1/runs`` and ``GET /v1/runs/{stream_id}``: past runs from the artifacts
+(docs/protocol.md), read defensively (the URL names what is read), and ``GET /`` with its web UI's
+files."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""GET /v1/servers and the backends started behind it (SPEC §6): a plain remote upstream
+"""GET /v1/servers and the backends started behind it (docs/servers.md): a plain remote upstream
 manages nothing; UPSTREAM_KIND=ollama sizes, loads and reports the model through Ollama's
 HTTP API (a scripted Ollama on loopback, answering with the documented shapes); the
 embedded llama-server is in tests/integration."""

@@ -1,5 +1,5 @@
-"""Workflows over HTTP (SPEC §7): a scripted model drives each path of the runner through a
-real gateway on loopback. The runner's rules live outside the message history: a refused
+"""Workflows over HTTP (docs/workflows.md): a scripted model drives each path of the runner through
+a real gateway on loopback. The runner's rules live outside the message history: a refused
 call is answered in-stream with a ``tool.result`` error and a ``step.nudge``; every
 failure ends with ``error`` (its code) then ``done`` carrying ``workflow``."""
 

@@ -87,7 +87,7 @@ def _object(oid: str, schema: str, value: object) -> str:
 
 
 def _demo(turn: int) -> ScriptLike:
-    """The demo of seed 000: search, book, an Action object, the reply."""
+    """The demo request (docs/protocol.md): search, book, an Action object, the reply."""
     if turn == 0:
         search = {"query": "pizza", "radius_km": 5, "open_at": "19:00"}
         return _script("Let me look for pizza places. ", _call("t1", "places.search", search))

@@ -1,5 +1,5 @@
-"""The TypeScript SDK (clients/ts) against a real gateway on loopback (SPEC §10): this test
-starts the gateway in front of the scripted model of ``tests/clients/cases.py`` and runs
+"""The TypeScript SDK (clients/ts) against a real gateway on loopback (clients/ts/README.md): this
+test starts the gateway in front of the scripted model of ``tests/clients/cases.py`` and runs
 ``node --test`` on ``clients/ts/test/*.test.mjs``, which drive the SDK's built ``dist/``:
 the demo, client-side tools, pause with a fast upstream, a drop and resume, cancel,
 timeouts. Node, ``clients/ts/node_modules`` and ``dist/`` come from ``make test`` (the

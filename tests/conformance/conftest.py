@@ -23,7 +23,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.fixture
 def real_upstream(request: pytest.FixtureRequest) -> RealUpstream | None:
-    """``TOOLFORGE_REAL_UPSTREAM`` when set; otherwise the local llama-server (SPEC §6)."""
+    """``TOOLFORGE_REAL_UPSTREAM`` when set; otherwise the local llama-server (docs/servers.md)."""
     url = os.environ.get("TOOLFORGE_REAL_UPSTREAM")
     if url:
         return RealUpstream(url, os.environ.get("TOOLFORGE_REAL_MODEL"))

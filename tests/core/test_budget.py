@@ -1,4 +1,4 @@
-"""Context budget decisions (SPEC §6): tiers at their exact edges, every mode, the errors,
+"""Context budget decisions (docs/servers.md): tiers at their exact edges, every mode, the errors,
 and the sentence that explains each decision."""
 
 from __future__ import annotations

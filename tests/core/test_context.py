@@ -1,4 +1,4 @@
-"""Context compaction (SPEC §7): the strategies' properties, and the manager's decisions."""
+"""Context compaction (docs/context.md): the strategies' properties, and the manager's decisions."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The turn engine with a context budget (SPEC §7): it measures the prompt before each turn
+"""The turn engine with a context budget (docs/context.md): it measures the prompt before each turn
 that continues the conversation, compacts over the threshold (a context.compacted frame),
 and ends with CONTEXT_BUDGET_EXCEEDED when nothing fits. Driven without an event loop."""
 

@@ -1,5 +1,5 @@
-"""The JSON guarantee (SPEC §4): validator errors with paths, local repair, the model-repair
-decision, the minimal valid fallback, degradation — and the invariants that make it a
+"""The JSON guarantee (docs/protocol.md): validator errors with paths, local repair, the
+model-repair decision, the minimal valid fallback, degradation — and the invariants that make it a
 guarantee: the fallback always validates, and no text makes repair raise."""
 
 from __future__ import annotations

@@ -394,7 +394,7 @@ def test_demo_tools_in_openai_format() -> None:
     tools = to_openai_tools(specs)
     assert [t["function"]["name"] for t in tools] == ["places__search", "bookings__create"]
     for tool, spec in zip(tools, specs, strict=True):
-        # exact key sets (seed 003, GOLDEN_FIXTURES_ENFORCE_WIRE_FORMAT)
+        # exact key sets (docs/tools.md: each wire format's exact keys)
         assert set(tool) == {"type", "function"} and tool["type"] == "function"
         assert set(tool["function"]) == {"name", "description", "parameters"}
         assert tool["function"]["description"] == spec["description"]

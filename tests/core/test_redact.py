@@ -1,4 +1,4 @@
-"""Redaction (SPEC §4): tables for the rules, invariants for totality and exactness."""
+"""Redaction (docs/protocol.md): tables for the rules, invariants for totality and exactness."""
 
 from __future__ import annotations
 

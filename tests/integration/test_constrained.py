@@ -1,6 +1,6 @@
-"""The demo request on the real SmolLM2-135M in constrained mode (SPEC §4, §6): the grammar
-makes a 135M model call the tool with well-formed frames, answer with a valid reply,
-and resume after the tool from the prompt cache."""
+"""The demo request on the real SmolLM2-135M in constrained mode (docs/protocol.md,
+docs/servers.md): the grammar makes a 135M model call the tool with well-formed frames, answer with
+a valid reply, and resume after the tool from the prompt cache."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Context budget and measuring on the real llama-server (SPEC §7): the managed server's
+"""Context budget and measuring on the real llama-server (docs/context.md): the managed server's
 budget is the stream's (``budget_source: server_manager``), and prompts are measured with
 its own ``/tokenize``."""
 

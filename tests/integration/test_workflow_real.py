@@ -1,4 +1,4 @@
-"""The booking workflow on the real SmolLM2-135M (SPEC §7), constrained mode: the runner's
+"""The booking workflow on the real SmolLM2-135M (docs/workflows.md), constrained mode: the runner's
 steps and the narrowed grammar make a 135M model search, then book a place the search
 returned, at the time and for the party the user asked. Asserts the protocol and the step
 order, never the model's wording."""

@@ -1,4 +1,4 @@
-// The OpenAI-compatible proxy through the official `openai` npm package (SPEC §7), from Node.
+// The OpenAI-compatible proxy through the official `openai` npm package (docs/proxy.md), from Node.
 //
 // Run by tests/api/test_proxy_node.py, which starts a gateway on loopback in front of a
 // scripted upstream and passes its URL in TOOLFORGE_URL. The upstream answers requests in

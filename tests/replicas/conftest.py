@@ -1,4 +1,4 @@
-"""Two gateway processes and a real ``redis-server`` on loopback (SPEC §9).
+"""Two gateway processes and a real ``redis-server`` on loopback (docs/deployment.md).
 
 - ``redis_server``: Debian's ``redis-server`` on a free 127.0.0.1 port, without
   persistence, killed after the test (``make test`` installs the package when missing; a

@@ -1,4 +1,4 @@
-"""Two gateway processes sharing one Redis (SPEC §9): a stream started on replica A is
+"""Two gateway processes sharing one Redis (docs/deployment.md): a stream started on replica A is
 resumed, cancelled, approved, fed a client tool result and replayed through replica B;
 the tool limit holds across both; Redis dying and a replica dying end nothing in a hang."""
 
@@ -504,7 +504,7 @@ KEY_B = "tf-key-bbbbbbbbbbbbbbbbbbbb"
 async def test_a_command_through_b_is_refused_from_another_api_key(
     replicas: ReplicaFactory, upstream: ScriptedUpstream
 ) -> None:
-    """SPEC §11 across replicas: a follow-up call forwarded to the replica that runs the
+    """docs/security.md across replicas: a follow-up call forwarded to the replica that runs the
     stream carries the caller's key name, and that replica refuses another key's."""
     a, b = await replicas(API_KEYS=f"{KEY_A},{KEY_B}")
     seen: list[Event] = []

@@ -1,4 +1,4 @@
-"""Per-stream artifacts (SPEC §4): five files, redacted, atomic, inside ``root``."""
+"""Per-stream artifacts (docs/protocol.md): five files, redacted, atomic, inside ``root``."""
 
 from __future__ import annotations
 

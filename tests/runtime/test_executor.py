@@ -1,4 +1,4 @@
-"""toolforge.runtime.executor: the SPEC §5 execution rules, with an injected clock and sleep.
+"""toolforge.runtime.executor: the docs/tools.md execution rules, with an injected clock and sleep.
 
 Nothing here waits for real seconds: retry delays go through a recording ``sleep``, the
 soft performance target through a fake ``clock`` that tools advance, and the only real
@@ -174,7 +174,7 @@ async def test_transient_failures_are_retried_until_exhausted_each_attempt_logge
     with capture_logs() as logs:
         result = await h.run("flaky", {"contact": "555-0100"})
     assert result.attempts == 3 and len(h.calls) == 3
-    assert h.sleeps.delays == [2.0, 2.0]  # fixed 2 s between attempts (seed 002 FR-011)
+    assert h.sleeps.delays == [2.0, 2.0]  # fixed 2 s between attempts (docs/tools.md)
     error = result.envelope.errors[0]
     assert error["code"] == "TOOL_UNAVAILABLE" and error["retryable"] is True
     assert error["message"] == "backend busy (gave up after 3 attempts)"

@@ -1,4 +1,4 @@
-"""The NVML probe (SPEC §6) against a fake NVML: one GPU, two, and every way NVML fails.
+"""The NVML probe (docs/servers.md) against a fake NVML: one GPU, two, and every way NVML fails.
 It never raises, and ``nvmlShutdown`` follows every successful ``nvmlInit``."""
 
 from __future__ import annotations

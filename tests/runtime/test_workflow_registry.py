@@ -1,4 +1,4 @@
-"""The workflow registry (SPEC §7): definitions read from a folder at start-up, JSON or
+"""The workflow registry (docs/workflows.md): definitions read from a folder at start-up, JSON or
 YAML; a bad file stops the start with WORKFLOW_INVALID naming it."""
 
 from __future__ import annotations

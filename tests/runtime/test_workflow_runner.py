@@ -1,4 +1,4 @@
-"""The workflow runner's Python API (SPEC §7): Python callables as tools, a real upstream
+"""The workflow runner's Python API (docs/workflows.md): Python callables as tools, a real upstream
 adapter over real HTTP to the scripted model on loopback, callbacks, typed exceptions
 with their context, cancellation and multi-turn use."""
 

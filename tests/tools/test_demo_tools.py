@@ -1,4 +1,4 @@
-"""The demo pack (SPEC §5): places.search and bookings.create, deterministic, fixture-backed,
+"""The demo pack (docs/tools.md): places.search and bookings.create, deterministic, fixture-backed,
 run through the real executor."""
 
 from __future__ import annotations

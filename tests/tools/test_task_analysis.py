@@ -1,4 +1,4 @@
-"""The task-analysis pack (seed 002) on the committed 1,000-task corpus, with the real
+"""The task-analysis pack (docs/tools.md) on the committed 1,000-task corpus, with the real
 embedding model, through the gateway's tool executor."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The workspace pack (seed 004): facts change only after a person confirms through the
+"""The workspace pack (docs/tools.md): facts change only after a person confirms through the
 approvals endpoint; the draft respects locks; every change is audited.
 
 From the store, through the executor, and through a whole stream on loopback (a scripted

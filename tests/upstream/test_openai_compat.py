@@ -1,6 +1,6 @@
 """OpenAICompatUpstream against the real scripted upstream over loopback, plus MockTransport.
 
-Every fault from the research doc's list (RST, FIN, truncated chunked body, hangs before
+Every usual upstream fault (RST, FIN, truncated chunked body, hangs before
 and after headers and mid-stream, bad data, HTTP errors, refused connections) must end in
 one ``UpstreamError`` with a stable code and leave no connection open.
 """

@@ -1,6 +1,6 @@
 """UpstreamSSEDecoder: a table of streams, each fed whole, byte by byte and at random splits.
 
-Cases follow the research doc's "malformed upstream SSE" list and the WPT EventSource
+Cases follow the usual malformed-upstream-SSE faults and the WPT EventSource
 ``format-*`` vectors (BOM, CR/LF, comments, NUL, fields). The invariant, as in h11's fuzzer:
 any input either decodes to the same events however it is chunked, or raises the same
 ``UpstreamError``, never anything else.

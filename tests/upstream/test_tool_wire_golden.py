@@ -1,4 +1,4 @@
-"""Seed 003 (GOLDEN_FIXTURES_ENFORCE_WIRE_FORMAT): per upstream adapter, the exact wire
+"""The wire formats (docs/tools.md): per upstream adapter, the exact wire
 shape of the tool definitions sent, of the calls assembled from a recorded stream, and of
 the result messages that continue the conversation; checked against committed goldens
 (``tests/upstream/fixtures/golden/*.golden.json``), as structures (key order is free,

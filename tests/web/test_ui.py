@@ -1,4 +1,4 @@
-"""The demo web UI (SPEC §10, docs/ui.md) in headless Chromium: Debian's ``chromium``
+"""The demo web UI (docs/ui.md) in headless Chromium: Debian's ``chromium``
 driven by Playwright (``executable_path``: no browser download), against a real gateway on
 loopback in front of the scripted model of ``tests/clients/cases.py``.
 

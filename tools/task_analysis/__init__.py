@@ -1,7 +1,7 @@
-"""The task-analysis pack (seed 002): search, context, dependencies, graph and clusters over
+"""The task-analysis pack (docs/tools.md): search, context, dependencies, graph and clusters over
 task documents indexed with a real embedding model.
 
-Tools (names as seed 002 gives them):
+Tools (names as docs/tools.md gives them):
 
 * ``semantic-search`` — top-k tasks for a query with cosine similarity ≥ a threshold.
 * ``get-document-context`` — the whole Markdown of the tasks' documents with every task in
@@ -12,7 +12,7 @@ Tools (names as seed 002 gives them):
 * ``query-task-graph`` — the stored edges of a task, filtered by type.
 * ``cluster-tasks`` — hierarchical clusters of tasks by a similarity threshold.
 
-Seed 002's execution rules come from the executor (SPEC §5): 2 retries at a fixed 2 s for
+The pack's execution rules come from the executor (docs/tools.md): 2 retries at a fixed 2 s for
 transient errors only (each spec says so), the global limit of 10 concurrent calls
 (``TOOL_CONCURRENCY``), the 5 s soft target with ``performance_warning``, and a trace of
 every call in ``tool_logs.json``.
@@ -99,7 +99,7 @@ class DependencyReport(BaseModel):
 
 def paginate(text: str, chunk_size: int, overlap: int = OVERLAP) -> list[str]:
     """``text`` in chunks of ``chunk_size`` characters, each starting ``overlap`` characters
-    before the previous one ended (seed 002 FR-002d)."""
+    before the previous one ended (docs/tools.md)."""
     chunks = [text[:chunk_size]]
     start = 0
     while start + chunk_size < len(text):
@@ -237,7 +237,7 @@ def task_analysis_specs(
         }
 
     def spec(name: str, description: str, args: type[BaseModel], fn: Any) -> ToolSpec[Any]:
-        # Seed 002: 2 retries at a fixed 2 s, for transient errors only (the executor's rule).
+        # docs/tools.md: 2 retries at a fixed 2 s, for transient errors only (the executor's rule).
         return ToolSpec(
             name=name,
             description=description,

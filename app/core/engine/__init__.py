@@ -1,7 +1,7 @@
 """The turn engine (sans-IO): one model conversation as a step machine.
 
 :class:`Conversation` yields :mod:`actions <toolforge.core.engine.actions>` and receives their
-results; each mode of SPEC §4 is a :class:`~toolforge.core.engine.modes.Mode` strategy. The
+results; each mode of docs/protocol.md is a :class:`~toolforge.core.engine.modes.Mode` strategy. The
 runtime's ``StreamSession`` is the driver: it does the I/O the actions ask for.
 docs/architecture.md draws the whole flow.
 """

@@ -137,8 +137,8 @@ class ModelReply:
 @dataclass(frozen=True, slots=True)
 class RunTool:
     """Run tool ``name`` on ``args`` for call ``id`` (the ``tool.call`` frame is out).
-    ``executor`` "client": the client runs it; wait for the result it posts (SPEC §5).
-    "gateway": the gateway's own confirming call (seed 004, ``ToolSpec.confirm_with``) of a
+    ``executor`` "client": the client runs it; wait for the result it posts (docs/tools.md).
+    "gateway": the gateway's own confirming call (docs/tools.md, ``ToolSpec.confirm_with``) of a
     tool the model is not shown; it runs on the server, past the model-facing check only."""
 
     id: str

@@ -1,5 +1,5 @@
 """The OpenAI-compatible proxy's mode: a strategy of the turn engine, with the small-model
-guardrails of SPEC §7. No I/O.
+guardrails of docs/workflows.md. No I/O.
 
 The proxy's conversation is the engine's (:class:`~toolforge.core.engine.Conversation`): the same
 turns, tool runs, repairs and finish. What differs is how a turn is requested and read,
@@ -77,7 +77,7 @@ __all__ = [
 _NATIVE: Final = NativeMode()
 
 RESPOND: Final = "respond"
-"""The synthetic tool offered beside the client's (seed 001): small models choose well
+"""The synthetic tool offered beside the client's (docs/workflows.md): small models choose well
 between tools and badly between a tool and prose, so the answer is a call too."""
 
 ToolChoice = Literal["auto", "none", "required", "function"]

@@ -134,7 +134,7 @@ class ConversationConfig:
     mode: Mode
     # Schemas the model may use in OBJECT / RESULT frames, by name ("Any" included).
     schemas: Mapping[str, CompiledSchema] = field(default_factory=dict)
-    # The RESULT frame's schema, whatever name the model writes in it (SPEC §2).
+    # The RESULT frame's schema, whatever name the model writes in it (docs/protocol.md).
     result_schema: str | None = None
     # Every registered schema: an OBJECT frame naming one the request did not declare is
     # still held to it; only a name nobody registered falls back to Any.
@@ -142,10 +142,10 @@ class ConversationConfig:
     max_tool_calls: int = 8
     runs_tools: bool = True  # False: a gateway with no executor refuses every call
     approval_tools: frozenset[str] = frozenset()  # tools whose calls wait for approval
-    # Seed 004: a tool whose successful call the gateway confirms with another (hidden,
+    # docs/tools.md: a tool whose successful call the gateway confirms with another (hidden,
     # approval-gated) tool, by name: facts.propose -> facts.commit (ToolSpec.confirm_with).
     confirmations: Mapping[str, str] = field(default_factory=dict)
-    budget_tokens: int | None = None  # stream.begin's (SPEC §6)
+    budget_tokens: int | None = None  # stream.begin's (docs/servers.md)
     limits: ReaderLimits = field(default_factory=ReaderLimits)
     frame_timeout_s: float = 15.0  # FRAME_TIMEOUT_MS
     repair_retries: int = 1  # REPAIR_RETRIES: model repair calls per body
@@ -155,10 +155,10 @@ class ConversationConfig:
     # "tool_calls"; the client answers in its next request.
     client_tools: frozenset[str] = frozenset()
     # Tools the client runs while the stream waits (POST /v1/stream's client_tools,
-    # SPEC §5), with their parameters' schemas: the arguments are checked here first.
+    # docs/tools.md), with their parameters' schemas: the arguments are checked here first.
     awaited_tools: Mapping[str, CompiledSchema] = field(default_factory=dict)
     max_nudges: int = 1  # turns asked again because the reader's guardrails said so
-    # Context compaction (SPEC §7, toolforge.core.context): before each turn that continues
+    # Context compaction (docs/context.md, toolforge.core.context): before each turn that continues
     # the conversation, the prompt is measured against the policy's budget and compacted
     # over its threshold. None: never measured (no budget known, or compaction off).
     context: ContextPolicy | None = None
@@ -190,7 +190,7 @@ class ConversationStats:
     # What the guardrails did, by kind (rescued calls, nudges, respond, ...): done.guardrails.
     guardrails: dict[str, int] = field(default_factory=dict)
     # llama-server's per-call timings (cache_n: prompt tokens reused from the cache), in
-    # call order: shows whether a resumed turn hit the prompt cache (SPEC §4).
+    # call order: shows whether a resumed turn hit the prompt cache (docs/protocol.md).
     upstream_timings: list[dict[str, Any]] = field(default_factory=list)
     # Each compaction's context.compacted numbers, in order (metrics.json).
     compactions: list[dict[str, int]] = field(default_factory=list)
@@ -354,7 +354,7 @@ class Conversation:
         self.stats.workflow = self._policy.summary()
         return decision
 
-    # -- the context budget (SPEC §7) -----------------------------------------------------
+    # -- the context budget (docs/context.md) -----------------------------------------------------
 
     def _fit(self, messages: Sequence[Mapping[str, Any]]) -> Generator[Action, Any, Any]:
         """``messages`` measured and, over the threshold, compacted (``context.compacted``);
@@ -487,7 +487,7 @@ class Conversation:
             if isinstance(value, int) and isinstance(usage.get(key, 0), int):
                 usage[key] = usage.get(key, 0) + value
 
-    # -- the JSON guarantee (SPEC §4) -----------------------------------------------------
+    # -- the JSON guarantee (docs/protocol.md) -----------------------------------------------------
 
     def _schema_for(self, closed: BodyClosed) -> CompiledSchema | None:
         config = self.config
@@ -545,7 +545,7 @@ class Conversation:
         )
         yield Emit((frame,), outcome)
 
-    # -- tools (SPEC §5) --------------------------------------------------------------------
+    # -- tools (docs/tools.md) --------------------------------------------------------------------
 
     def _tool(
         self, closed: BodyClosed, rescued: bool = False
@@ -628,7 +628,7 @@ class Conversation:
     def _confirm(
         self, name: str, proposed: Mapping[str, object]
     ) -> Generator[Action, Any, Mapping[str, object]]:
-        """Seed 004: the gateway's own call of the confirming tool ``name`` with the
+        """docs/tools.md: the gateway's own call of the confirming tool ``name`` with the
         proposing call's result ``data``. It is a ``tool.call`` the model did not write,
         with a fresh id, that waits for a person's ``POST …/approvals/{id}``; the model
         never sees the tool, only the outcome, under ``confirmation`` in the proposing
@@ -651,7 +651,8 @@ class Conversation:
             },
         }
 
-    # -- workflows (SPEC §7) -------------------------------------------------------------------
+    # -- workflows (docs/workflows.md)
+    # -------------------------------------------------------------------
 
     def _respond(
         self, closed: BodyClosed, data: Mapping[str, object], rescued: bool

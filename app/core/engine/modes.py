@@ -1,4 +1,4 @@
-"""The three modes of SPEC §4 as strategies of the turn engine. No I/O.
+"""The three modes of docs/protocol.md as strategies of the turn engine. No I/O.
 
 A mode answers four questions, and only a mode answers them (the engine has no
 ``if mode == ...``):
@@ -61,7 +61,7 @@ Messages = Sequence[Mapping[str, Any]]
 
 @dataclass(frozen=True, slots=True)
 class ReaderLimits:
-    """SPEC §3's per-frame limits, as the Framer takes them."""
+    """docs/protocol.md's per-frame limits, as the Framer takes them."""
 
     max_frame_bytes: int = 64 * 1024
     max_json_depth: int = 16
@@ -152,7 +152,7 @@ class NativeTurnReader(TurnReader):
 
 
 class Mode(Protocol):
-    """A mode of SPEC §4: how turns are requested, read, continued and repaired."""
+    """A mode of docs/protocol.md: how turns are requested, read, continued and repaired."""
 
     @property
     def name(self) -> ModeName: ...

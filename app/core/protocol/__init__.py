@@ -1,4 +1,4 @@
-"""The wire protocol's home (SPEC §3), sans-IO. Import the module you need:
+"""The wire protocol's home (docs/protocol.md), sans-IO. Import the module you need:
 
 * :mod:`~toolforge.core.protocol.sentinels` — the syntax models write: the one place that
   renders and recognises ``⟦BEGIN_…⟧`` / ``⟦END_…⟧``;

@@ -1,4 +1,4 @@
-"""The frames of the wire protocol (SPEC §3): one typed value per SSE event, and their
+"""The frames of the wire protocol (docs/protocol.md): one typed value per SSE event, and their
 encoding. Pure functions and values, no I/O.
 
 Theory of operation
@@ -8,7 +8,7 @@ variable ``event`` and its JSON object is the ``data`` property. The fields are 
 object's keys in the order they go on the wire, so ``data`` is the exact object the
 client receives, byte for byte once encoded. A field whose default is ``None`` is
 *absent unless set*: ``data`` leaves it out while it is ``None``. Those are the optional
-keys (``needs_approval``, ``frame_id``, out-of-band ``diagnostics``) and the keys SPEC §3
+keys (``needs_approval``, ``frame_id``, out-of-band ``diagnostics``) and the keys docs/protocol.md
 lists that this gateway does not send yet (``tool.call``'s ``executor`` and ``rescued``,
 ``done``'s ``workflow``); a key that may be ``null`` on the wire (``budget_tokens``) has
 no default.
@@ -139,7 +139,7 @@ class SchemaViolation(TypedDict):
 
 @with_config(ConfigDict(extra="forbid"))
 class Diagnostics(TypedDict):
-    """Why an END value is degraded: the repair failed (SPEC §4)."""
+    """Why an END value is degraded: the repair failed (docs/protocol.md)."""
 
     error: Literal["schema_repair_failed"]
     last_validator_errors: list[SchemaViolation]
@@ -172,14 +172,14 @@ class DoneMetrics(TypedDict):
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StreamBegin(_TypedFrame):
     """Always the first frame (id 1). ``budget_tokens``: the context budget the gateway
-    chose for a managed model server (SPEC §6), null for a remote upstream."""
+    chose for a managed model server (docs/servers.md), null for a remote upstream."""
 
     event: ClassVar[str] = STREAM_BEGIN
     stream_id: str
     model: str
     mode: ModeName
     budget_tokens: NonNegativeInt | None
-    # Where budget_tokens came from (SPEC §7): the gateway's decision for the server it
+    # Where budget_tokens came from (docs/context.md): the gateway's decision for the server it
     # manages, CTX_BUDGET_TOKENS (manual), the upstream's own report, or the workflow's.
     budget_source: Literal["server_manager", "manual", "upstream", "workflow"] | None = None
 
@@ -196,7 +196,7 @@ class TextDelta(_TypedFrame):
 class ReasoningDelta(_TypedFrame):
     """The model's reasoning (``<think>…</think>``, or the upstream's own
     ``reasoning_content``), kept apart from its answer. Sent where reasoning is separated:
-    by the OpenAI-compatible proxy, which returns it as ``reasoning_content`` (SPEC §7)."""
+    by the OpenAI-compatible proxy, which returns it as ``reasoning_content`` (docs/proxy.md)."""
 
     event: ClassVar[str] = REASONING_DELTA
     chunk: Annotated[str, Field(min_length=1)]
@@ -243,7 +243,7 @@ class JsonDelta(_BodyDelta):
 @dataclass(frozen=True, slots=True, kw_only=True)
 class JsonEnd(_BodyEnd):
     """The OBJECT frame's END: ``value`` is valid against its schema, ``length`` is the
-    body's UTF-8 bytes. Degraded (the repair failed, SPEC §4): ``value`` is the minimal
+    body's UTF-8 bytes. Degraded (the repair failed, docs/protocol.md): ``value`` is the minimal
     valid object, with ``diagnostics`` inside it, or beside it (this frame's
     ``diagnostics``) when the schema has no room for them."""
 
@@ -276,7 +276,7 @@ class ResultEnd(_BodyEnd):
 class ToolCall(_TypedFrame):
     """A tool call whose END arrived and whose arguments parsed strictly; the model is
     paused until its ``tool.result``. ``needs_approval`` is sent (true) only for a call
-    that waits for ``POST …/approvals/{id}``. ``executor`` and ``rescued`` (SPEC §3) are
+    that waits for ``POST …/approvals/{id}``. ``executor`` and ``rescued`` (docs/protocol.md) are
     not sent yet: absent unless set."""
 
     event: ClassVar[str] = TOOL_CALL
@@ -332,7 +332,7 @@ class ToolResult(_TypedFrame):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StepNudge(_TypedFrame):
-    """A workflow correction sent to the model (SPEC §7), each tier firmer; ``call_id``
+    """A workflow correction sent to the model (docs/workflows.md), each tier firmer; ``call_id``
     is the tool call it answers, null for a turn without one."""
 
     event: ClassVar[str] = STEP_NUDGE
@@ -344,7 +344,7 @@ class StepNudge(_TypedFrame):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ContextCompacted(_TypedFrame):
-    """The history sent to the model was compacted to fit its context budget (SPEC §7)."""
+    """The history sent to the model was compacted to fit its budget (docs/context.md)."""
 
     event: ClassVar[str] = CONTEXT_COMPACTED
     phase: Annotated[int, Field(ge=1)]
@@ -385,7 +385,7 @@ class Done(_TypedFrame):
     """Exactly one, always last. ``reason``: stop, length, error, cancelled,
     client_disconnected or shutdown (docs/protocol.md §6); ``usage``: the upstream's token
     counts summed over the stream's calls, or ``{"completion_chunks": n}``. ``workflow``
-    (SPEC §3): a workflow run's summary (its steps, iterations, nudges, rescues); absent
+    (docs/protocol.md): a workflow run's summary (its steps, iterations, nudges, rescues); absent
     for other streams."""
 
     event: ClassVar[str] = DONE
@@ -393,7 +393,7 @@ class Done(_TypedFrame):
     usage: Mapping[str, object]
     metrics: DoneMetrics
     workflow: Mapping[str, object] | None = None
-    # What the small-model guardrails did (SPEC §7: rescues, nudges, respond calls, ...),
+    # What the small-model guardrails did (docs/workflows.md: rescues, nudges, respond calls, ...),
     # counted by kind; absent when none acted.
     guardrails: Mapping[str, int] | None = None
 
@@ -447,7 +447,7 @@ EVENTS: Final[Mapping[str, type[Frame]]] = {
         Ping,
     )
 }
-"""Every typed frame class by its SSE event name, in SPEC §3's order."""
+"""Every typed frame class by its SSE event name, in docs/protocol.md's order."""
 
 # Each class's fields, and whether each is absent unless set (its default is None).
 _KEYS: Final[Mapping[type[_TypedFrame], tuple[tuple[str, bool], ...]]] = {

@@ -77,7 +77,7 @@ def stream_event_definitions(ref_template: str = "#/$defs/{model}") -> dict[str,
         mapping[event] = ref_template.format(model=name)
     definitions[STREAM_EVENT] = {
         "title": STREAM_EVENT,
-        "description": "One server-sent event of a stream (SPEC §3), by its event name.",
+        "description": "One server-sent event of a stream (docs/protocol.md), by its event name.",
         "oneOf": [{"$ref": ref} for ref in mapping.values()],
         "discriminator": {"propertyName": "event", "mapping": mapping},
     }

@@ -1,4 +1,4 @@
-"""The sentinel syntax of the emission contract (SPEC §3), rendered and recognised here
+"""The sentinel syntax of the emission contract (docs/protocol.md), rendered and recognised here
 and nowhere else: the tokenizer, the grammar, the engine, the conformance checks and the
 tests take their brackets, patterns and renderings from this module.
 
@@ -62,7 +62,7 @@ TOOL_CALL_BEGIN_RE: Final = re.compile(f"{OPEN}BEGIN_TOOL_CALL id=({_ID}) name=(
 
 ESCAPES: Final = {OPEN: "\\u27e6", CLOSE: "\\u27e7"}
 """What a sentinel character becomes inside a JSON string: the six visible characters of
-its JSON escape. Models must write them so (SPEC §3); tool results are escaped so."""
+its JSON escape. Models must write them so (docs/protocol.md); tool results are escaped so."""
 
 
 def begin(kind: FrameKind, id: str, name: str) -> str:

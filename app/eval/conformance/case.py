@@ -83,7 +83,8 @@ __all__ = [
 
 DEFAULT_CASES_DIR: Final = Path(__file__).resolve().parents[3] / "tests" / "conformance" / "cases"
 
-# The issue's categories, in the matrix's order; a case may name another (it sorts last).
+# The categories of docs/conformance.md, in the matrix's order; a case may name another (it sorts
+# last).
 CATEGORIES: Final = (
     "valid_json",
     "partial_frames",
@@ -384,7 +385,7 @@ def load_cases(directory: Path = DEFAULT_CASES_DIR, *, select: str | None = None
 
 
 def category_rank(category: str) -> int:
-    """Where ``category`` sorts in the matrix: the issue's order, then the rest."""
+    """Where ``category`` sorts in the matrix: the order of docs/conformance.md, then the rest."""
     return CATEGORIES.index(category) if category in CATEGORIES else len(CATEGORIES)
 
 

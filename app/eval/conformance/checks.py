@@ -3,7 +3,7 @@
 Checks return failure messages rather than raising: the runner collects them so the
 matrix can say *what* failed, and a case reports every problem it has, not the first.
 
-The invariants, on every stream a case produces (SPEC §3-§5):
+The invariants, on every stream a case produces (docs/protocol.md):
 
 1. **Wire**: each frame has a numeric ``id``; pings have none; ``data`` is a JSON object
    valid against its event's schema (``schemas/frames/<event>.json``, generated from the
@@ -135,7 +135,7 @@ def tool_calls_sent(texts: Iterable[str]) -> dict[str, list[tuple[str, str]]]:
     """Complete TOOL_CALL frames in what the upstream sent: id -> [(name, body)].
 
     The END is the last one with the call's id in that response: an earlier one can only
-    sit inside a JSON string of the body, where it is content (SPEC §3)."""
+    sit inside a JSON string of the body, where it is content (docs/protocol.md)."""
     found: dict[str, list[tuple[str, str]]] = {}
     for text in texts:
         for begin in sentinels.TOOL_CALL_BEGIN_RE.finditer(text):

@@ -31,7 +31,7 @@ repeat     the same request ``times`` times (``concurrent`` or one after the oth
            ``identical`` (default) the streams must be equal but for ids and timings
 seeds      the request once per seed (``seeds``: a list, or ``{"from", "count"}``), the
            seed put in ``sampling.seed``; every run must be free of ``error`` frames and of
-           degraded values (a model kept to well-formed frames, SPEC §4 constrained mode)
+           degraded values (a model kept to well-formed frames, docs/protocol.md constrained mode)
 ========== ===============================================================================
 
 Every mode also takes ``then``: HTTP requests made after the stream ended, each

@@ -1,6 +1,6 @@
-"""Ablation presets (SPEC §7, seed 001): which guardrails a run keeps.
+"""Ablation presets (docs/eval.md): which guardrails a run keeps.
 
-Each preset turns features off in the workflow a scenario runs (SPEC §7's workflow fields)
+Each preset turns features off in the workflow a scenario runs (docs/eval.md's workflow fields)
 and, for ``no_grammar``, in how the model is asked: constrained decoding off, so the model
 writes sentinel frames with no GBNF behind them. ``reforged`` is everything on; ``bare`` is
 everything off. The offline tests prove each preset really removes its feature, with a

@@ -86,7 +86,7 @@ def _parse_backend(backend: str, model: str | None) -> dict[str, Any]:
     if backend.startswith(("http://", "https://")):
         return {"upstream_base_url": backend, "model_id": model or "default"}
     if backend == "anthropic" or backend.startswith("anthropic:"):
-        # A frontier baseline (SPEC §7): Anthropic's Messages API, the key from the
+        # A frontier baseline (docs/eval.md): Anthropic's Messages API, the key from the
         # environment; ``anthropic:URL`` for another endpoint of the same API.
         key = os.environ.get("ANTHROPIC_API_KEY") or os.environ.get("UPSTREAM_API_KEY")
         if not key:

@@ -1,7 +1,7 @@
 """One run's record and the numbers of a cell (scenario × model × mode × ablation).
 
 Pure arithmetic over :class:`RunResult` values, so reports are functions of the JSONL alone
-and every number in them can be recomputed from it. Definitions (seed 001, SPEC §7):
+and every number in them can be recomputed from it. Definitions (docs/eval.md):
 
 * **score** = correct / total: the primary number. A run is *correct* when it reached a
   terminal tool and the scenario's grader accepted the terminal arguments.

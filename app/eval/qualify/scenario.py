@@ -1,6 +1,6 @@
 """What one eval scenario is: a workflow, deterministic tools, a prompt and a grader.
 
-A scenario is data plus a few Python callables (seed 001: "scenarios in Python for fast
+A scenario is data plus a few Python callables (docs/eval.md: "scenarios in Python for fast
 iteration"). Tools are the project's canonical :class:`~toolforge.core.tools.ToolSpec`, so
 the same definitions run through the gateway's executor or the in-process runner alike.
 ``build_tools`` makes fresh tools (and fresh state) for every run: a run never sees what
@@ -83,7 +83,7 @@ def gated(build: ToolBuilder, order: Sequence[str]) -> ToolBuilder:
     """The stateful variant of ``build``: each tool in ``order`` after the first refuses to
     run until the one before it has succeeded in this run, with an error that says so.
 
-    This is what the stateful scenarios of seed 001 test: a model that guesses an id
+    This is what the stateful scenarios of docs/eval.md test: a model that guesses an id
     instead of looking it up gets an error, not an answer. State lives in the closure that
     each call of the returned builder makes afresh.
     """
@@ -125,7 +125,7 @@ def _gate(spec: ToolSpec[Any], order: Sequence[str], done: set[str]) -> ToolSpec
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Scenario:
-    """One eval scenario (seed 001's ``EvalScenario``, over SPEC §7's workflow data)."""
+    """One eval scenario (docs/eval.md: a workflow's data, the tools' fixtures, a validator)."""
 
     name: str
     tags: frozenset[str]
@@ -151,7 +151,7 @@ class Scenario:
         return [spec.name for spec in self.build_tools()]
 
     def workflow(self) -> dict[str, Any]:
-        """The SPEC §7 workflow this scenario runs (ablations override the guardrails)."""
+        """The docs/eval.md workflow this scenario runs (ablations override the guardrails)."""
         body: dict[str, Any] = {
             "name": f"eval.{self.name}",
             "tools": self.tool_names(),

@@ -11,7 +11,7 @@ export interface ConnectionOptions {
    * by the gateway), else `http://127.0.0.1:8000`.
    */
   baseUrl?: string;
-  /** Sent as `Authorization: Bearer <apiKey>` when the gateway has API keys (SPEC §11). */
+  /** Sent as `Authorization: Bearer <apiKey>` when the gateway has API keys (docs/security.md). */
   apiKey?: string;
   /** A `fetch` to use instead of the global one (a proxy agent, instrumentation). */
   fetch?: typeof fetch;
@@ -114,7 +114,7 @@ export function approveCall(
   );
 }
 
-/** The body of a client-side tool's result (SPEC §5). */
+/** The body of a client-side tool's result (docs/tools.md). */
 export type ToolResultBody =
   | { ok: true; result: unknown }
   | { ok: false; error: { code?: string; message: string } };

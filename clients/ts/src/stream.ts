@@ -43,7 +43,7 @@ export interface ChatMessage {
   [key: string]: unknown;
 }
 
-/** A tool the caller runs itself (SPEC §5): the model sees it like a registry tool. */
+/** A tool the caller runs itself (docs/tools.md): the model sees it like a registry tool. */
 export interface ClientTool {
   name: string;
   description?: string;
@@ -115,7 +115,7 @@ export interface StreamOptions extends ConnectionOptions {
   profile?: "demo";
   model?: string;
   maxToolCalls?: number;
-  /** A registered workflow's name or an inline definition (SPEC §7), where the gateway has them. */
+  /** A registered workflow's name or an inline definition (docs/workflows.md), where the gateway has them. */
   workflow?: string | Record<string, unknown>;
   /** `Idempotency-Key`: the same key and body replay the stored stream. */
   idempotencyKey?: string;

@@ -1,4 +1,4 @@
-// Client-side tools (SPEC §5): the SDK runs onToolCall and posts its result; the model
+// Client-side tools (docs/tools.md): the SDK runs onToolCall and posts its result; the model
 // resumes. Failures and the per-tool timeout reach the model as error results.
 import assert from "node:assert/strict";
 import { test } from "node:test";

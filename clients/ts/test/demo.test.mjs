@@ -1,4 +1,4 @@
-// The demo of seed 000 through startStream: search, book, an Action object, the reply;
+// The demo request (docs/protocol.md) through startStream: search, book, an Action object, the reply;
 // every callback, in order, with the values the gateway validated.
 import assert from "node:assert/strict";
 import { test } from "node:test";

@@ -131,7 +131,7 @@ class Frame_(Model_):
 
 
 class ContextCompacted(Frame_):
-    """The history sent to the model was compacted to fit its context budget (SPEC §7)."""
+    """The history sent to the model was compacted to fit its budget (docs/context.md)."""
 
     EVENT: ClassVar[str] = "context.compacted"
     phase: int
@@ -155,8 +155,8 @@ class Done(Frame_):
     """Exactly one, always last. ``reason``: stop, length, error, cancelled,
     client_disconnected or shutdown (docs/protocol.md §6); ``usage``: the upstream's token
     counts summed over the stream's calls, or ``{"completion_chunks": n}``. ``workflow``
-    (SPEC §3): a workflow run's summary (its steps, iterations, nudges, rescues); absent for
-    other streams.
+    (docs/protocol.md): a workflow run's summary (its steps, iterations, nudges, rescues);
+    absent for other streams.
     """
 
     EVENT: ClassVar[str] = "done"
@@ -205,7 +205,7 @@ class SchemaViolation(Model_):
 
 
 class Diagnostics(Model_):
-    """Why an END value is degraded: the repair failed (SPEC §4)."""
+    """Why an END value is degraded: the repair failed (docs/protocol.md)."""
 
     error: str
     last_validator_errors: list[SchemaViolation]
@@ -213,9 +213,9 @@ class Diagnostics(Model_):
 
 class JsonEnd(Frame_):
     """The OBJECT frame's END: ``value`` is valid against its schema, ``length`` is the body's
-    UTF-8 bytes. Degraded (the repair failed, SPEC §4): ``value`` is the minimal valid
-    object, with ``diagnostics`` inside it, or beside it (this frame's ``diagnostics``) when
-    the schema has no room for them.
+    UTF-8 bytes. Degraded (the repair failed, docs/protocol.md): ``value`` is the minimal
+    valid object, with ``diagnostics`` inside it, or beside it (this frame's
+    ``diagnostics``) when the schema has no room for them.
     """
 
     EVENT: ClassVar[str] = "json.end"
@@ -239,7 +239,8 @@ class Ping(Frame_):
 class ReasoningDelta(Frame_):
     """The model's reasoning (``<think>…</think>``, or the upstream's own
     ``reasoning_content``), kept apart from its answer. Sent where reasoning is separated:
-    by the OpenAI-compatible proxy, which returns it as ``reasoning_content`` (SPEC §7).
+    by the OpenAI-compatible proxy, which returns it as ``reasoning_content``
+    (docs/proxy.md).
     """
 
     EVENT: ClassVar[str] = "reasoning.delta"
@@ -277,8 +278,8 @@ class ResultEnd(Frame_):
 
 
 class StepNudge(Frame_):
-    """A workflow correction sent to the model (SPEC §7), each tier firmer; ``call_id`` is the
-    tool call it answers, null for a turn without one.
+    """A workflow correction sent to the model (docs/workflows.md), each tier firmer;
+    ``call_id`` is the tool call it answers, null for a turn without one.
     """
 
     EVENT: ClassVar[str] = "step.nudge"
@@ -290,7 +291,7 @@ class StepNudge(Frame_):
 
 class StreamBegin(Frame_):
     """Always the first frame (id 1). ``budget_tokens``: the context budget the gateway chose
-    for a managed model server (SPEC §6), null for a remote upstream.
+    for a managed model server (docs/servers.md), null for a remote upstream.
     """
 
     EVENT: ClassVar[str] = "stream.begin"
@@ -311,8 +312,8 @@ class TextDelta(Frame_):
 class ToolCall(Frame_):
     """A tool call whose END arrived and whose arguments parsed strictly; the model is paused
     until its ``tool.result``. ``needs_approval`` is sent (true) only for a call that waits
-    for ``POST …/approvals/{id}``. ``executor`` and ``rescued`` (SPEC §3) are not sent yet:
-    absent unless set.
+    for ``POST …/approvals/{id}``. ``executor`` and ``rescued`` (docs/protocol.md) are not
+    sent yet: absent unless set.
     """
 
     EVENT: ClassVar[str] = "tool.call"

@@ -1,4 +1,4 @@
-"""Client-side tools (SPEC §5): plain functions, sync or async, that the SDK runs when the
+"""Client-side tools (docs/tools.md): plain functions, sync or async, that the SDK runs when the
 model calls them, posting the result back to the gateway.
 
 The JSON Schema of a tool's arguments comes from, in this order:
