@@ -77,11 +77,13 @@ class TurnHints:
     ``narrowed``: tool -> its input schema with argument-matched arguments reduced to the
     values earlier results hold (None: no such value yet, the tool is left out);
     ``allow_result``: whether the turn may end with a RESULT frame instead of a call;
-    ``free_text``: whether text may come before the call."""
+    ``free_text``: whether text may come before the call; ``tool_choice``: OpenAI's
+    ``tool_choice`` for a backend that takes one (native mode), None to keep the mode's."""
 
     narrowed: Mapping[str, Mapping[str, Any] | None] = field(default_factory=dict)
     allow_result: bool = True
     free_text: bool = True
+    tool_choice: object = None
 
 
 # -- before a turn --------------------------------------------------------------------------

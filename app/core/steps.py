@@ -41,6 +41,7 @@ from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from toolforge.core.compiler import compile_turn
 from toolforge.core.decisions import (
     CONTINUE,
     AfterBatch,
@@ -282,7 +283,8 @@ class WorkflowPolicy:
             workflow.required_steps, workflow.terminal_tools, workflow.prerequisites
         )
         self._errors = ErrorTracker(workflow.max_retries_per_step, workflow.max_tool_errors)
-        self._grounding = Grounding(workflow, schemas or {})
+        self._schemas: Mapping[str, Mapping[str, Any]] = schemas or {}
+        self._grounding = Grounding(workflow, self._schemas)
         self._iterations = 0
         self._nudge_count = 0
         self._rescued = 0
@@ -315,22 +317,15 @@ class WorkflowPolicy:
         return Proceed(messages, self.hints())
 
     def hints(self) -> TurnHints:
-        """This turn's constraints: argument-matched and grounded arguments narrowed
-        (``narrow``), and, once a terminal tool can be called, the steps already done
-        left out; never a RESULT frame, never text before the call."""
-        narrowed: dict[str, Mapping[str, Any] | None] = {}
+        """This turn's constraint (:func:`toolforge.core.compiler.compile_turn`): only the
+        tools legal now, their arguments narrowed to what the run holds (``narrow``);
+        never a RESULT frame, never text before the call."""
         workflow = self._workflow
-        if workflow.narrow:
-            narrowed = self._grounding.narrowed(self._steps.values)
-            if self._steps.tracker.is_satisfied() and any(
-                narrowed.get(t, True) is not None for t in workflow.terminal_tools
-            ):
-                # Every required step is done and a terminal tool can be called: the steps
-                # already done are not offered again (a small model repeats its last call).
-                for tool in self._steps.completed_steps:
-                    if tool not in workflow.terminal_tools:
-                        narrowed[tool] = None
-        return TurnHints(narrowed=narrowed, allow_result=False, free_text=False)
+        narrowed = self._grounding.narrowed(self._steps.values) if workflow.narrow else {}
+        constraint = compile_turn(
+            workflow, narrowed, self._schemas, succeeded=self._steps.completed_steps
+        )
+        return constraint.hints()
 
     def step_hint(self) -> str:
         """The hint a compacted history carries (``[Steps completed: a, b]``)."""

@@ -51,6 +51,7 @@ from typing import Annotated, Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from toolforge.core.provenance import Calls, Results, Source, User, parse_sources, source_doc
 from toolforge.errors import ErrorCode, RequestError
 
 __all__ = [
@@ -124,6 +125,9 @@ class _WorkflowDoc(BaseModel):
     grounded: dict[_NAME, Annotated[list[_ARG], Field(min_length=1, max_length=16)]] = Field(
         default_factory=dict
     )
+    provenance: dict[_NAME, Annotated[dict[_ARG, Any], Field(max_length=64)]] = Field(
+        default_factory=dict, max_length=64
+    )
     instructions: Annotated[str, Field(max_length=8000)] = ""
 
 
@@ -164,6 +168,7 @@ class WorkflowDef:
     rescue: bool = True
     narrow: bool = True
     grounded: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    provenance: Mapping[str, Mapping[str, tuple[Source, ...]]] = field(default_factory=dict)
     instructions: str = ""
     source: str = "request"
 
@@ -197,6 +202,14 @@ class WorkflowDef:
             "rescue": self.rescue,
             "narrow": self.narrow,
             "grounded": {tool: list(args) for tool, args in self.grounded.items()},
+            "provenance": {
+                tool: {
+                    arg: [source_doc(s) for s in sources] if len(sources) > 1
+                    else source_doc(sources[0])
+                    for arg, sources in args.items()
+                }
+                for tool, args in self.provenance.items()
+            },
             "instructions": self.instructions,
             "source": self.source,
         }
@@ -304,6 +317,28 @@ def parse_workflow(
     for tool in parsed.grounded:
         if tool not in listed:
             raise _invalid(source, f"{name}: grounded names {tool!r}, which is not in 'tools'")
+    provenance: dict[str, dict[str, tuple[Source, ...]]] = {}
+    for tool, args in parsed.provenance.items():
+        if tool not in listed:
+            raise _invalid(source, f"{name}: provenance names {tool!r}, which is not in 'tools'")
+        for arg, doc in args.items():
+            try:
+                sources = parse_sources(doc, where=f"provenance.{tool}.{arg}")
+            except ValueError as exc:
+                raise _invalid(source, f"{name}: {exc}") from None
+            for item in sources:
+                if isinstance(item, Results | Calls) and item.tool is not None:
+                    if item.tool not in listed:
+                        raise _invalid(
+                            source,
+                            f"{name}: provenance.{tool}.{arg} takes values from "
+                            f"{item.tool!r}, which is not in 'tools'",
+                        )
+            provenance.setdefault(tool, {})[arg] = sources
+    # ``grounded`` is the older spelling of provenance "user".
+    for tool, args in parsed.grounded.items():
+        for arg in args:
+            provenance.setdefault(tool, {}).setdefault(arg, (User(),))
     return WorkflowDef(
         name=parsed.name,
         tools=tuple(tools),
@@ -320,6 +355,7 @@ def parse_workflow(
         rescue=parsed.rescue,
         narrow=parsed.narrow,
         grounded={tool: tuple(args) for tool, args in parsed.grounded.items()},
+        provenance=provenance,
         instructions=parsed.instructions,
         source=source,
     )

@@ -30,9 +30,12 @@ from typing import Any, Final, Protocol
 import orjson
 
 from toolforge.core.chat import ChatRequest
+from toolforge.core.compiler import clean_schema
 from toolforge.core.engine.completion import RESPOND, CompletionMode, Guards, Nudges
 from toolforge.core.gbnf import decoding_gaps, json_value_grammar
+from toolforge.core.messages import content_text
 from toolforge.core.native_tools import to_openai_tools
+from toolforge.core.provenance import Held, narrow_properties, said_in
 from toolforge.core.schemas import CompiledSchema, compile_schema
 from toolforge.core.workflow import WorkflowDef
 from toolforge.errors import ErrorCode, RequestError
@@ -193,6 +196,7 @@ async def plan_completion(
         descriptions[RESPOND] = _RESPOND_DESCRIPTION
     if forced is not None:
         callable_ = {forced: offered[forced]}
+    narrowed = _narrowed(callable_, req.messages) if guards.provenance else {}
     parallel = req.parallel_tool_calls is not False and forced is None
     max_tokens = req.max_completion_tokens or req.max_tokens
     messages = _messages(req.messages)
@@ -208,7 +212,9 @@ async def plan_completion(
         # functions are described, but no grammar forces a call (rescue reads one).
         if callable_ and (choice != "auto" or mode.offers_respond):
             turn["grammar"] = json_value_grammar(
-                call_schema(callable_, parallel=parallel), max_depth=depth, max_tokens=limit
+                call_schema({**callable_, **narrowed}, parallel=parallel),
+                max_depth=depth,
+                max_tokens=limit,
             )
         if callable_:
             messages = _with_tools_prompt(
@@ -240,7 +246,7 @@ async def plan_completion(
         if callable_ or offered:
             specs = [
                 {"name": name, "description": descriptions.get(name, ""), "input_schema": params}
-                for name, params in {**offered, **callable_}.items()
+                for name, params in {**offered, **callable_, **narrowed}.items()
             ]
             turn["tools"] = to_openai_tools(specs)
             turn["tool_choice"] = _native_choice(choice, forced, mode.offers_respond)
@@ -298,6 +304,11 @@ async def plan_completion(
         "guardrails": dict(guard_record),
         "request_extra": {k: v for k, v in mode.extra.items() if k != "grammar"},
         "grammar": "grammar" in mode.extra,
+        # How the arguments were held to what the user said, and where (docs/proxy.md).
+        "constraint": {
+            "backend": "gbnf" if mode_name == "constrained" else "tools",
+            "narrowed": {name: dict(schema) for name, schema in narrowed.items()},
+        },
         # What the grammar could not hold the model to; validation checks it after.
         "validated_after_decoding": _gaps(
             {**callable_, **({"response_format": answer.schema} if answer else {})}
@@ -389,7 +400,8 @@ def workflow_refusals(req: CompletionAsk) -> str | None:
         (req.stop, "'stop': a stop sequence would cut the workflow's tool calls"),
         (
             not (switches.respond and switches.json_ and switches.reasoning),
-            "'toolforge.guardrails': a workflow takes 'grammar', 'rescue' and 'nudge'; "
+            "'toolforge.guardrails': a workflow takes 'grammar', 'rescue', 'nudge' and "
+            "'provenance'; "
             "'respond', 'json' and 'reasoning' are not switches of a workflow run",
         ),
     )
@@ -417,6 +429,8 @@ async def plan_workflow_completion(
         workflow = dataclasses.replace(workflow, rescue=False)
     if not switches.nudge:
         workflow = dataclasses.replace(workflow, max_retries_per_step=0)
+    if not switches.provenance:
+        workflow = dataclasses.replace(workflow, narrow=False)
     mode = "auto"
     if not switches.grammar and (await planner.probe(req.model)).mode == "constrained":
         mode = "sentinel"
@@ -447,6 +461,25 @@ async def plan_workflow_completion(
         "metadata": req.metadata,
     }
     return plan
+
+
+def _narrowed(
+    functions: Mapping[str, Mapping[str, Any]], messages: Sequence[Mapping[str, Any]]
+) -> dict[str, dict[str, Any]]:
+    """The functions whose arguments the default provenance narrows for a plain request
+    (no workflow): numbers, dates, times and identifiers to what the last user message
+    states, optional arguments nothing provides left out (toolforge.core.provenance).
+    Only changed ones, as a backend reads them (``clean_schema``); ``respond`` is free."""
+    last = next((m for m in reversed(messages) if m.get("role") == "user"), None)
+    held = Held(said=said_in(content_text(last.get("content"), " ") if last else ""))
+    out: dict[str, dict[str, Any]] = {}
+    for name, params in functions.items():
+        if name == RESPOND:
+            continue
+        narrowed = narrow_properties(name, params, {}, held, defaults=True, plain=True)
+        if narrowed is not None and narrowed is not params:
+            out[name] = clean_schema(narrowed)
+    return out
 
 
 def _gaps(schemas: Mapping[str, Any]) -> dict[str, list[str]]:

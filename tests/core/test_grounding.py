@@ -43,7 +43,10 @@ def test_narrowing_leaves_out_a_tool_until_its_values_exist_then_allows_only_the
     p = policy()
     ids = TurnIds("t1", (), "r1")
     hints = p.hints()
-    assert hints.narrowed == {"bookings.create": None} and not hints.allow_result
+    assert hints.narrowed["bookings.create"] is None and not hints.allow_result
+    # The search's optional arguments hold nothing yet: left out, never invented.
+    search = hints.narrowed["places.search"]["properties"]
+    assert search["radius_km"] is False and search["limit"] is False
     g = parse(
         _grammar().for_turn(
             ids, narrowed=hints.narrowed, allow_result=False, free_text=hints.free_text
@@ -66,7 +69,11 @@ def test_narrowing_leaves_out_a_tool_until_its_values_exist_then_allows_only_the
     assert not g.accepts(_call("bookings.create", made_up))
     assert not g.accepts(_call("places.search", '{"query": "pizza"}'))
     # Without narrowing the schema's own slug pattern is all there is.
-    wide = policy(narrow=False).hints()
+    unnarrowed = policy(narrow=False)
+    unnarrowed.begin_turn([])
+    unnarrowed.record("places.search", {"query": "pizza"}, FOUND)
+    unnarrowed.end_batch()
+    wide = unnarrowed.hints()
     g = parse(_grammar().for_turn(ids, narrowed=wide.narrowed, allow_result=False))
     assert g.accepts(_call("bookings.create", made_up))
 
@@ -93,13 +100,17 @@ def test_a_grounded_argument_is_a_few_of_the_users_own_words() -> None:
     # Function words say nothing: "at if", "Find pizza near me" are not offered.
     for said_nothing in ("at if", "a", "Find pizza near me", "book a table"):
         assert not g.accepts(_call("places.search", f'{{"query": "{said_nothing}"}}'))
-    # The later user turns do not change it; the other arguments keep their schema.
+    # The later user turns do not change it; an optional argument nothing provides (the
+    # user's "2" is no radius) is left out.
     p.begin_turn([{"role": "user", "content": "sushi please"}])
     g = parse(_grammar().for_turn(ids, narrowed=p.hints().narrowed, allow_result=False))
-    assert g.accepts(_call("places.search", '{"query": "pizza", "radius_km": 2}'))
+    assert g.accepts(_call("places.search", '{"query": "pizza"}'))
+    assert not g.accepts(_call("places.search", '{"query": "pizza", "radius_km": 2}'))
     assert not g.accepts(_call("places.search", '{"query": "sushi"}'))
-    # narrow: false turns it off; a grounded tool outside the workflow is refused.
-    assert policy(grounded={"places.search": ["query"]}, narrow=False).hints().narrowed == {}
+    # narrow: false turns it off (only the legal tools are left); a grounded tool outside
+    # the workflow is refused.
+    wide = policy(grounded={"places.search": ["query"]}, narrow=False).hints().narrowed
+    assert wide == {"bookings.create": None}
     with pytest.raises(RequestError, match="grounded names 'weather'"):
         workflow(grounded={"weather": ["city"]})
 
@@ -119,7 +130,7 @@ def test_user_words_come_from_the_first_user_message_text_parts_too() -> None:
         ("table for two at 7:30 p.m. or 21:00", ("19:30", "21:00"), (2,)),
         ("12am, 12 PM, noon and midnight", ("00:00", "12:00"), ()),
         ("6 people at 19:00, 3 kids, 0700", ("19:00",), (6, 3, 700)),
-        ("at 13pm or 25:00", (), (25, 0)),  # no such times: the digits are only numbers
+        ("at 13pm or 25:00", (), ()),  # no such times, and no numbers either
         ("ONE table, Eleven guests", (), (1, 11)),
         ("nothing here", (), ()),
     ],
@@ -239,7 +250,7 @@ def test_a_matched_value_whose_call_failed_for_good_is_not_offered_again() -> No
     p.end_batch()
     # None left: the booking is not offered, the search is again (another query).
     assert p.hints().narrowed["bookings.create"] is None
-    assert "places.search" not in p.hints().narrowed
+    assert p.hints().narrowed["places.search"] is not None
 
 
 def orjson_dumps(value: object) -> str:

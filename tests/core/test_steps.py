@@ -267,7 +267,7 @@ def test_the_turn_is_sent_compacted_and_the_summary_keeps_what_was_given() -> No
     history = [{"role": "system", "content": "rules"}, *ASK]
     started = p.begin_turn(history)
     assert isinstance(started, Proceed) and list(started.messages) == ASK
-    assert started.hints is not None and started.hints.narrowed == {"bookings.create": None}
+    assert started.hints is not None and started.hints.narrowed["bookings.create"] is None
     assert seen == [(2, "[No steps completed yet]")]
     assert p.summary().messages == tuple(history) and p.step_hint() == seen[0][1]
 

@@ -93,6 +93,9 @@ class Guards:
     respond: bool = True  # the synthetic respond tool when tools are present
     json: bool = True  # response_format json_schema: valid, repaired once, or degraded
     reasoning: bool = True  # <think>...</think> returned as reasoning_content
+    # arguments held to what the user said (numbers, dates, times, identifiers), optional
+    # ones nothing provides left out (toolforge.core.provenance)
+    provenance: bool = True
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final, Protocol
 
 from toolforge.core.chat import ChatRequest, UpstreamDelta
+from toolforge.core.compiler import clean_schema
 from toolforge.core.decisions import TurnHints
 from toolforge.core.events import FrameKind
 from toolforge.core.framer import BodyClosed, Framer
@@ -306,7 +307,10 @@ class NativeMode:
         tools_left: bool,
         hints: TurnHints | None = None,
     ) -> ChatRequest:
-        return _SENTINEL.turn_request(base, messages, seen_ids=seen_ids, tools_left=tools_left)
+        request = _SENTINEL.turn_request(base, messages, seen_ids=seen_ids, tools_left=tools_left)
+        if hints is None or not isinstance(base.extra.get("tools"), list):
+            return request
+        return dataclasses.replace(request, extra=_native_constraint(base.extra, hints))
 
     def reader(self, limits: ReaderLimits, seen_ids: set[str], turn: int) -> TurnReader:
         return NativeTurnReader(limits, seen_ids, turn)
@@ -376,3 +380,31 @@ def _as_closed(call: AssembledCall) -> BodyClosed:
         error,
         len(call.arguments_text.encode("utf-8")),
     )
+
+
+def _native_constraint(extra: Mapping[str, Any], hints: TurnHints) -> dict[str, Any]:
+    """A workflow's turn constraint for an upstream's own function calling: its ``tools``
+    cut to the legal ones, their parameters narrowed, and ``tool_choice`` naming the one
+    legal tool (or ``required``) while a call is due (toolforge.core.compiler)."""
+    tools: list[Any] = []
+    for tool in extra["tools"]:
+        fn = tool.get("function") if isinstance(tool, Mapping) else None
+        name = fn.get("name") if isinstance(fn, Mapping) else None
+        if name not in hints.narrowed:
+            tools.append(tool)
+            continue
+        schema = hints.narrowed[name]
+        if schema is not None:
+            tools.append({**tool, "function": {**fn, "parameters": clean_schema(schema)}})
+    if not tools:  # nothing callable this turn: no tools at all (an empty list is refused)
+        return {k: v for k, v in extra.items() if k not in ("tools", "tool_choice")}
+    out = {**extra, "tools": tools}
+    if hints.tool_choice is not None:
+        choice = hints.tool_choice
+        named = choice.get("function") if isinstance(choice, Mapping) else None
+        if isinstance(named, Mapping) and not any(
+            t.get("function", {}).get("name") == named.get("name") for t in tools
+        ):
+            choice = "required"  # the legal tool is not the upstream's: any of them
+        out["tool_choice"] = choice
+    return out

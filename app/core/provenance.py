@@ -1,0 +1,630 @@
+"""Argument provenance: where a tool argument's value may come from. No I/O.
+
+A small model asked for an argument makes one up: a city spelled "MADRADAS", a place id no
+search returned, a contact nobody gave. In constrained mode the turn's grammar can refuse
+that, if each argument says which values exist. A workflow declares, per tool and argument,
+where a value comes from (``provenance`` in docs/workflows.md):
+
+    source                      written as                          the values
+    --------------------------  ----------------------------------  ----------------------------
+    the user's words            ``"user"``                          what the user's first message
+                                                                    states, typed by the
+                                                                    argument's schema (below)
+    earlier tools' results      ``"results"``, or                   scalars found in successful
+                                ``{"results": TOOL, "key": K}``     results (under K; by default
+                                                                    under the argument's name)
+    earlier calls' arguments    ``"calls"``, or                     the same argument (or ARG)
+                                ``{"calls": TOOL, "arg": ARG}``     of earlier successful calls
+    the schema alone            ``"schema"``                        anything the schema allows
+
+A list is the union of its sources. What the user said is read by the argument's JSON
+Schema ``type`` and ``format``, the same in every language: an ``integer`` or ``number``
+is a number the message writes in digits (``2``, ``2,5``, ``-3``) or as a number word of
+English, German or French up to twelve; a ``date`` an ISO date, a
+day-first numeric date (``3.12.2026``, ``03/12/2026``) or a day, a month name of those
+languages and a year (``3 décembre 2026``); a ``time`` a time of day (``19:30``,
+``19h30``, ``19 Uhr``, ``7pm``, ``7:30 p.m.``) as ``HH:MM`` (``HH:MM:SS`` and an offset,
+``Z``, where the schema's format asks for one); a ``date-time`` a date and a time of it;
+an identifier (an argument named ``id`` or ``*_id``/``*Id``, or ``format: uuid``) a token
+of the message holding a digit (``T-1001``); any other string 1 to 6 of the message's
+words. Every value offered is checked against the argument's own schema (its pattern,
+bounds, format): a value that would fail validation is never offered.
+
+Where a workflow declares nothing for an argument, a default applies (:func:`default_sources`):
+
+    argument                                    default
+    ------------------------------------------  ---------------------------------------------
+    ``enum``/``const``, boolean, object, array  the schema alone
+    required number, date, time, date-time      the user, earlier results, earlier calls
+    required identifier                         earlier results (under its name or ``id``),
+                                                earlier calls, the user's tokens
+    required plain string                       the schema alone (free text: a resolution, a
+                                                message)
+    optional argument                           earlier results and calls under its name
+                                                only; with nothing there it is left out
+
+A request with no workflow (the OpenAI-compatible proxy's plain requests, switched off by
+its ``provenance`` guardrail) gets the same defaults, except that an optional number, date,
+time or identifier may also come from the user, and an optional plain string keeps its
+schema.
+
+A declared source that holds nothing leaves the tool out of the turn while the argument is
+required (its values do not exist yet: call what produces them first), unless the user is
+one of its sources (the user said nothing for it: its schema decides), and leaves an
+optional argument out; a default that holds nothing leaves a required argument to its
+schema.
+
+:func:`narrow_properties` applies it to one tool's input schema; the workflow policy
+(:mod:`toolforge.core.steps`) and the per-turn compiler (:mod:`toolforge.core.compiler`)
+call it with what the run holds.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final, Literal
+
+from toolforge.core.schemas import compile_schema
+from toolforge.errors import RequestError
+
+__all__ = [
+    "DROPPED",
+    "Calls",
+    "Held",
+    "Results",
+    "Said",
+    "Source",
+    "User",
+    "default_sources",
+    "narrow_properties",
+    "parse_sources",
+    "said_in",
+    "values_under",
+    "words_pattern",
+]
+
+_MAX_VALUES: Final = 64  # values offered per argument (the grammar's enum)
+_MAX_WORDS: Final = 64  # distinct words of the user's message
+_SPAN_WORDS: Final = 6  # a plain string from the user: 1 to this many of their words
+_MAX_TEXT: Final = 8192  # characters of the user's message read (a bound on the scan)
+
+# -- what the user said ------------------------------------------------------------------------
+
+# Words in any script: letters and digits (``\w`` less ``_``), at most 32 characters.
+_WORD: Final = re.compile(r"[^\W_]{1,32}")
+# A token holding a digit: an identifier as people write one ("T-1001", "ORD_77", "a1b2").
+_TOKEN: Final = re.compile(r"[^\W_][\w\-./:#]{0,63}")
+# Function words of the languages the number and month tables know: a plain string made of
+# them says nothing ("for a", "pour le"), and a 135M model picks them (the likeliest
+# tokens), so they are not offered as a grounded string's words. Data, one line a language.
+_FUNCTION_WORDS: Final = frozenset(
+    " ".join(
+        (
+            # English
+            "a about after all also am an and any are as at be been before but by can could "
+            "did do does for from had has have he her him his how i if in into is it its me "
+            "my no nor not of on or our ours she so some than that the their them then there "
+            "these they this those to too us very was we were what when where which while who "
+            "whom why will with would you your please",
+            # German
+            "der die das den dem des ein eine einen einem einer eines und oder aber für fur "
+            "mit von zu zum zur im in am an auf aus bei nach um ich du er sie es wir ihr mir "
+            "mich uns ist sind bin war bitte nicht kein keine was wie wo wann",
+            # French
+            "le la les l un une des du de d et ou mais pour avec sans dans sur sous à au aux "
+            "je tu il elle nous vous ils elles me moi est sont suis pas ne que qui quoi où "
+            "quand comment ce cet cette ces s'il plait svp",
+            # Spanish and Italian
+            "el los las y o para con sin en por que una uno unos unas del al lo il gli e "
+            "per di da con su non",
+        )
+    ).split()
+)
+# Number words up to twelve in English, German and French ("zwei", "deux"); Spanish and
+# Italian ones are left out: "once", "due" and "sei" are words of other languages too.
+_NUMBER_WORDS: Final = {
+    word: value
+    for line in (
+        "zero one two three four five six seven eight nine ten eleven twelve",
+        "null eins zwei drei vier fünf sechs sieben acht neun zehn elf zwölf",
+        "zéro un deux trois quatre cinq six sept huit neuf dix onze douze",
+    )
+    for value, word in enumerate(line.split())
+}
+# "un"/"une" and "eins"' "ein"/"eine" are articles as often as numbers ("einen Tisch"):
+# as English "a", they state no number.
+del _NUMBER_WORDS["un"]
+# Month names (and their usual abbreviations' first three letters), the same languages.
+_MONTHS: Final = {
+    name: month
+    for line in (
+        "january february march april may june july august september october november december",
+        "januar februar märz april mai juni juli august september oktober november dezember",
+        "janvier février mars avril mai juin juillet août septembre octobre novembre décembre",
+        "enero febrero marzo abril mayo junio julio agosto septiembre octubre noviembre diciembre",
+        "gennaio febbraio marzo aprile maggio giugno luglio agosto settembre ottobre novembre "
+        "dicembre",
+    )
+    for month, name in enumerate(line.split(), start=1)
+}
+# Times of day: "19:30", "19h30", "19h", "19 Uhr", "19.30 Uhr", "7pm", "7:30 p.m.", "noon".
+# "7am" and "7 a.m." but not "7 am": German "am" is "on" ("2 am 3.12." is "2 on the 3rd").
+_TIME: Final = re.compile(
+    r"(?<![\w:.])(?:"
+    r"(?P<h12>1[0-2]|0?[1-9])(?:[:.](?P<m12>[0-5]\d))?"
+    r"(?:\s?(?P<half>p)\.?\s?m\b\.?|(?P<am>a)(?:m\b|\.\s?m\b\.?)|\s(?P<am2>a)\.\s?m\b\.?)"
+    r"|(?P<h24>[01]?\d|2[0-3])(?:[:h](?P<m24>[0-5]\d)(?:\s?uhr\b)?"
+    r"|\.(?P<dotted>[0-5]\d)\s?uhr\b|\s?(?:h|uhr)\b)"
+    r"|(?P<named>noon|midnight|midi|minuit|mittag|mitternacht|mediodía|mezzogiorno|mezzanotte)\b"
+    r")(?![\d:])",
+    re.IGNORECASE,
+)
+_NAMED_TIMES: Final = {
+    "noon": 12,
+    "midi": 12,
+    "mittag": 12,
+    "mediodía": 12,
+    "mezzogiorno": 12,
+    "midnight": 0,
+    "minuit": 0,
+    "mitternacht": 0,
+    "mezzanotte": 0,
+}
+_ISO_DATE: Final = re.compile(r"(?<!\d)(\d{4})-(\d{2})-(\d{2})(?!\d)")
+_DAY_FIRST: Final = re.compile(r"(?<![\d.])(\d{1,2})[./](\d{1,2})[./](\d{4})(?!\d)")
+_NAMED_DATE: Final = re.compile(
+    r"(?<!\d)(\d{1,2})(?:st|nd|rd|th|er|\.)?\s+([^\W\d_]{3,12})\.?,?\s+(\d{4})(?!\d)"
+)
+_MONTH_FIRST: Final = re.compile(
+    r"\b([^\W\d_]{3,12})\.?\s+(\d{1,2})(?:st|nd|rd|th)?,?\s+(\d{4})(?!\d)"
+)
+_NUMBER: Final = re.compile(r"(?<![\w.,:/-])(-?\d{1,9}(?:[.,]\d{1,6})?)(?![\w:/]|[.,]\d)")
+
+
+@dataclass(frozen=True, slots=True)
+class Said:
+    """What the user's message states, read once: its words (as written and in lower case,
+    distinct), tokens holding a digit, numbers, times of day (``HH:MM``), dates
+    (``YYYY-MM-DD``). Numbers exclude the parts of times and dates."""
+
+    words: tuple[str, ...] = ()
+    tokens: tuple[str, ...] = ()
+    numbers: tuple[int | float, ...] = ()
+    times: tuple[str, ...] = ()
+    dates: tuple[str, ...] = ()
+
+
+def said_in(text: str) -> Said:
+    """The :class:`Said` of ``text`` (see the module docstring)."""
+    text = text[:_MAX_TEXT]
+    words: dict[str, None] = {}
+    for word in _WORD.findall(text):
+        for form in (word, word.lower()):
+            if len(words) < _MAX_WORDS:
+                words[form] = None
+    dates: dict[str, None] = {}
+    rest = text
+    for pattern, order in ((_ISO_DATE, "ymd"), (_DAY_FIRST, "dmy")):
+        for m in pattern.finditer(text):
+            parts = dict(zip(order, m.groups(), strict=True))
+            found = _date(parts["y"], parts["m"], parts["d"])
+            if found:
+                dates[found] = None
+        rest = pattern.sub(" ", rest)
+    def named(day: int, month: int, year: int) -> Callable[[re.Match[str]], str]:
+        def take(m: re.Match[str]) -> str:
+            number = _MONTHS.get(m[month].lower()) or _month_prefix(m[month])
+            found = _date(m[year], str(number), m[day]) if number else None
+            if found is None:
+                return m[0]  # "3 kids, 0700" is no date: its numbers stay numbers
+            dates[found] = None
+            return " "
+
+        return take
+
+    rest = _NAMED_DATE.sub(named(1, 2, 3), rest)
+    rest = _MONTH_FIRST.sub(named(2, 1, 3), rest)
+    times: dict[str, None] = {}
+    for m in _TIME.finditer(rest):
+        if m["named"]:
+            times[f"{_NAMED_TIMES[m['named'].lower()]:02d}:00"] = None
+            continue
+        if m["h12"]:
+            hour = int(m["h12"]) % 12 + (12 if m["half"] else 0)
+            minute = int(m["m12"] or 0)
+        else:
+            hour, minute = int(m["h24"]), int(m["m24"] or m["dotted"] or 0)
+        times[f"{hour:02d}:{minute:02d}"] = None
+    rest = _TIME.sub(" ", rest)
+    tokens = {
+        t.rstrip(".:/-#"): None
+        for t in _TOKEN.findall(rest)
+        if any(c.isdigit() for c in t) and not _NUMBER.fullmatch(t.rstrip(".:/-#"))
+    }
+    numbers: dict[int | float, None] = {}
+    for m in _NUMBER.finditer(rest):
+        raw = m[1].replace(",", ".")
+        value = float(raw) if "." in raw else int(raw)
+        numbers[int(value) if isinstance(value, float) and value.is_integer() else value] = None
+    for word in _WORD.findall(rest):
+        if (n := _NUMBER_WORDS.get(word.lower())) is not None:
+            numbers[n] = None
+    return Said(
+        words=tuple(words),
+        tokens=tuple(tokens)[:_MAX_WORDS],
+        numbers=tuple(numbers)[:_MAX_VALUES],
+        times=tuple(times)[:_MAX_VALUES],
+        dates=tuple(dates)[:_MAX_VALUES],
+    )
+
+
+def _month_prefix(word: str) -> int | None:
+    """A month named by its first three letters or more ("Dez", "déc", "Sept")."""
+    low = word.lower()
+    if len(low) < 3:
+        return None
+    found = {m for name, m in _MONTHS.items() if name.startswith(low)}
+    return found.pop() if len(found) == 1 else None
+
+
+def _date(year: str, month: str, day: str) -> str | None:
+    y, m, d = int(year), int(month), int(day)
+    if not (1 <= m <= 12 and 1 <= d <= 31 and 1000 <= y <= 9999):
+        return None
+    days = (
+        31,
+        29 if y % 4 == 0 and (y % 100 != 0 or y % 400 == 0) else 28,
+        31,
+        30,
+        31,
+        30,
+        31,
+        31,
+        30,
+        31,
+        30,
+        31,
+    )[m - 1]
+    return f"{y:04d}-{m:02d}-{d:02d}" if d <= days else None
+
+
+def words_pattern(words: Sequence[str]) -> str | None:
+    """A JSON Schema ``pattern`` for 1 to 6 of ``words`` separated by spaces, or None when
+    there are none. Words are letters and digits only: nothing needs escaping."""
+    if not words:
+        return None
+    alternatives = "|".join(words)
+    return f"^({alternatives})( ({alternatives})){{0,{_SPAN_WORDS - 1}}}$"
+
+
+def content_words(said: Said, spent: frozenset[str] | set[str] = frozenset()) -> list[str]:
+    """The user's words a grounded string may use: not a function word, not ``spent``."""
+    return [w for w in said.words if w.lower() not in _FUNCTION_WORDS and w.lower() not in spent]
+
+
+# -- sources -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class User:
+    """The user's first message."""
+
+
+@dataclass(frozen=True, slots=True)
+class Results:
+    """Scalars in earlier successful results: of ``tool`` (None: any), under ``key``
+    (None: the argument's own name)."""
+
+    tool: str | None = None
+    key: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Calls:
+    """Earlier successful calls' arguments: of ``tool`` (None: any), named ``arg`` (None:
+    the argument's own name)."""
+
+    tool: str | None = None
+    arg: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Anything:
+    """The schema alone: no narrowing."""
+
+
+Source = User | Results | Calls | Anything
+_NAMED: Final[Mapping[str, Source]] = {
+    "user": User(),
+    "results": Results(),
+    "calls": Calls(),
+    "schema": Anything(),
+}
+
+
+def parse_sources(doc: object, *, where: str) -> tuple[Source, ...]:
+    """A declaration (a name, a ``{"results"|"calls": ...}`` object, or a list of them) as
+    sources; ``ValueError`` naming ``where`` and the problem."""
+    items = doc if isinstance(doc, list) else [doc]
+    if not items:
+        raise ValueError(f"{where}: an empty list declares no source")
+    out: list[Source] = []
+    for item in items:
+        if isinstance(item, str):
+            if item not in _NAMED:
+                raise ValueError(f"{where}: unknown source {item!r}; one of {', '.join(_NAMED)}")
+            out.append(_NAMED[item])
+        elif isinstance(item, Mapping) and set(item) in ({"results"}, {"results", "key"}):
+            out.append(Results(_name(item["results"], where), _opt(item.get("key"), where)))
+        elif isinstance(item, Mapping) and set(item) in ({"calls"}, {"calls", "arg"}):
+            out.append(Calls(_name(item["calls"], where), _opt(item.get("arg"), where)))
+        else:
+            raise ValueError(
+                f"{where}: a source is 'user', 'results', 'calls', 'schema', "
+                '{"results": TOOL, "key": KEY} or {"calls": TOOL, "arg": ARG}'
+            )
+    return tuple(out)
+
+
+def _name(value: object, where: str) -> str:
+    if not isinstance(value, str) or not 1 <= len(value) <= 64:
+        raise ValueError(f"{where}: a tool name is a string of 1 to 64 characters")
+    return value
+
+
+def _opt(value: object, where: str) -> str | None:
+    return None if value is None else _name(value, where)
+
+
+def source_doc(source: Source) -> object:
+    """A source as its declaration (``GET /v1/workflows``)."""
+    match source:
+        case User():
+            return "user"
+        case Anything():
+            return "schema"
+        case Results(None, None):
+            return "results"
+        case Calls(None, None):
+            return "calls"
+        case Results(tool, key):
+            return {"results": tool, **({"key": key} if key else {})}
+        case Calls(tool, arg):
+            return {"calls": tool, **({"arg": arg} if arg else {})}
+
+
+# -- what the run holds --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Held:
+    """What a run holds when a turn is compiled: the user's :class:`Said`, the words spent
+    (a grounded call whose result led nowhere), and the successful calls so far, in order:
+    (tool, arguments, result data)."""
+
+    said: Said = field(default_factory=Said)
+    calls: tuple[tuple[str, object, object], ...] = ()
+    spent: frozenset[str] = frozenset()
+
+
+def values_under(data: object, key: str, depth: int = 0) -> Iterator[object]:
+    """Scalar values stored under ``key`` anywhere in ``data`` (JSON-like)."""
+    if depth > 16:
+        return
+    if isinstance(data, Mapping):
+        for k, v in data.items():
+            if k == key and isinstance(v, str | int | float) and not isinstance(v, bool):
+                yield v
+            elif isinstance(v, Mapping | list):
+                yield from values_under(v, key, depth + 1)
+    elif isinstance(data, list):
+        for item in data:
+            yield from values_under(item, key, depth + 1)
+
+
+# -- narrowing ---------------------------------------------------------------------------------
+
+Kind = Literal["integer", "number", "date", "time", "date-time", "id", "string", "other"]
+_ID_NAME: Final = re.compile(r"(?:^|_)id$|[a-z]Id$|^ID$|(?:^|_)ID$")
+
+
+def kind_of(name: str, prop: Mapping[str, Any]) -> Kind:
+    """How an argument's values are read: by its type and format (and, for identifiers,
+    its name)."""
+    if "enum" in prop or "const" in prop:
+        return "other"
+    kind = prop.get("type", "string" if "pattern" in prop or "format" in prop else None)
+    if kind == "integer":
+        return "integer"
+    if kind == "number":
+        return "number"
+    if kind != "string":
+        return "other"
+    fmt = prop.get("format")
+    if fmt in ("date", "time", "date-time"):
+        return fmt  # type: ignore[return-value]
+    if fmt == "uuid" or _ID_NAME.search(name):
+        return "id"
+    return "string"
+
+
+def default_sources(
+    name: str, prop: Mapping[str, Any], *, required: bool, plain: bool = False
+) -> tuple[Source, ...]:
+    """The sources of an argument a workflow declares nothing for (the module docstring's
+    table); ``()``: the schema alone. ``plain``: a request with no workflow, whose optional
+    numbers, dates, times and identifiers may also come from the user, and whose optional
+    plain strings keep their schema."""
+    kind = kind_of(name, prop)
+    if kind == "other":
+        return ()
+    if not required and plain:
+        return () if kind == "string" else (User(), Results(), Calls())
+    if not required:
+        return (Results(), Calls())
+    if kind in ("integer", "number", "date", "time", "date-time"):
+        return (User(), Results(), Calls())
+    if kind == "id":
+        return (Results(), Results(key="id"), Calls(), User())
+    return ()
+
+
+DROPPED: Final = False  # an optional argument with nothing to offer: out of the schema
+
+
+def narrow_properties(
+    tool: str,
+    schema: Mapping[str, Any],
+    declared: Mapping[str, tuple[Source, ...]],
+    held: Held,
+    *,
+    defaults: bool,
+    plain: bool = False,
+) -> Mapping[str, Any] | None:
+    """``schema`` (a tool's input schema) with each argument held to its sources, or None
+    when a required argument's declared sources hold nothing yet (the tool cannot be
+    called this turn). ``declared``: argument -> sources; ``defaults``: apply
+    :func:`default_sources` to the others."""
+    props = schema.get("properties")
+    if not isinstance(props, Mapping):
+        return schema
+    required = schema.get("required")
+    must = set(required) if isinstance(required, list) else set()
+    changed: dict[str, Any] = {}
+    for arg, prop in props.items():
+        if not isinstance(prop, Mapping):
+            continue
+        sources = declared.get(arg)
+        is_declared = sources is not None
+        if sources is None:
+            if not defaults:
+                continue
+            sources = default_sources(arg, _non_null(prop), required=arg in must, plain=plain)
+        if not sources or any(isinstance(s, Anything) for s in sources):
+            continue
+        narrowed = _narrow(tool, arg, prop, sources, held)
+        if narrowed is None:
+            continue
+        if narrowed is DROPPED:
+            if arg in must:
+                if is_declared and not any(isinstance(s, User) for s in sources):
+                    return None  # its values come from a call not made yet
+                continue  # the user said nothing for it: the schema decides
+            changed[arg] = False
+            continue
+        changed[arg] = narrowed
+    if not changed:
+        return schema
+    return {**schema, "properties": {**props, **changed}}
+
+
+def _non_null(prop: Mapping[str, Any]) -> Mapping[str, Any]:
+    """An optional value's own schema: ``anyOf: [X, {"type": "null"}]`` is X (pydantic's
+    ``X | None``)."""
+    branches = prop.get("anyOf")
+    if isinstance(branches, list):
+        real = [b for b in branches if isinstance(b, Mapping) and b.get("type") != "null"]
+        if len(real) == 1:
+            return {**{k: v for k, v in prop.items() if k != "anyOf"}, **real[0]}
+    return prop
+
+
+def _narrow(
+    tool: str, arg: str, prop: Mapping[str, Any], sources: tuple[Source, ...], held: Held
+) -> Mapping[str, Any] | bool | None:
+    """The argument's schema this turn: an ``enum`` of its values (and, for a plain string
+    from the user, their words), DROPPED when its sources hold nothing, None to keep it."""
+    own = _non_null(prop)
+    kind = kind_of(arg, own)
+    if kind == "other":
+        return None
+    check = _checker(tool, arg, own)
+    if check is None:
+        return None
+    values: dict[str, object] = {}
+    words: str | None = None
+
+    def offer(value: object) -> None:
+        if len(values) < _MAX_VALUES and _key(value) not in values and check(value):
+            values[_key(value)] = value
+
+    for source in sources:
+        match source:
+            case User():
+                for value in _from_user(kind, own, held.said):
+                    offer(value)
+                if kind == "string" and "pattern" not in own and "format" not in own:
+                    words = words_pattern(content_words(held.said, held.spent))
+            case Results(tool=of, key=key):
+                for name, _args, data in held.calls:
+                    if of is None or name == of:
+                        for value in values_under(data, key or arg):
+                            offer(_typed(kind, value))
+            case Calls(tool=of, arg=name_of):
+                for name, args, _data in held.calls:
+                    if (of is None or name == of) and isinstance(args, Mapping):
+                        value = args.get(name_of or arg)
+                        if value is not None:
+                            offer(_typed(kind, value))
+            case Anything():
+                return None
+    enum = list(values.values())
+    if words is not None:
+        pattern = {"type": "string", "pattern": words}
+        if "maxLength" in own:
+            pattern["maxLength"] = own["maxLength"]
+        return {"anyOf": [{"enum": enum}, pattern]} if enum else pattern
+    if not enum:
+        return DROPPED
+    return {"enum": enum}
+
+
+def _key(value: object) -> str:
+    return f"{type(value).__name__}:{value}"
+
+
+def _typed(kind: Kind, value: object) -> object:
+    """A held value as the argument's type: a number written as a string in a result
+    (``"24"``) is a number for a number argument, and a number an identifier's string."""
+    if kind in ("integer", "number") and isinstance(value, str):
+        try:
+            number = float(value.replace(",", "."))
+        except ValueError:
+            return value
+        return int(number) if number.is_integer() else number
+    if kind in ("id", "string", "date", "time", "date-time") and isinstance(value, int | float):
+        return str(value)
+    return value
+
+
+def _from_user(kind: Kind, prop: Mapping[str, Any], said: Said) -> Iterator[object]:
+    """The user's values for an argument of ``kind``, in each rendering its format may take
+    (the schema's check picks the ones it accepts)."""
+    if kind in ("integer", "number"):
+        yield from said.numbers
+    elif kind == "time" or (kind == "string" and "pattern" in prop):
+        for t in said.times:
+            yield from (t, f"{t}:00", f"{t}:00Z")
+        if kind == "string":
+            yield from said.dates
+            yield from said.tokens
+            yield from said.words
+    elif kind == "date":
+        yield from said.dates
+    elif kind == "date-time":
+        for d in said.dates:
+            for t in said.times:
+                yield from (f"{d}T{t}:00", f"{d}T{t}:00Z")
+    elif kind == "id":
+        yield from said.tokens
+
+
+def _checker(tool: str, arg: str, prop: Mapping[str, Any]) -> Any:
+    """The argument's own schema as a check (patterns run by the project's engine), or
+    None when it cannot be compiled alone (a ``$ref`` into the tool's schema)."""
+    try:
+        return compile_schema(prop, name=f"{tool}.{arg}", fallback=False).is_valid
+    except RequestError:
+        return None

@@ -1,0 +1,180 @@
+"""The per-turn compiler (toolforge.core.compiler), pure, as tables: for a workflow state,
+which tools are legal, and what each backend's constraint admits — the GBNF (checked with
+the test GBNF matcher), the JSON Schema, and the native tools with their tool_choice."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import pytest
+from jsonschema import Draft202012Validator
+
+from tests.core.gbnf_matcher import parse
+from toolforge.core.chat import ChatRequest
+from toolforge.core.compiler import compile_turn
+from toolforge.core.engine.modes import NativeMode
+from toolforge.core.events import FrameKind
+from toolforge.core.gbnf import FrameGrammar, TurnIds
+from toolforge.core.native_tools import to_openai_tools
+from toolforge.core.protocol import sentinels
+from toolforge.core.steps import WorkflowPolicy
+from toolforge.core.workflow import parse_workflow
+
+
+def _obj(**props: Any) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "properties": props,
+        "required": list(props),
+        "additionalProperties": False,
+    }
+
+
+SCHEMAS: dict[str, dict[str, Any]] = {
+    "read_ticket": _obj(ticket_id={"type": "string"}),
+    "classify_ticket": _obj(ticket_id={"type": "string"}, category={"type": "string"}),
+    "close_ticket": _obj(ticket_id={"type": "string"}, resolution={"type": "string"}),
+    "lookup_kb": _obj(query={"type": "string"}),
+    "notify": _obj(message={"type": "string"}),
+}
+TICKETS = parse_workflow(
+    {
+        "name": "tickets",
+        "tools": list(SCHEMAS),
+        "required_steps": ["read_ticket", "classify_ticket"],
+        "terminal_tools": ["close_ticket"],
+        "prerequisites": {"notify": ["lookup_kb"]},
+    },
+    known_tools=list(SCHEMAS),
+)
+
+
+@pytest.mark.parametrize(
+    ("succeeded", "legal"),
+    [
+        # In order: only the first required step; the terminal waits; notify needs the kb.
+        ((), ["read_ticket", "lookup_kb"]),
+        (("read_ticket",), ["classify_ticket", "lookup_kb"]),
+        (("lookup_kb",), ["read_ticket", "lookup_kb", "notify"]),
+        # Every step done: the end is open, and what was done leaves the choice.
+        (("read_ticket", "classify_ticket"), ["close_ticket", "lookup_kb"]),
+        (("read_ticket", "classify_ticket", "lookup_kb"), ["close_ticket", "notify"]),
+    ],
+)
+def test_only_the_tools_legal_now_are_offered(succeeded: tuple[str, ...], legal: list[str]) -> None:
+    constraint = compile_turn(TICKETS, {}, SCHEMAS, succeeded=succeeded)
+    assert list(constraint.tools) == legal
+    assert set(constraint.left_out) == set(SCHEMAS) - set(legal)
+    assert constraint.call_required
+
+
+def test_a_done_step_comes_back_while_the_end_cannot_be_called() -> None:
+    # The terminal tool needs a value no call produced (narrowed to None): the steps done
+    # are offered again, so the run can make that value.
+    narrowed = {"close_ticket": None}
+    done = ("read_ticket", "classify_ticket", "lookup_kb")
+    constraint = compile_turn(TICKETS, narrowed, SCHEMAS, succeeded=done)
+    assert list(constraint.tools) == ["read_ticket", "classify_ticket", "lookup_kb", "notify"]
+    # Nothing legal at all (every tool narrowed away but one done step): the callable ones.
+    only = {t: None for t in SCHEMAS if t != "read_ticket"}
+    constraint = compile_turn(TICKETS, only, SCHEMAS, succeeded=("read_ticket",))
+    assert list(constraint.tools) == ["read_ticket"]
+
+
+def _call(name: str, args: dict[str, Any]) -> str:
+    return sentinels.frame(FrameKind.TOOL_CALL, "t1", name, orjson.dumps(args).decode())
+
+
+WEATHER = {
+    "get_weather": _obj(city={"type": "string"}),
+    "report_weather": _obj(
+        city={"type": "string"}, condition={"type": "string"}, temp_c={"type": "integer"}
+    ),
+}
+
+
+def _weather_policy() -> WorkflowPolicy:
+    wf = parse_workflow(
+        {
+            "name": "weather",
+            "tools": list(WEATHER),
+            "required_steps": ["get_weather"],
+            "terminal_tools": ["report_weather"],
+            "provenance": {"get_weather": {"city": "user"}},
+        },
+        known_tools=list(WEATHER),
+    )
+    return WorkflowPolicy(wf, schemas=WEATHER)
+
+
+def test_the_grammar_admits_the_legal_call_with_grounded_arguments_only() -> None:
+    grammar = FrameGrammar(tools=WEATHER, result=("R", {"type": "object"}), max_tokens=256)
+    ids = TurnIds("t1", (), "r1")
+    p = _weather_policy()
+    p.begin_turn([{"role": "user", "content": "What is the weather in Madrid right now?"}])
+
+    def admits(name: str, args: dict[str, Any]) -> bool:
+        hints = p.hints()
+        g = parse(
+            grammar.for_turn(
+                ids,
+                narrowed=hints.narrowed,
+                allow_result=hints.allow_result,
+                free_text=hints.free_text,
+            )
+        )
+        return g.accepts(_call(name, args))
+
+    assert admits("get_weather", {"city": "Madrid"})
+    assert not admits("get_weather", {"city": "MADRADAS"})  # a value nobody said
+    assert not admits("report_weather", {"city": "Madrid", "condition": "x", "temp_c": 1})
+    p.record("get_weather", {"city": "Madrid"}, {"ok": True, "data": {"temp_c": 24}})
+    p.end_batch()
+    good = {"city": "Madrid", "condition": "sunny", "temp_c": 24}
+    assert admits("report_weather", good)
+    assert not admits("report_weather", {**good, "temp_c": 25})  # no result held 25
+    assert not admits("get_weather", {"city": "Madrid"})  # done: the end is open
+
+
+def test_the_json_schema_and_tool_choice_say_the_same() -> None:
+    p = _weather_policy()
+    p.begin_turn([{"role": "user", "content": "Weather in Madrid?"}])
+    p.record("get_weather", {"city": "Madrid"}, {"ok": True, "data": {"temp_c": 24}})
+    p.end_batch()
+    constraint = compile_turn(
+        p._workflow,  # noqa: SLF001 (the policy's own definition)
+        p._grounding.narrowed(p._steps.values),  # noqa: SLF001
+        WEATHER,
+        succeeded=("get_weather",),
+    )
+    check = Draft202012Validator(constraint.json_schema())
+    good = {"city": "Madrid", "condition": "sunny", "temp_c": 24}
+    assert check.is_valid({"name": "report_weather", "arguments": good})
+    assert not check.is_valid({"name": "report_weather", "arguments": {**good, "temp_c": 3}})
+    assert not check.is_valid({"name": "get_weather", "arguments": {"city": "Madrid"}})
+    assert constraint.tool_choice() == {
+        "type": "function",
+        "function": {"name": "report_weather"},
+    }
+
+
+def test_native_mode_sends_the_legal_tools_narrowed_and_names_the_one_to_call() -> None:
+    p = _weather_policy()
+    proceed = p.begin_turn([{"role": "user", "content": "Weather in Madrid?"}])
+    hints = proceed.hints  # type: ignore[union-attr]
+    specs = [{"name": n, "description": "", "input_schema": s} for n, s in WEATHER.items()]
+    base = ChatRequest(
+        model="m",
+        messages=[],
+        extra={"tools": to_openai_tools(specs), "tool_choice": "auto"},
+    )
+    sent = NativeMode().turn_request(base, [], seen_ids=set(), tools_left=True, hints=hints)
+    tools = sent.extra["tools"]
+    assert [t["function"]["name"] for t in tools] == ["get_weather"]
+    city = tools[0]["function"]["parameters"]["properties"]["city"]
+    assert "Madrid" in city["pattern"]
+    assert sent.extra["tool_choice"] == {"type": "function", "function": {"name": "get_weather"}}
+    # Without hints (a plain stream), the plan's tools go as they are.
+    plain = NativeMode().turn_request(base, [], seen_ids=set(), tools_left=True)
+    assert plain.extra == base.extra
