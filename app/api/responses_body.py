@@ -154,6 +154,8 @@ class ResponsesRequest(BaseModel):
             for name, why in REFUSED.items():
                 if data.get(name) not in _EMPTY:
                     raise ValueError(f"'{name}' is not supported: {why}")
+            # Sent empty (the Agents SDK sends 'include': []), they ask for nothing.
+            return {k: v for k, v in data.items() if k not in REFUSED}
         return data
 
     @model_validator(mode="after")

@@ -30,7 +30,7 @@ WEATHER = {
     },
 }
 
-_EVENTS: dict[str, type[BaseModel]] = {
+EVENT_TYPES: dict[str, type[BaseModel]] = {
     "response.created": spec.ResponseCreatedStreamingEvent,
     "response.in_progress": spec.ResponseInProgressStreamingEvent,
     "response.completed": spec.ResponseCompletedStreamingEvent,
@@ -64,7 +64,7 @@ def valid_events(events: list[Any]) -> list[dict[str, Any]]:
     from 0 with no gap, one terminal event last."""
     dumped = [e.model_dump(mode="json", exclude_unset=True) for e in events]
     for event in dumped:
-        _EVENTS[event["type"]].model_validate(event)
+        EVENT_TYPES[event["type"]].model_validate(event)
     assert [e["sequence_number"] for e in dumped] == list(range(len(dumped)))
     terminal = {"response.completed", "response.failed", "response.incomplete"}
     assert [e["type"] in terminal for e in dumped].count(True) == 1
