@@ -272,7 +272,8 @@ def _event_source_front(app: Any) -> Any:
 
     from sse_starlette import EventSourceResponse
 
-    from toolforge.api.routes import _parse, read_body
+    from toolforge.api.body import parse_stream_request as _parse
+    from toolforge.api.body import read_body
 
     async def front(scope: Any, receive: Any, send: Any) -> None:
         if not (scope["type"] == "http" and scope["path"] == "/v1/stream"):

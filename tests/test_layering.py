@@ -4,7 +4,12 @@ way (api -> runtime -> upstream -> core)."""
 from __future__ import annotations
 
 import ast
+import asyncio
+import collections
+import contextlib
+import functools
 import socket
+import types
 from pathlib import Path
 
 import pytest
@@ -90,3 +95,93 @@ def test_tests_cannot_leave_the_machine() -> None:
             sock.connect(("192.0.2.1", 9))  # TEST-NET-1: never routed
     finally:
         sock.close()
+
+
+# -- runtime never calls up into api, not even through a callback --------------------------
+
+_LEAVES = (str, bytes, int, float, bool, type(None), type, types.ModuleType)
+
+
+def api_callbacks(root: object, limit: int = 200_000) -> list[str]:
+    """Every function of ``toolforge.api`` reachable from ``root`` through what runtime
+    objects hold: their attributes, containers, closures, partials, bound methods and the
+    frames of their tasks. Functions' globals are not followed (every module reaches
+    every other through them); classes and modules are leaves."""
+    found: list[str] = []
+    seen: set[int] = set()
+    todo: list[object] = [root]
+    while todo and len(seen) < limit:
+        obj = todo.pop()
+        if id(obj) in seen or isinstance(obj, _LEAVES):
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, types.FunctionType):
+            if obj.__module__.startswith("toolforge.api"):
+                found.append(f"{obj.__module__}.{obj.__qualname__}")
+            todo.extend(c.cell_contents for c in obj.__closure__ or () if _filled(c))
+            todo.extend(obj.__defaults__ or ())
+        elif isinstance(obj, types.MethodType):
+            todo.extend((obj.__func__, obj.__self__))
+        elif isinstance(obj, functools.partial):
+            todo.extend((obj.func, *obj.args, *obj.keywords.values()))
+        elif isinstance(obj, dict):
+            todo.extend(obj.keys())
+            todo.extend(obj.values())
+        elif isinstance(obj, (list, tuple, set, frozenset, collections.deque)):
+            todo.extend(obj)
+        elif isinstance(obj, asyncio.Future):
+            if isinstance(obj, asyncio.Task):
+                coro = obj.get_coro()
+                frame = getattr(coro, "cr_frame", None)
+                if frame is not None:
+                    todo.extend(frame.f_locals.values())
+            todo.extend(cb for cb, _ in getattr(obj, "_callbacks", None) or ())
+        elif type(obj).__module__.startswith(("toolforge.runtime", "toolforge.core")):
+            todo.extend(vars(obj).values() if hasattr(obj, "__dict__") else ())
+            for cls in type(obj).__mro__:
+                for name in getattr(cls, "__slots__", ()):
+                    if hasattr(obj, name):
+                        todo.append(getattr(obj, name))
+    return found
+
+
+def _filled(cell: types.CellType) -> bool:
+    try:
+        cell.cell_contents  # noqa: B018
+    except ValueError:
+        return False
+    return True
+
+
+def test_the_callback_walk_sees_a_route_function_handed_to_runtime() -> None:
+    from toolforge.runtime.streams import StreamRegistry
+
+    def route(*_: object) -> None: ...
+
+    route.__module__ = "toolforge.api.routes"
+    registry = StreamRegistry(resume_ttl_s=1)
+    registry.on_command = functools.partial(route, "bound")  # type: ignore[attr-defined]
+    assert api_callbacks(registry) == ["toolforge.api.routes." + route.__qualname__]
+
+
+async def test_no_runtime_object_holds_an_api_callback_once_the_app_has_started(
+    tmp_path: Path,
+) -> None:
+    """The whole runtime side of a started gateway, with Redis configured (its command
+    handler registered; Redis need not answer for that): nothing of ``toolforge.api``."""
+    from tests.replicas.conftest import free_port
+    from toolforge.eval.loopback import start_gateway
+
+    async with contextlib.AsyncExitStack() as stack:
+        gw = await start_gateway(
+            stack,
+            tmp_path / "artifacts",
+            (),
+            redis_url=f"redis://127.0.0.1:{free_port()}/0",
+            redis_timeout_ms=100,
+        )
+        streams = gw.gateway.streams
+        assert streams.cluster is not None
+        assert streams.cluster.commands._handler is not None  # registered at start-up
+        assert api_callbacks(streams) == []
+        assert api_callbacks(gw.gateway.planner) == []

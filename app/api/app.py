@@ -8,11 +8,12 @@ artifacts before the upstream client goes away.
 from __future__ import annotations
 
 import asyncio
-import functools
 import gc
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from importlib.resources import files
+from typing import Any
 
 import anyio
 import httpx
@@ -23,13 +24,14 @@ from pydantic import BaseModel
 
 from toolforge import __version__
 from toolforge.api.auth import Access, KeyRing, key_secrets, load_keys
+from toolforge.api.body import ClientGone
 from toolforge.api.deps import Gateway
 from toolforge.api.fastpath import GatewayApp
 from toolforge.api.openapi import install_openapi
 from toolforge.api.proxy import router as proxy_router
 from toolforge.api.request_guard import RequestGuard
 from toolforge.api.responses import router as responses_router
-from toolforge.api.routes import ClientGone, local_command, router
+from toolforge.api.routes import router
 from toolforge.api.runs import router as runs_router
 from toolforge.api.server_limits import ServerLimits
 from toolforge.api.servers import router as servers_router
@@ -37,7 +39,7 @@ from toolforge.api.web import install_web
 from toolforge.core.context import ContextPolicy
 from toolforge.core.engine.completion import Nudges
 from toolforge.core.redact import redact, remember_secrets, url_credentials
-from toolforge.core.schemas import builtin_registry
+from toolforge.core.schemas import SchemaRegistry, builtin_registry
 from toolforge.core.steps import WorkflowNudges
 from toolforge.core.tools import AskModel, ToolRegistry
 from toolforge.core.workflow import WorkflowCaps
@@ -45,7 +47,7 @@ from toolforge.errors import ErrorCode, RequestError, ServerError, ToolForgeErro
 from toolforge.log import BACKEND_SETUP, configure_logging, get_logger
 from toolforge.runtime.artifacts import ArtifactStore
 from toolforge.runtime.backends import Backend, BackendConfig, start_embedded, start_ollama
-from toolforge.runtime.cluster import RedisCluster, RedisGate, RedisRateLimiter
+from toolforge.runtime.cluster import RedisCluster, RedisRateLimiter
 from toolforge.runtime.context import context_policy, reported_n_ctx
 from toolforge.runtime.executor import ToolExecutor
 from toolforge.runtime.local_backend import LOCAL_MODELS
@@ -56,6 +58,7 @@ from toolforge.runtime.planner import PlannerConfig, SessionLimits, StreamPlanne
 from toolforge.runtime.ratelimit import FailureThrottle, MemoryRateLimiter, RateLimiter
 from toolforge.runtime.readiness import ReadinessCheck, readiness_request
 from toolforge.runtime.servers import ServerManager
+from toolforge.runtime.stream_service import SessionParts, Streams
 from toolforge.runtime.streams import StreamRegistry
 from toolforge.runtime.tracing import tracing_from_env
 from toolforge.runtime.workflows import bundled_workflows_dir, load_workflows
@@ -109,6 +112,7 @@ def session_limits(settings: Settings) -> SessionLimits:
         frame_timeout_s=settings.frame_timeout_ms / 1000,
         repair_retries=settings.repair_retries,
         client_tool_timeout_s=settings.client_tool_timeout_ms / 1000,
+        disconnect_grace_s=settings.disconnect_grace_ms / 1000,
     )
 
 
@@ -268,6 +272,206 @@ def log_json(settings: Settings) -> bool | None:
     return settings.log_format == "json"
 
 
+@dataclass(frozen=True, slots=True)
+class _Prompts:
+    """The prompt files every stream's planning reads (prompts/, package data)."""
+
+    system: str
+    repair: str
+    proxy_tools: str
+    workflow: str
+    workflow_nudges: WorkflowNudges
+    proxy_nudges: Nudges
+
+    @classmethod
+    def load(cls) -> _Prompts:
+        def text(name: str) -> str:
+            return (PROMPTS_DIR / f"{name}.txt").read_text(encoding="utf-8")
+
+        return cls(
+            system=text("system"),
+            repair=text("repair"),
+            proxy_tools=text("proxy_tools"),
+            workflow=text("workflow"),
+            workflow_nudges=load_workflow_nudges(),
+            proxy_nudges=Nudges(
+                **{
+                    kind: text(f"proxy_nudge_{kind}").strip()
+                    for kind in ("required", "unknown", "invalid")
+                }
+            ),
+        )
+
+
+def _upstream_timeout(settings: Settings) -> httpx.Timeout:
+    return httpx.Timeout(
+        connect=settings.upstream_connect_timeout_s,
+        read=None,  # first-byte and idle timeouts are enforced per read by the adapter
+        write=settings.upstream_connect_timeout_s,
+        pool=settings.upstream_connect_timeout_s,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _Upstream:
+    """The upstream as it runs: the adapter, and the managed server behind it, if any."""
+
+    settings: Settings  # as they really are once it runs (a managed server's URL, model)
+    adapter: Upstream
+    servers: ServerManager | None = None
+    backend: Backend | None = None
+
+
+async def _upstream(
+    settings: Settings, client: httpx.AsyncClient, upstream: Upstream | None
+) -> _Upstream:
+    """The upstream adapter: the one handed in, a managed server's (the embedded
+    llama-server, or a model on Ollama) or the remote one; with the settings as they
+    really are once it runs, and the server manager and backend when there are some."""
+    if upstream is not None:
+        return _Upstream(settings, upstream)
+    if settings.upstream_base_url is not None and settings.upstream_kind != "ollama":
+        return _Upstream(settings, remote_upstream(settings, client))
+    manager = ServerManager(
+        client,
+        settings.artifacts_dir / "servers",
+        start_timeout_s=settings.server_start_timeout_s,
+        nice=settings.llama_nice,
+    )
+    try:
+        backend = await _start_backend(settings, client, manager)
+    except BaseException:
+        await manager.aclose()
+        raise
+    effective = settings.model_copy(update=_pointed_at(settings, backend))
+    return _Upstream(effective, backend.upstream, manager, backend)
+
+
+def _gateway_model(model_id: str, upstream: Upstream, repair_template: str) -> AskModel:
+    """The gateway's own model, for tools that ask it a question (task_analysis)."""
+
+    async def ask(prompt: str, schema: type[BaseModel]) -> tuple[BaseModel, bool]:
+        answer = await ask_json(
+            upstream, model=model_id, prompt=prompt, schema=schema, repair_template=repair_template
+        )
+        return answer.value, answer.degraded
+
+    return ask
+
+
+async def _gateway(
+    settings: Settings,
+    up: _Upstream,
+    client: httpx.AsyncClient,
+    tool_registry: ToolRegistry,
+    cluster: RedisCluster | None,
+    metrics: GatewayMetrics,
+    prompts: _Prompts,
+) -> Gateway:
+    """The gateway: its streams (tools, artifacts, the other replicas), its planner, its
+    schemas and metrics."""
+    effective, backend = up.settings, up.backend
+    executor = ToolExecutor(
+        tool_registry,
+        concurrency=settings.tool_concurrency,
+        default_timeout_s=settings.tool_timeout_ms / 1000,
+        gate=None if cluster is None else cluster.gate(settings.tool_concurrency),
+    )
+    tracing = tracing_from_env()  # OTEL_* variables; None: off
+    if tracing is not None:
+        tracing.server_url = effective.upstream_base_url
+    metrics.know_models([effective.model_id])  # the managed model's own name
+    metrics.know_tools(executor.registry.names())
+    registry = StreamRegistry(resume_ttl_s=settings.resume_ttl_s)
+    metrics.watch_queues(frames=registry.frames_buffered, tools=lambda: executor.queue_depth)
+    parts = SessionParts(
+        upstream=up.adapter,
+        limits=session_limits(effective),
+        # docs/protocol.md: each tool's own redaction list too.
+        artifacts=ArtifactStore(
+            settings.artifacts_dir,
+            tool_redact_keys={t.name: t.redact_keys for t in executor.registry},
+            max_age_s=settings.artifacts_max_age_s,
+            max_bytes=settings.artifacts_max_bytes,
+        ),
+        metrics=metrics,
+        executor=executor,
+        repair_template=prompts.repair,
+        tracing=tracing,
+    )
+    schemas = builtin_registry()
+    context = await _context_policy(settings, up.adapter, backend)
+    budget = backend.decision.to_dict() if backend is not None else None
+    return Gateway(
+        settings=effective,
+        client=client,
+        streams=Streams(parts, registry, cluster),
+        planner=_planner(settings, effective, client, schemas, executor, prompts, context, budget),
+        schemas=schemas,
+        metrics=metrics,
+        proxy_tools_template=prompts.proxy_tools,
+        proxy_nudges=prompts.proxy_nudges,
+        servers=up.servers,
+        backend=backend,
+    )
+
+
+def _planner(
+    settings: Settings,
+    effective: Settings,
+    client: httpx.AsyncClient,
+    schemas: SchemaRegistry,
+    executor: ToolExecutor,
+    prompts: _Prompts,
+    context: ContextPolicy | None,
+    budget: dict[str, Any] | None = None,
+) -> StreamPlanner:
+    """The planner of every stream: a request -> a StreamPlan."""
+    return StreamPlanner(
+        PlannerConfig(
+            model_id=effective.model_id,
+            upstream_kind=effective.upstream_kind,
+            upstream_base_url=effective.upstream_base_url,
+            upstream_api_key=effective.upstream_api_key,
+            max_json_depth=effective.max_json_depth,
+            mode_cache_models=effective.mode_cache_models,
+        ),
+        client=client,
+        schemas=schemas,
+        tools=executor.registry,
+        system_template=prompts.system,
+        budget=budget,
+        context=context,
+        workflows=load_workflows(
+            settings.workflows_dir or bundled_workflows_dir(),
+            known_tools=executor.registry.names(),
+            skip_unavailable=settings.workflows_dir is None,
+        ),
+        workflow_nudges=prompts.workflow_nudges,
+        workflow_template=prompts.workflow,
+        inline_caps=WorkflowCaps(
+            max_iterations=settings.inline_workflow_max_iterations,
+            max_tool_calls=settings.inline_workflow_max_tool_calls,
+            max_budget_tokens=settings.inline_workflow_max_budget_tokens,
+        ),
+    )
+
+
+def _readiness(settings: Settings, up: _Upstream, client: httpx.AsyncClient) -> ReadinessCheck:
+    """``/readyz``'s check of the upstream the settings name (its dialect's request)."""
+    return ReadinessCheck(
+        client,
+        readiness_request(
+            up.settings.upstream_kind,
+            up.settings.upstream_base_url,
+            api_key=up.settings.upstream_api_key,
+            anthropic_version=up.settings.anthropic_version,
+        ),
+        ttl_s=settings.readyz_cache_s,
+        shown=repr(up.adapter),
+    )
+
+
 def create_app(
     settings: Settings | None = None,
     *,
@@ -296,186 +500,61 @@ def create_app(
     # Model labels: the configured model and METRICS_MODELS; any other name is "other".
     extra_models = (m.strip() for m in (settings.metrics_models or "").split(","))
     metrics = GatewayMetrics(models=[settings.model_id, *(m for m in extra_models if m)])
-    system_template = (PROMPTS_DIR / "system.txt").read_text(encoding="utf-8")
-    repair_template = (PROMPTS_DIR / "repair.txt").read_text(encoding="utf-8")
-    proxy_tools_template = (PROMPTS_DIR / "proxy_tools.txt").read_text(encoding="utf-8")
-    workflow_template = (PROMPTS_DIR / "workflow.txt").read_text(encoding="utf-8")
-    workflow_nudges = load_workflow_nudges()
-    proxy_nudges = Nudges(
-        **{
-            kind: (PROMPTS_DIR / f"proxy_nudge_{kind}.txt").read_text(encoding="utf-8").strip()
-            for kind in ("required", "unknown", "invalid")
-        }
-    )
+    prompts = _Prompts.load()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        timeout = httpx.Timeout(
-            connect=settings.upstream_connect_timeout_s,
-            read=None,  # first-byte and idle timeouts are enforced per read by the adapter
-            write=settings.upstream_connect_timeout_s,
-            pool=settings.upstream_connect_timeout_s,
-        )
         # The lean transport (httptools under httpx's API): one Python step per socket
         # read instead of one per HTTP chunk, and a fraction of httpcore's cost per
         # request (app/upstream/transport.py, bench/RESULTS.md). With preconnect, a spare
         # connection replaces one the upstream closed, ahead of the next request.
         transport = LeanTransport(limits=DEFAULT_LIMITS, preconnect=settings.upstream_preconnect)
-        async with UpstreamClient(timeout=timeout, transport=transport) as client:
-            effective, adapter = settings, upstream
-            manager: ServerManager | None = None
-            backend: Backend | None = None
-            if adapter is None and (
-                settings.upstream_base_url is None or settings.upstream_kind == "ollama"
-            ):
-                manager = ServerManager(
-                    client,
-                    settings.artifacts_dir / "servers",
-                    start_timeout_s=settings.server_start_timeout_s,
-                    nice=settings.llama_nice,
-                )
-                try:
-                    backend = await _start_backend(settings, client, manager)
-                except BaseException:
-                    await manager.aclose()
-                    raise
-                adapter = backend.upstream
-                effective = settings.model_copy(update=_pointed_at(settings, backend))
-            elif adapter is None:
-                adapter = remote_upstream(settings, client)
-            registry = StreamRegistry(resume_ttl_s=settings.resume_ttl_s)
-            # Tool sources (docs/tools.md): the packs of TOOL_PACKS, then the MCP servers'
-            # tools, all checked against the tool rules (docs/tools.md); a broken one stops the
-            # start-up.
-            model_id, model_upstream = effective.model_id, adapter
-
-            async def ask_model(prompt: str, schema: type[BaseModel]) -> tuple[BaseModel, bool]:
-                answer = await ask_json(
-                    model_upstream,
-                    model=model_id,
-                    prompt=prompt,
-                    schema=schema,
-                    repair_template=repair_template,
-                )
-                return answer.value, answer.degraded
-
+        async with UpstreamClient(
+            timeout=_upstream_timeout(settings), transport=transport
+        ) as client:
+            up = await _upstream(settings, client, upstream)
             try:
-                tool_registry, mcp_sources = await _tool_sources(settings, tools, ask_model)
+                # Tool sources (docs/tools.md): the packs of TOOL_PACKS, then the MCP
+                # servers' tools, all checked against the rules; a broken one stops it.
+                ask = _gateway_model(up.settings.model_id, up.adapter, prompts.repair)
+                tool_registry, mcp_sources = await _tool_sources(settings, tools, ask)
+                cluster = _cluster(settings)  # None unless REDIS_URL is set
+                gateway = await _gateway(
+                    settings, up, client, tool_registry, cluster, metrics, prompts
+                )
             except BaseException:
-                if manager is not None:
-                    await manager.aclose()
+                if up.servers is not None:
+                    await up.servers.aclose()
                 raise
             app.state.mcp_sources = mcp_sources
-            cluster = _cluster(settings)  # None unless REDIS_URL is set (docs/deployment.md)
             access = getattr(app, "access", None)
-            if cluster is not None and access is not None and limiter is None:
-                # Per-key limits shared by every replica: Redis counts the windows and
-                # streams (a limiter handed in by the caller is kept as given).
-                access.limiter = RedisRateLimiter(cluster)
-            executor = ToolExecutor(
-                tool_registry,
-                concurrency=settings.tool_concurrency,
-                default_timeout_s=settings.tool_timeout_ms / 1000,
-                gate=None if cluster is None else RedisGate(cluster, settings.tool_concurrency),
-            )
-            schemas = builtin_registry()
-            tracing = tracing_from_env()  # OTEL_* variables; None: off
-            if tracing is not None:
-                tracing.server_url = effective.upstream_base_url
-            metrics.know_models([effective.model_id])  # the managed model's own name
-            metrics.know_tools(executor.registry.names())
             if access is not None:
-                access.sessions = registry  # where a stream slot's stream is found
-            app.state.readiness = ReadinessCheck(
-                client,
-                readiness_request(
-                    effective.upstream_kind,
-                    effective.upstream_base_url,
-                    api_key=effective.upstream_api_key,
-                    anthropic_version=effective.anthropic_version,
-                ),
-                ttl_s=settings.readyz_cache_s,
-                shown=repr(adapter),
-            )
-            metrics.watch_queues(
-                frames=registry.frames_buffered, tools=lambda: executor.queue_depth
-            )
-            app.state.gateway = Gateway(
-                settings=effective,
-                upstream=adapter,
-                client=client,
-                registry=registry,
-                metrics=metrics,
-                executor=executor,
-                schemas=schemas,
-                planner=StreamPlanner(
-                    PlannerConfig(
-                        model_id=effective.model_id,
-                        upstream_kind=effective.upstream_kind,
-                        upstream_base_url=effective.upstream_base_url,
-                        upstream_api_key=effective.upstream_api_key,
-                        max_json_depth=effective.max_json_depth,
-                        mode_cache_models=effective.mode_cache_models,
-                    ),
-                    client=client,
-                    schemas=schemas,
-                    tools=executor.registry,
-                    system_template=system_template,
-                    budget=backend.decision.to_dict() if backend is not None else None,
-                    context=await _context_policy(settings, adapter, backend),
-                    workflows=load_workflows(
-                        settings.workflows_dir or bundled_workflows_dir(),
-                        known_tools=executor.registry.names(),
-                        skip_unavailable=settings.workflows_dir is None,
-                    ),
-                    workflow_nudges=workflow_nudges,
-                    workflow_template=workflow_template,
-                    inline_caps=WorkflowCaps(
-                        max_iterations=settings.inline_workflow_max_iterations,
-                        max_tool_calls=settings.inline_workflow_max_tool_calls,
-                        max_budget_tokens=settings.inline_workflow_max_budget_tokens,
-                    ),
-                ),
-                repair_template=repair_template,
-                # docs/protocol.md: each tool's own redaction list too.
-                artifacts=ArtifactStore(
-                    settings.artifacts_dir,
-                    tool_redact_keys={t.name: t.redact_keys for t in executor.registry},
-                    max_age_s=settings.artifacts_max_age_s,
-                    max_bytes=settings.artifacts_max_bytes,
-                ),
-                limits=session_limits(effective),
-                servers=manager,
-                backend=backend,
-                proxy_tools_template=proxy_tools_template,
-                proxy_nudges=proxy_nudges,
-                cluster=cluster,
-                tracing=tracing,
-            )
-            if cluster is not None:
-                gateway = app.state.gateway
-                await cluster.start(functools.partial(local_command, gateway))
+                access.sessions = gateway.registry  # where a stream slot's stream is found
+                if cluster is not None and limiter is None:
+                    # Per-key limits shared by every replica (a limiter handed in is kept).
+                    access.limiter = RedisRateLimiter(cluster)
+            app.state.readiness = _readiness(settings, up, client)
+            app.state.gateway = gateway
+            await gateway.streams.start()  # joins the other replicas, with Redis
             # Everything built so far lives as long as the app: out of the collector's
             # sight, so that the collections that run while streams are served (some in
             # the middle of a request) walk only what requests allocate.
             gc.freeze()
             if on_ready is not None:
-                on_ready(effective)
+                on_ready(up.settings)
             # Artifact retention and the runs index's reconciliation, off the request path.
-            retention = asyncio.create_task(app.state.gateway.artifacts.maintain())
+            retention = asyncio.create_task(gateway.artifacts.maintain())
             try:
                 yield
             finally:
                 retention.cancel()
-                await registry.aclose()  # streams end (done, artifacts) before servers stop
+                await gateway.streams.aclose()  # streams end (done, artifacts), then Redis
                 if mcp_sources is not None:
                     await mcp_sources.aclose()
-                if cluster is not None:
-                    await cluster.aclose()  # after the streams: their last frames flushed
-                if manager is not None:
-                    await manager.aclose()
-                if tracing is not None:
-                    await anyio.to_thread.run_sync(tracing.shutdown)  # flush the last spans
+                if up.servers is not None:
+                    await up.servers.aclose()
+                if gateway.streams.parts.tracing is not None:  # flush the last spans
+                    await anyio.to_thread.run_sync(gateway.streams.parts.tracing.shutdown)
 
     app = GatewayApp(
         title="ToolForge",

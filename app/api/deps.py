@@ -15,11 +15,11 @@ from toolforge.runtime.backends import Backend
 from toolforge.runtime.cluster import RedisCluster
 from toolforge.runtime.executor import ToolExecutor
 from toolforge.runtime.metrics import GatewayMetrics
-from toolforge.runtime.planner import SessionLimits, StreamPlan, StreamPlanner
+from toolforge.runtime.planner import StreamPlan, StreamPlanner
 from toolforge.runtime.servers import ServerManager
 from toolforge.runtime.session import StreamSession
+from toolforge.runtime.stream_service import Streams
 from toolforge.runtime.streams import StreamRegistry
-from toolforge.runtime.tracing import Tracing
 from toolforge.settings import Settings
 from toolforge.upstream.base import Upstream
 
@@ -28,44 +28,48 @@ __all__ = ["Gateway", "GatewayDep", "get_gateway"]
 
 @dataclass(slots=True)
 class Gateway:
-    """Everything the app owns for its lifetime (built in the lifespan, closed there)."""
+    """What the routes reach for, built in the lifespan and closed there: the settings,
+    the streams (started, found and commanded through :class:`Streams`), the planner, the
+    schemas, the metrics, and the proxy's prompts."""
 
     settings: Settings
-    upstream: Upstream
-    client: httpx.AsyncClient
-    registry: StreamRegistry
-    metrics: GatewayMetrics
-    executor: ToolExecutor
+    client: httpx.AsyncClient  # the upstream HTTP client (the managed servers use it too)
+    streams: Streams
+    planner: StreamPlanner  # a request -> a StreamPlan (mode, shape, prompt, grammar)
     schemas: SchemaRegistry
-    planner: StreamPlanner  # the body of POST /v1/stream -> a StreamPlan (mode, shape, ...)
-    repair_template: str
-    artifacts: ArtifactStore
-    limits: SessionLimits  # from the settings, for every stream
-    # docs/servers.md: the managed servers (embedded llama-server, Ollama models) and the backend
-    # started on them with its budget decision; None for a plain remote upstream.
-    servers: ServerManager | None = None
-    backend: Backend | None = None
+    metrics: GatewayMetrics
     # The OpenAI-compatible proxy's prompts (prompts/proxy_*.txt, docs/proxy.md).
     proxy_tools_template: str = ""
     proxy_nudges: Nudges = field(default_factory=Nudges)
-    # docs/deployment.md: the state shared with other replicas, when REDIS_URL is set; None (the
-    # default) keeps everything in this process.
-    cluster: RedisCluster | None = None
-    # OpenTelemetry traces (toolforge.runtime.tracing): None unless OTEL_* ask for them.
-    tracing: Tracing | None = None
+    # docs/servers.md: the managed servers (embedded llama-server, Ollama models) and the
+    # backend started on them with its budget decision; None for a plain remote upstream.
+    servers: ServerManager | None = None
+    backend: Backend | None = None
+
+    @property
+    def registry(self) -> StreamRegistry:
+        return self.streams.registry
+
+    @property
+    def cluster(self) -> RedisCluster | None:
+        """The state shared with other replicas, when REDIS_URL is set (docs/deployment.md)."""
+        return self.streams.cluster
+
+    @property
+    def executor(self) -> ToolExecutor:
+        return self.streams.parts.executor
+
+    @property
+    def upstream(self) -> Upstream:
+        return self.streams.parts.upstream
+
+    @property
+    def artifacts(self) -> ArtifactStore:
+        return self.streams.parts.artifacts
 
     def session(self, plan: StreamPlan) -> StreamSession:
         """A new stream for ``plan``, with everything the app owns (not started)."""
-        return StreamSession(
-            plan,
-            upstream=self.upstream,
-            limits=self.limits,
-            artifacts=self.artifacts.run(plan.stream_id),
-            metrics=self.metrics,
-            executor=self.executor,
-            repair_template=self.repair_template,
-            tracing=self.tracing,
-        )
+        return self.streams.parts.session(plan)
 
 
 async def get_gateway(request: Request) -> Gateway:

@@ -40,9 +40,10 @@ from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from toolforge.api.auth import SCOPE_KEY, Access, ApiKey, RateLimited
+from toolforge.api.body import ClientGone, read_body
 from toolforge.api.proxy import complete, openai_error
 from toolforge.api.request_guard import RequestGuard
-from toolforge.api.routes import ClientGone, read_body, start_stream
+from toolforge.api.routes import start_stream
 from toolforge.api.server_limits import ServerLimits
 from toolforge.errors import ErrorCode, ToolForgeError
 from toolforge.log import STREAM_INTERNAL_ERROR, get_logger

@@ -1,5 +1,4 @@
-"""The OpenAI-compatible proxy (docs/proxy.md): ``POST /v1/chat/completions`` and ``GET
-/v1/models``.
+"""The OpenAI-compatible proxy (docs/proxy.md): ``POST /v1/chat/completions``, ``/v1/models``.
 
 Thin, like every route: parse the body (OpenAI's error shape for every refusal), plan it
 (:func:`toolforge.runtime.completion_plan.plan_completion`), start a
@@ -13,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import secrets
 import time
 from typing import Any, Final
 
@@ -24,16 +22,18 @@ from pydantic import ValidationError
 from starlette.types import Receive
 
 from toolforge.api.auth import ApiKey, allowed_tools, check_workflow, own, request_key
+from toolforge.api.body import read_body
 from toolforge.api.deps import Gateway, GatewayDep
 from toolforge.api.json_depth import check_depth
 from toolforge.api.models import ChatCompletionRequest
-from toolforge.api.routes import read_body
 from toolforge.api.sse import FrameStreamResponse
 from toolforge.core.protocol.openai import ChunkWriter, CompletionBuilder, error_body
 from toolforge.errors import ErrorCode, RequestError, ToolForgeError
 from toolforge.runtime.completion_plan import plan_completion, plan_workflow_completion
 from toolforge.runtime.frame_log import decode_events
+from toolforge.runtime.planner import StreamPlan
 from toolforge.runtime.session import StreamSession
+from toolforge.runtime.stream_service import Started
 
 __all__ = ["complete", "openai_error", "router"]
 
@@ -118,41 +118,46 @@ async def complete(
         req = _parse(body, gw.settings.max_request_depth)
         if key is not None and req.toolforge.server_tools:
             allowed_tools(key, req.toolforge.server_tools, ())
-        stream_id = "s_" + secrets.token_hex(10)
         workflow = req.toolforge.workflow
-        if workflow is not None:  # the gateway runs it; the answer is its result
-            plan = await plan_workflow_completion(
-                gw.planner,
-                req,
-                stream_id,
-                check_workflow(key, gw.planner.resolve_workflow(workflow)),
-            )
-        else:
-            plan = await plan_completion(
-                gw.planner,
-                req,
-                stream_id,
-                tools_template=gw.proxy_tools_template,
-                nudges=gw.proxy_nudges,
-            )
+        run = (
+            None if workflow is None else check_workflow(key, gw.planner.resolve_workflow(workflow))
+        )
+
+        async def plan(stream_id: str) -> StreamPlan:
+            if run is not None:  # the gateway runs it; the answer is its result
+                built = await plan_workflow_completion(gw.planner, req, stream_id, run)
+            else:
+                built = await plan_completion(
+                    gw.planner,
+                    req,
+                    stream_id,
+                    tools_template=gw.proxy_tools_template,
+                    nudges=gw.proxy_nudges,
+                )
+            own(built, key)
+            return built
+
+        # The same start as every stream's: resumable on any replica, with Redis.
+        opened = await gw.streams.open(
+            plan, owner=None if key is None else key.name, primary=req.stream
+        )
     except ToolForgeError as exc:
         return openai_error(exc)
-    runs_workflow = plan.workflow is not None
-    own(plan, key)
-    session = gw.session(plan)
+    assert isinstance(opened, Started)  # no Idempotency-Key here: nothing to replay
+    session = opened.session
+    stream_plan = session.plan
+    stream_id = session.id
+    runs_workflow = stream_plan.workflow is not None
     completion_id = "chatcmpl-" + stream_id[2:]
     created = int(time.time())
-    mode = plan.mode.name
+    mode = stream_plan.mode.name
     headers = {
         "X-ToolForge-Mode": mode,
         "X-ToolForge-Guardrails": ",".join(
-            k for k, on in plan.prompt_record["guardrails"].items() if on
+            k for k, on in stream_plan.prompt_record["guardrails"].items() if on
         ),
     }
     if req.stream:
-        session.log.attach_primary()  # backpressure from the first frame on
-        gw.registry.start(session)
-        await asyncio.sleep(0)  # the upstream request goes out first (TTFT)
         writer = ChunkWriter(
             stream_id=stream_id,
             completion_id=completion_id,
@@ -170,7 +175,6 @@ async def complete(
             encoder=_with_role(writer),
             ping=_COMMENT_PING,
         )
-    gw.registry.start(session)
     await _until_done(session, receive)
     builder = CompletionBuilder(
         stream_id=stream_id,

@@ -36,6 +36,7 @@ from typing import Any
 import orjson
 
 from toolforge.core.protocol.frames import Frame, decode, encode_frame
+from toolforge.core.protocol.sse_blocks import parse_block
 
 __all__ = ["FrameLog", "decode_events", "decode_frames"]
 
@@ -210,10 +211,8 @@ def decode_events(encoded: Iterable[bytes]) -> Iterator[tuple[str, dict[str, Any
     """Each frame's event name and JSON object, as sent (``encode_frame``'s output read
     back): what the artifacts record."""
     for raw in encoded:
-        # b"id: N\nevent: NAME\ndata: JSON\n\n": the event name has no newline, and
-        # the JSON none either (orjson escapes control characters).
-        _, event, data = raw.split(b"\n", 2)
-        yield event[7:].decode(), orjson.loads(data[6:])
+        _, event, data = parse_block(raw)
+        yield event.decode(), orjson.loads(data)
 
 
 def decode_frames(encoded: Iterable[bytes]) -> Iterator[Frame]:

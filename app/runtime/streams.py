@@ -72,13 +72,37 @@ class StreamRegistry:
     def get(self, stream_id: str) -> StreamSession:
         session = self.find(stream_id)
         if session is None:
-            raise RequestError(
-                ErrorCode.NOT_FOUND,
-                f"no stream {stream_id!r}: it never existed or ended more than "
-                f"{self._ttl:.0f} s ago (RESUME_TTL_S)",
-                http_status=404,
-            )
+            raise self.not_found(stream_id)
         return session
+
+    def not_found(self, stream_id: str) -> RequestError:
+        """No stream ``stream_id`` here, nor (the caller has asked) on another replica."""
+        return RequestError(
+            ErrorCode.NOT_FOUND,
+            f"no stream {stream_id!r}: it never existed or ended more than "
+            f"{self._ttl:.0f} s ago (RESUME_TTL_S)",
+            http_status=404,
+        )
+
+    @staticmethod
+    def key_reused() -> RequestError:
+        """The same Idempotency-Key with another body."""
+        return RequestError(
+            ErrorCode.IDEMPOTENCY_KEY_REUSED,
+            "this Idempotency-Key was used with a different request body; "
+            "use a new key for a new request",
+            http_status=422,
+        )
+
+    @staticmethod
+    def in_flight(stream_id: str) -> RequestError:
+        """The same Idempotency-Key while its stream still runs."""
+        return RequestError(
+            ErrorCode.IDEMPOTENCY_IN_FLIGHT,
+            f"the request with this Idempotency-Key is still streaming as "
+            f"{stream_id!r}; resume it with GET /v1/streams/{stream_id}",
+            http_status=409,
+        )
 
     def replay_for(self, key: str, body_hash: str) -> StreamSession | None:
         """The stored stream for ``key``, or None if the key is new. 409 / 422 as above."""
@@ -87,22 +111,12 @@ class StreamRegistry:
         if record is None:
             return None
         if record.body_hash != body_hash:
-            raise RequestError(
-                ErrorCode.IDEMPOTENCY_KEY_REUSED,
-                "this Idempotency-Key was used with a different request body; "
-                "use a new key for a new request",
-                http_status=422,
-            )
+            raise self.key_reused()
         session = self._sessions.get(record.stream_id)
         if session is None or self._expired(session, self._clock()):
             return None  # the stored stream expired with its key: a new stream starts
         if session.running:
-            raise RequestError(
-                ErrorCode.IDEMPOTENCY_IN_FLIGHT,
-                f"the request with this Idempotency-Key is still streaming as "
-                f"{session.id!r}; resume it with GET /v1/streams/{session.id}",
-                http_status=409,
-            )
+            raise self.in_flight(session.id)
         return session
 
     def start(

@@ -72,6 +72,38 @@ async def test_a_stream_started_on_a_resumes_on_b_exactly_once(replicas: Replica
     assert [(e.id, e.event, e.data) for e in again] == [(e.id, e.event, e.data) for e in whole[3:]]
 
 
+async def test_a_proxy_stream_started_on_a_resumes_on_b(replicas: ReplicaFactory) -> None:
+    """``POST /v1/chat/completions`` starts its stream the way ``/v1/stream`` does: B
+    serves it from the resume buffer while A still streams it, frame for frame."""
+    a, b = await replicas()
+    request = {
+        "model": "slow:60:5",
+        "messages": [{"role": "user", "content": "x"}],
+        "stream": True,
+    }
+    async with a.client.stream("POST", f"{a.url}/v1/chat/completions", json=request) as answer:
+        assert answer.status_code == 200
+        stream_id = answer.headers["x-stream-id"]
+        chunks = answer.aiter_lines()
+        first = [line async for line in _take(chunks, 4)]  # the proxy stream is under way
+        assert any(line.startswith("data: ") for line in first)
+        resumed = await b.resume(stream_id, "0")  # live on A, read through B
+        rest = [line async for line in chunks]
+    assert_whole(resumed)
+    assert resumed[0].data["stream_id"] == stream_id
+    assert text_of(resumed) == words(60)
+    assert resumed[-1].data["reason"] == "stop"
+    assert rest[-2:] == ["data: [DONE]", ""] or "data: [DONE]" in rest
+    # A stream B does not run, started by a key-less client of A: B takes its cancel too.
+    again = await b.client.post(f"{b.url}/v1/streams/{stream_id}/cancel")
+    assert again.status_code == 200 and again.json()["cancelled"] is False
+
+
+async def _take(lines: Any, n: int) -> Any:
+    for _ in range(n):
+        yield await anext(lines)
+
+
 async def test_an_unknown_stream_is_a_404_on_every_replica(replicas: ReplicaFactory) -> None:
     a, b = await replicas()
     for replica in (a, b):
@@ -386,8 +418,8 @@ async def test_a_replica_stopped_mid_stream_leaves_its_end_in_the_buffer(
     assert whole[-1].data["reason"] == "shutdown"
 
 
-async def _noop(op: str, stream_id: str, payload: dict[str, Any]) -> tuple[int, dict[str, Any]]:
-    return 404, {}
+async def _noop(stream_id: str, command: dict[str, Any]) -> dict[str, Any]:
+    return {}
 
 
 async def test_the_global_tool_slots_are_served_in_arrival_order_across_replicas(
@@ -397,34 +429,34 @@ async def test_the_global_tool_slots_are_served_in_arrival_order_across_replicas
     await one.start(_noop)
     await two.start(_noop)
     try:
-        held = await one.sem_acquire(1)
+        held = await one.slots.acquire(1)
         assert held is not None
         order: list[str] = []
 
         async def wait(cluster: RedisCluster, name: str) -> None:
-            token = await cluster.sem_acquire(1)
+            token = await cluster.slots.acquire(1)
             assert token is not None
             order.append(name)
             await asyncio.sleep(0.05)
-            cluster.sem_release(token)
+            cluster.slots.release(token)
 
         waiters = []
         for cluster, name in [(two, "first"), (one, "second"), (two, "third")]:
             waiters.append(asyncio.create_task(wait(cluster, name)))
             await asyncio.sleep(0.05)  # queued in this order
         assert order == []
-        one.sem_release(held)
+        one.slots.release(held)
         await asyncio.wait_for(asyncio.gather(*waiters), 5)
         assert order == ["first", "second", "third"]
         # A waiter cancelled while queued leaves the queue: the next one is not stuck.
-        held = await one.sem_acquire(1)
+        held = await one.slots.acquire(1)
         assert held is not None
-        stuck = asyncio.create_task(two.sem_acquire(1))
+        stuck = asyncio.create_task(two.slots.acquire(1))
         await asyncio.sleep(0.05)
         stuck.cancel()
         await asyncio.gather(stuck, return_exceptions=True)
-        later = asyncio.create_task(two.sem_acquire(1))
-        one.sem_release(held)
+        later = asyncio.create_task(two.slots.acquire(1))
+        one.slots.release(held)
         assert await asyncio.wait_for(later, 2) is not None
     finally:
         await one.aclose()
@@ -437,7 +469,8 @@ async def test_an_idempotency_key_is_claimed_once_across_replicas(
     one, two = two_clusters(redis_server.url)
     try:
         claims = await asyncio.gather(
-            one.claim("k", "hash-a", "s_one"), two.claim("k", "hash-b", "s_two")
+            one.idempotency.claim("k", "hash-a", "s_one"),
+            two.idempotency.claim("k", "hash-b", "s_two"),
         )
         winner = [c for c in claims if c is None]
         assert len(winner) == 1
@@ -450,7 +483,6 @@ async def test_an_idempotency_key_is_claimed_once_across_replicas(
 
 async def test_without_redis_a_tool_slot_falls_back_to_the_replica_s_own_gate() -> None:
     from tests.replicas.conftest import free_port
-    from toolforge.runtime.cluster import RedisGate
 
     cluster = RedisCluster(
         f"redis://127.0.0.1:{free_port()}/0",  # nothing listens there
@@ -459,7 +491,7 @@ async def test_without_redis_a_tool_slot_falls_back_to_the_replica_s_own_gate() 
         replica_ttl_s=1,
         resume_ttl_s=1,
     )
-    gate = RedisGate(cluster, 2)
+    gate = cluster.gate(2)
     try:
         t0 = time.perf_counter()
         await gate.acquire()
@@ -475,7 +507,7 @@ async def test_without_redis_a_tool_slot_falls_back_to_the_replica_s_own_gate() 
         gate.release()
         assert gate.active == 0
         with pytest.raises(RedisUnavailable) as caught:
-            await cluster.claim("k", "h", "s_x")
+            await cluster.idempotency.claim("k", "h", "s_x")
         assert caught.value.http_status == 503
         assert caught.value.to_dict()["code"] == "REDIS_UNAVAILABLE"
     finally:

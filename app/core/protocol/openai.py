@@ -46,6 +46,7 @@ from toolforge.core.protocol.frames import (
     TOOL_CALL,
     TOOL_RESULT,
 )
+from toolforge.core.protocol.sse_blocks import block_events
 from toolforge.core.workflow import RESPOND
 
 __all__ = ["DONE_LINE", "ChunkWriter", "CompletionBuilder", "error_body", "finish_reason"]
@@ -207,18 +208,12 @@ class ChunkWriter:
         """The chunks for one batch of encoded frames (several ``id/event/data`` blocks)."""
         out: list[bytes] = []
         text = self._answer is None  # a workflow's text between calls is not the answer
-        for block in encoded.split(b"\n\n"):
-            if not block:
-                continue
-            # b"id: N\nevent: NAME\ndata: JSON": no newline inside the JSON (orjson
-            # escapes control characters).
-            _, event_line, data_line = block.split(b"\n", 2)
-            event = event_line[7:]
+        for event, data in block_events(encoded):
             if event == b"text.delta":  # the per-token path: {"chunk":"..."} spliced in
                 if text:
-                    out.append(self._text_head + data_line[15:-1] + self._text_tail)
+                    out.append(self._text_head + data[9:-1] + self._text_tail)
                 continue
-            out.append(self.frame(event.decode(), orjson.loads(data_line[6:])))
+            out.append(self.frame(event.decode(), orjson.loads(data)))
         return b"".join(out)
 
     def frame(self, event: str, data: Mapping[str, Any]) -> bytes:

@@ -1,0 +1,132 @@
+"""This replica's connection to Redis: the bounded pool, every call's timeout, the Lua
+scripts (``lua/*.lua``, package data), and the background tasks the cluster owns."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import secrets
+import time
+from collections.abc import Coroutine
+from importlib.resources import files
+from typing import Any, Final
+
+import redis.asyncio as aioredis
+from redis.commands.core import AsyncScript
+from redis.exceptions import RedisError
+
+from toolforge.errors import ErrorCode, ToolForgeError
+from toolforge.log import get_logger
+
+__all__ = ["BLOCK_MS", "Connection", "RedisUnavailable"]
+
+log = get_logger("toolforge.runtime.cluster")
+
+# How long a resuming reader blocks on the buffer before it checks the owner is alive.
+BLOCK_MS: Final = 500
+
+
+class RedisUnavailable(ToolForgeError):
+    """``REDIS_URL`` is set and Redis did not answer within ``REDIS_TIMEOUT_MS``."""
+
+    http_status = 503
+    retryable = True
+
+    def __init__(self, what: str, cause: BaseException | None = None) -> None:
+        why = f" ({type(cause).__name__})" if cause is not None else ""
+        super().__init__(
+            ErrorCode.REDIS_UNAVAILABLE,
+            f"Redis (REDIS_URL) did not answer{why}, and {what} needs it; retry shortly, "
+            "or send the request to the replica that runs the stream",
+        )
+
+
+class Connection:
+    """The pool and the conventions every Redis call here follows: each one bounded by
+    ``timeout_s``, each failure a :class:`RedisUnavailable` naming what needed Redis."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        timeout_s: float,
+        replica_ttl_s: float,
+        max_connections: int = 64,
+        replica_id: str | None = None,
+    ) -> None:
+        self.url = url
+        self.replica_id = replica_id or "r_" + secrets.token_hex(6)
+        self.timeout_s = timeout_s
+        self.replica_ttl_s = replica_ttl_s
+        self.lease_ms = max(500, int(replica_ttl_s * 1000))
+        # A bounded pool: the connections to Redis never grow with the load; a call that
+        # finds none free waits for one within its own timeout.
+        pool = aioredis.BlockingConnectionPool.from_url(
+            url,
+            max_connections=max_connections,
+            timeout=timeout_s,
+            socket_timeout=timeout_s + BLOCK_MS / 1000,
+            socket_connect_timeout=timeout_s,
+        )
+        self.redis: aioredis.Redis = aioredis.Redis(connection_pool=pool)
+        self.healthy = False
+        self._scripts: dict[str, AsyncScript] = {}
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._warned_at = 0.0
+
+    def script(self, name: str) -> AsyncScript:
+        """The Lua script ``lua/{name}.lua``, registered once (EVALSHA, loaded on a miss)."""
+        found = self._scripts.get(name)
+        if found is None:
+            source = (files(__package__) / "lua" / f"{name}.lua").read_text(encoding="utf-8")
+            found = self._scripts[name] = self.redis.register_script(source)
+        return found
+
+    async def call(self, what: str, awaitable: Any, extra_s: float = 0.0) -> Any:
+        """``awaitable`` within ``REDIS_TIMEOUT_MS`` (+ ``extra_s`` for a blocking read),
+        or :class:`RedisUnavailable` naming ``what`` needed it."""
+        try:
+            async with asyncio.timeout(self.timeout_s + extra_s):
+                result = await awaitable
+        except (RedisError, OSError, TimeoutError) as exc:
+            self.healthy = False
+            raise RedisUnavailable(what, exc) from exc
+        self.healthy = True
+        return result
+
+    def warn(self, event: str, **fields: Any) -> None:
+        """At most one warning a second: a Redis outage must not flood the log."""
+        now = time.monotonic()
+        if now - self._warned_at >= 1.0:
+            self._warned_at = now
+            log.warning(event, **fields)
+
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+        """A background task owned here: cancelled and awaited by :meth:`aclose`."""
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def aclose(self) -> None:
+        """Stop the background tasks, then close the pool."""
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.redis.aclose()
+        await self.redis.connection_pool.disconnect()
+
+
+def safe_url(url: str) -> str:
+    """The URL without its password, for the log."""
+    scheme, sep, rest = url.partition("://")
+    if "@" in rest:
+        rest = "***@" + rest.split("@", 1)[1]
+    return scheme + sep + rest
+
+
+async def quietly(conn: Connection, what: str, awaitable: Any) -> None:
+    """A best-effort call: a Redis that does not answer is let go (a lease runs out by
+    itself, a key expires)."""
+    with contextlib.suppress(RedisUnavailable):
+        await conn.call(what, awaitable)

@@ -1,0 +1,241 @@
+"""Resume buffers: every stream's SSE blocks mirrored into Redis, and read back by any
+replica (``GET /v1/streams/{id}`` on a replica that does not run it).
+
+``tf:s:{id}:f`` is a Redis Stream of the frames' bytes exactly as they were sent. A
+*mirror* task per stream follows the frame log like any other reader (it never throttles
+the producer) and appends whatever is new, at most every ``REDIS_FLUSH_MS``, in one round
+trip: the only Redis work while tokens flow, and not on the token's own path. Each entry's
+id is ``{last frame id}-0`` and carries ``f`` (its first frame id), ``d`` (the bytes) and
+``e`` (``1`` on the entry holding ``done``), so a resume after frame *N* reads from
+``(N-0``. A replica that dies leaves its buffer; the first reader that finds its owner
+gone appends ``error`` (``STREAM_LOST``) and ``done``, atomically, so every later reader
+sees the same end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from typing import Final
+
+from toolforge.core.protocol.frames import Done, Error, encode_frame
+from toolforge.core.protocol.sse_blocks import split_blocks
+from toolforge.errors import ErrorCode
+from toolforge.runtime.cluster.connection import BLOCK_MS, Connection, RedisUnavailable
+from toolforge.runtime.cluster.keys import alive_key, frames_key, idem_key, meta_key
+from toolforge.runtime.frame_log import decode_frames
+from toolforge.runtime.session import StreamSession
+
+__all__ = ["RemoteStream", "ResumeBuffers"]
+
+# A mirror that could not write retries this often.
+_RETRY_S: Final = 0.5
+
+
+class ResumeBuffers:
+    """This replica's side of the buffers: it mirrors the streams it runs, and finds any
+    stream Redis knows."""
+
+    def __init__(self, conn: Connection, *, flush_s: float, resume_ttl_s: float) -> None:
+        self._conn = conn
+        self.flush_s = flush_s
+        self.ttl_ms = max(1000, int(resume_ttl_s * 1000))
+        self._mirrors: set[asyncio.Task[None]] = set()
+
+    def track(self, session: StreamSession, idempotency_key: str | None = None) -> None:
+        """Mirror ``session``'s frames into its resume buffer until its ``done``."""
+        task = asyncio.get_running_loop().create_task(
+            self._mirror(session, idempotency_key), name=f"mirror:{session.id}"
+        )
+        self._mirrors.add(task)
+        task.add_done_callback(self._mirrors.discard)
+
+    async def flush(self) -> None:
+        """After the streams ended: let the mirrors write their last frames, then stop."""
+        if self._mirrors:
+            await asyncio.wait(self._mirrors, timeout=max(1.0, 4 * self._conn.timeout_s))
+        for task in self._mirrors:
+            task.cancel()
+        await asyncio.gather(*self._mirrors, return_exceptions=True)
+
+    async def _mirror(self, session: StreamSession, idempotency_key: str | None) -> None:
+        conn = self._conn
+        frame_log = session.log
+        keys = [frames_key(session.id), meta_key(session.id)]
+        if idempotency_key is not None:
+            keys.append(idem_key(idempotency_key))
+        refresh_s = max(0.5, self.ttl_ms / 3000)
+        append = conn.script("append")
+        cursor = 0
+        while True:
+            if cursor == frame_log.last_id:
+                if frame_log.closed:
+                    return
+                try:
+                    async with asyncio.timeout(refresh_s):
+                        await frame_log.wait()
+                except TimeoutError:  # idle (a tool, a client): keep the keys alive
+                    with contextlib.suppress(RedisUnavailable):
+                        await self._refresh(keys)
+                    continue
+            # Gather what else comes within the flush interval into the same write: at
+            # most one write per interval, the first frames reach their client before
+            # any Redis work starts, and a short stream is one write, done included.
+            if self.flush_s:
+                await asyncio.sleep(self.flush_s)
+            batch, end = frame_log.take(cursor)
+            if batch is None:
+                continue
+            final = frame_log.closed and end == frame_log.last_id
+            args: list[bytes | str | int] = [f"{end}-0", cursor + 1, batch, int(final)]
+            args += [self.ttl_ms, conn.replica_id, session.plan.owner or ""]
+            try:
+                written = await conn.call("the resume buffer", append(keys=keys, args=args))
+            except RedisUnavailable as exc:
+                # The stream goes on; its copy in Redis catches up once Redis is back
+                # (the frame log still has every frame), or is given up once nobody
+                # could resume it any more.
+                conn.warn("redis.mirror_behind", stream_id=session.id, error=exc.message)
+                finished = session.finished_at
+                if finished is not None and time.monotonic() - finished > self.ttl_ms / 1000:
+                    return
+                await asyncio.sleep(_RETRY_S)
+                continue
+            if not written:  # another replica declared it lost (we were cut off too long)
+                return
+            cursor = end
+            if final:
+                return
+
+    async def _refresh(self, keys: list[str]) -> None:
+        pipe = self._conn.redis.pipeline(transaction=False)
+        for key in keys:
+            pipe.pexpire(key, self.ttl_ms)
+        await self._conn.call("the resume buffer", pipe.execute())
+
+    async def find(self, stream_id: str) -> RemoteStream | None:
+        """The stream as Redis knows it, or None (never existed, or expired)."""
+        conn = self._conn
+        meta = await conn.call("resuming a stream", conn.redis.hgetall(meta_key(stream_id)))
+        if not meta:
+            return None
+        key = meta.get(b"key")
+        return RemoteStream(
+            self,
+            stream_id,
+            meta[b"owner"].decode(),
+            meta[b"state"].decode(),
+            key=None if key is None else key.decode(),
+        )
+
+
+class RemoteStream:
+    """A stream known to Redis, read from its resume buffer (another replica runs it, or
+    ran it)."""
+
+    def __init__(
+        self,
+        buffers: ResumeBuffers,
+        stream_id: str,
+        owner: str,
+        state: str,
+        *,
+        key: str | None = None,
+    ) -> None:
+        self._buffers = buffers
+        self._conn = buffers._conn
+        self.id = stream_id
+        self.owner = owner  # the replica that runs (ran) it
+        self.state = state
+        self.key = key  # the API key name that started it (docs/security.md), None without keys
+
+    async def follow(self, after: int = 0) -> AsyncIterator[bytes]:
+        """The frames after id ``after``, in batches, until ``done``; ``b""`` whenever
+        nothing came for a while (the writer's chance to ping). A dead owner's stream
+        ends with ``error`` (``STREAM_LOST``) and ``done``."""
+        conn = self._conn
+        key = frames_key(self.id)
+        cursor = after
+        while True:
+            found = await conn.call(
+                "resuming a stream",
+                conn.redis.xread({key: f"{cursor}-0"}, count=512, block=BLOCK_MS),
+                extra_s=BLOCK_MS / 1000,
+            )
+            entries = found[0][1] if found else []
+            if not entries:
+                yield b""
+                if await self._check_owner():
+                    return
+                continue
+            out: list[bytes] = []
+            final = False
+            for entry_id, fields in entries:
+                last = int(entry_id.split(b"-", 1)[0])
+                first = int(fields[b"f"])
+                data = fields[b"d"]
+                if first <= cursor:
+                    if fields.get(b"l") == b"1":
+                        # The end written for a lost stream, and this client holds frames
+                        # the buffer never got: the same end, numbered after its own.
+                        data = b"".join(
+                            encode_frame(cursor + i, frame)
+                            for i, frame in enumerate(decode_frames(split_blocks(data)), 1)
+                        )
+                        last = cursor + 2
+                    else:
+                        data = b"".join(split_blocks(data)[cursor - first + 1 :])
+                out.append(data)
+                cursor = last
+                if fields.get(b"e") == b"1":
+                    final = True
+                    break
+            yield b"".join(out)
+            if final:
+                return
+
+    async def _check_owner(self) -> bool:
+        """Nothing new: if the owner is dead, end the buffer with STREAM_LOST + done.
+        True if the stream is gone from Redis altogether (its keys expired)."""
+        conn = self._conn
+        pipe = conn.redis.pipeline(transaction=False)
+        pipe.exists(meta_key(self.id))
+        pipe.exists(alive_key(self.owner))
+        meta, alive = await conn.call("resuming a stream", pipe.execute())
+        if not meta:  # expired: nothing more will come, whoever runs it
+            return True
+        if alive or self.owner == conn.replica_id:
+            return False
+        key = frames_key(self.id)
+        latest = await conn.call("resuming a stream", conn.redis.xrevrange(key, count=1))
+        n = int(latest[0][0].split(b"-", 1)[0]) if latest else 0
+        result = await conn.call(
+            "resuming a stream",
+            conn.script("finalize")(
+                keys=[key, meta_key(self.id), alive_key(self.owner)],
+                args=[n, f"{n + 2}-0", n + 1, _lost_frames(n, self.owner), self._buffers.ttl_ms],
+            ),
+        )  # 1, -1, -2: the next read shows where the buffer stands
+        if result == 0:  # ended: done or lost, or expired
+            found = await conn.call("resuming a stream", conn.redis.exists(meta_key(self.id)))
+            return not found
+        return False
+
+
+def _lost_frames(n: int, owner: str) -> bytes:
+    error = Error(
+        code=ErrorCode.STREAM_LOST,
+        message=(
+            f"the replica running this stream ({owner}) stopped; the frames before this "
+            "one are all that were kept. Send the request again to start over"
+        ),
+        retryable=True,
+    )
+    done = Done(
+        reason="error",
+        usage={},
+        metrics={"ttft_ms": None, "duration_ms": 0.0, "tokens_per_s": None, "frames": n + 2},
+    )
+    return encode_frame(n + 1, error) + encode_frame(n + 2, done)
