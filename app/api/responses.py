@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import secrets
 import time
 from typing import Annotated, Any, Final, Literal
 
@@ -24,14 +23,15 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.datastructures import State
 
-from toolforge.api.auth import ApiKey, allowed_tools, check_owner, own, request_key
+from toolforge.api.auth import ApiKey, allowed_tools, own, request_key
 from toolforge.api.deps import Gateway, GatewayDep
 from toolforge.api.proxy import _until_done, openai_error
-from toolforge.api.responses_body import parse_request
+from toolforge.api.responses_body import ResponsesRequest, parse_request
 from toolforge.api.routes import ClientGone, read_body
 from toolforge.api.sse import FrameStreamResponse
 from toolforge.core.protocol.responses import ResponseWriter, chat_messages
 from toolforge.errors import ErrorCode, RequestError, ToolForgeError
+from toolforge.runtime.commands import Cancel
 from toolforge.runtime.completion_plan import plan_completion
 from toolforge.runtime.frame_log import decode_events
 from toolforge.runtime.planner import StreamPlan
@@ -41,12 +41,15 @@ from toolforge.runtime.response_store import (
     ResponseStore,
 )
 from toolforge.runtime.session import StreamSession
+from toolforge.runtime.stream_service import Started
 
 __all__ = ["router"]
 
 router = APIRouter(tags=["responses"])
 
 _COMMENT_PING: Final = b": ping\n\n"  # an SSE comment: the SDKs skip it
+# A cancelled response run by another replica: how long (x 50 ms) to wait for its record.
+_REMOTE_END_POLLS: Final = 60
 
 
 # -- where the app keeps what this API needs --------------------------------------------------
@@ -76,21 +79,6 @@ def _state(request: Request, gw: Gateway) -> _Responses:
         found = _Responses(gw)
         state.responses = found
     return found
-
-
-# -- starting a stream ------------------------------------------------------------------------
-
-
-def _start(gw: Gateway, plan: StreamPlan, key: ApiKey | None, *, primary: bool) -> StreamSession:
-    """Start ``plan``'s stream as the proxy does (one place, so that a shared start
-    sequence replaces it in one line). ``primary``: a client reads it as it goes, and
-    throttles it (backpressure from the first frame)."""
-    own(plan, key)
-    session = gw.session(plan)
-    if primary:
-        session.log.attach_primary()
-    gw.registry.start(session)
-    return session
 
 
 def _bad(message: str, field: str | None = None) -> RequestError:
@@ -158,43 +146,48 @@ async def create_response(request: Request, gw: GatewayDep) -> Response:
         messages = chat_messages([*context, *items], req.instructions)
         if not any(m["role"] != "system" for m in messages):
             raise _bad("'input' holds nothing to answer: give a message", "input")
-        stream_id = "s_" + secrets.token_hex(10)
-        plan = await plan_completion(
-            gw.planner,
-            req.chat_request(messages),
-            stream_id,
-            tools_template=gw.proxy_tools_template,
-            nudges=gw.proxy_nudges,
+        created = int(time.time())
+        record: dict[str, Any] = {
+            "owner": key.name if key is not None else None,
+            "context": [*context, *items],
+        }
+
+        async def plan(stream_id: str) -> StreamPlan:
+            built = await plan_completion(
+                gw.planner,
+                req.chat_request(messages),
+                stream_id,
+                tools_template=gw.proxy_tools_template,
+                nudges=gw.proxy_nudges,
+            )
+            own(built, key)
+            built.prompt_record = {**built.prompt_record, "api": "responses"}
+            if req.store:  # readable (in progress) before its first frame
+                record["input_items"] = [
+                    {"id": f"in_{stream_id[2:]}_{i}", **item} for i, item in enumerate(items)
+                ]
+                record["response"] = _writer(req, stream_id, built, created).resource()
+                await state.store.put(record["response"]["id"], record)
+            return built
+
+        # The same start as every stream's (idempotency, the session, its resume buffer).
+        opened = await gw.streams.open(
+            plan, owner=None if key is None else key.name, primary=req.stream
         )
     except ToolForgeError as exc:
         return openai_error(exc)
     except ClientGone:
         return Response(status_code=499)
-    plan.prompt_record = {**plan.prompt_record, "api": "responses"}
-    response_id = "resp_" + stream_id[2:]
-    writer = ResponseWriter(
-        response_id=response_id,
-        created_at=int(time.time()),
-        echo=req.echo(),
-        stream_id=stream_id,
-        mode=plan.mode.name,
-    )
-    headers = {"X-Stream-Id": stream_id, "X-ToolForge-Mode": plan.mode.name}
-    input_items = [{"id": f"in_{stream_id[2:]}_{i}", **item} for i, item in enumerate(items)]
-    record: dict[str, Any] = {
-        "owner": key.name if key is not None else None,
-        "input_items": input_items,
-        "context": [*context, *items],
-    }
+    assert isinstance(opened, Started)  # no Idempotency-Key here: nothing to replay
+    session = opened.session
+    writer = _writer(req, session.id, session.plan, created)
+    headers = {"X-Stream-Id": session.id, "X-ToolForge-Mode": session.plan.mode.name}
     if req.store:
-        await state.store.put(response_id, {**record, "response": writer.resource()})
-    session = _start(gw, plan, key, primary=req.stream)
-    if req.store:
+        response_id = writer.id
         finisher = asyncio.ensure_future(_finish(state, session, writer, record))
         state.finishing[response_id] = finisher
         finisher.add_done_callback(lambda _: state.finishing.pop(response_id, None))
     if req.stream:
-        await asyncio.sleep(0)  # the upstream request goes out first (time to first event)
         return FrameStreamResponse(
             session,
             primary=True,
@@ -209,6 +202,18 @@ async def create_response(request: Request, gw: GatewayDep) -> Response:
     if writer.error is not None and not writer.output:  # nothing to show: an HTTP error
         return _failed(writer, headers)
     return Response(orjson.dumps(resource), media_type="application/json", headers=headers)
+
+
+def _writer(
+    req: ResponsesRequest, stream_id: str, plan: StreamPlan, created: int
+) -> ResponseWriter:
+    return ResponseWriter(
+        response_id="resp_" + stream_id[2:],
+        created_at=created,
+        echo=req.echo(),
+        stream_id=stream_id,
+        mode=plan.mode.name,
+    )
 
 
 def _failed(writer: ResponseWriter, headers: dict[str, str]) -> JSONResponse:
@@ -282,21 +287,27 @@ async def cancel_response(response_id: str, request: Request, gw: GatewayDep) ->
         if record is None:
             raise _not_found(response_id)
         if record["response"]["status"] == "in_progress":
-            session = gw.registry.find(stream_id)
-            if session is None:
-                raise RequestError(
-                    ErrorCode.CONFLICT,
-                    f"response {response_id!r} runs on another replica; cancel it there",
-                    http_status=409,
-                )
-            check_owner(key, session.plan.owner, stream_id)
-            session.cancel("cancelled")
-            record = await _stored(state, response_id, key)
-            if record is None:  # deleted meanwhile
-                raise _not_found(response_id)
+            # wherever it runs: forwarded to its replica with Redis
+            await gw.streams.command(stream_id, Cancel(), None if key is None else key.name)
+            record = await _ended(state, response_id, key)
     except ToolForgeError as exc:
         return openai_error(exc)
     return JSONResponse(record["response"])
+
+
+async def _ended(state: _Responses, response_id: str, key: ApiKey | None) -> dict[str, Any]:
+    """The record once its cancelled stream has stored it whole: at once when it ran
+    here; from another replica, as soon as that one has written it (a few seconds at
+    most), else as it stands."""
+    record = await _stored(state, response_id, key)
+    for _ in range(_REMOTE_END_POLLS):
+        if record is None or record["response"]["status"] != "in_progress":
+            break
+        await asyncio.sleep(0.05)
+        record = await _stored(state, response_id, key)
+    if record is None:  # deleted meanwhile
+        raise _not_found(response_id)
+    return record
 
 
 @router.get("/v1/responses/{response_id}/input_items", summary="A stored response's input")
