@@ -8,13 +8,33 @@ the boundary where they occur (``raise Ours(...) from exc``), so callers only ev
 ``ToolForgeError``.
 
     ToolForgeError
-    ├── ModelBehaviorError        the model broke the emission contract (HTTP 502)
-    │   ├── SentinelError         framing: END without BEGIN, nesting, bad attributes, ...
-    │   └── JSONError             strict RFC 8259 syntax, depth and size limits
-    ├── UpstreamError             the upstream is unreachable, slow or speaks bad SSE
-    ├── ServerError               a managed model server could not be built, started or kept up
-    ├── WorkflowError             a workflow ran out of a budget (docs/workflows.md), with its
-    context └── RequestError              the caller misused us (4xx): bad body, too large, ...
+    ├── ModelBehaviorError          the model broke the emission contract (HTTP 502)
+    │   ├── SentinelError           framing: END without BEGIN, nesting, bad attributes, ...
+    │   └── JSONError               strict RFC 8259 syntax, depth and size limits
+    ├── UpstreamError               the upstream is unreachable, slow or speaks bad SSE
+    │   └── OllamaModelNotFound     Ollama has no model by that name (upstream.ollama_wire)
+    ├── ServerError                 a managed model server could not be built, started or kept up
+    ├── WorkflowError               a workflow ran out of a budget, with its context
+    │   ├── StepEnforcementError    it kept calling a terminal tool before the required steps
+    │   ├── PrerequisiteError       it kept calling a tool before the ones it needs
+    │   ├── ToolCallError           it made no usable tool call, turn after turn
+    │   ├── ToolExecutionError      the tools kept failing, and it did not recover
+    │   ├── MaxIterationsError      it ran out of turns
+    │   └── WorkflowCancelledError  the run was cancelled
+    ├── ToolError                   a call gave no result; the model reads why (core.tools)
+    │   ├── ToolArgumentsError      the arguments were refused before the tool ran
+    │   ├── TransientToolError      a tool's failure that may pass: retried
+    │   └── PermanentToolError      a tool's failure that will not: never retried
+    │       └── BookingFullError    the demo pack's full restaurant (tools.bookings)
+    ├── ToolConfigError             a tool or tool source the gateway will not start with
+    ├── ContextBudgetExceeded       the prompt is over budget, nothing left to compact
+    ├── RedisUnavailable            REDIS_URL is set and Redis did not answer (runtime.cluster)
+    ├── RemoteError                 the refusal of the replica that runs a stream, passed on
+    └── RequestError                the caller misused us (4xx): bad body, too large, ...
+        └── RateLimited             over an API key's rate limit (429, api.auth)
+
+Each class lives where it is raised (the module in parentheses, or ``toolforge.errors``);
+``tests/test_errors_tree.py`` checks that this drawing names every one, under its parent.
 
 The split between "the model misbehaved" and "the caller misused us" follows
 openai-agents' ModelBehaviorError / UserError: the first is worth a repair or a retry of
