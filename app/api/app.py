@@ -23,6 +23,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel
 
 from toolforge import __version__
+from toolforge.api.agui import router as agui_router
 from toolforge.api.auth import Access, KeyRing, key_secrets, load_keys
 from toolforge.api.body import ClientGone
 from toolforge.api.deps import Gateway
@@ -579,6 +580,7 @@ def create_app(
     app.include_router(servers_router)
     app.include_router(proxy_router)
     app.include_router(responses_router)
+    app.include_router(agui_router)
     app.include_router(runs_router)
     install_web(app)
     install_openapi(app)

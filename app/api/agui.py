@@ -1,0 +1,285 @@
+"""AG-UI: ``POST /v1/agui`` runs an agent as the AG-UI protocol says, over SSE
+(docs/agui.md).
+
+Thin: the body is the protocol's ``RunAgentInput`` (checked with the ``ag-ui-protocol``
+package's own model), translated into the OpenAI-compatible proxy's request — the run's
+messages, its ``tools`` as the client's functions (AG-UI's frontend tools), its
+``context`` as a system message, ``forwardedProps.toolforge`` as the proxy's extension —
+and started like every stream (:meth:`toolforge.runtime.stream_service.Streams.open`). The
+frames are written by :class:`toolforge.core.protocol.agui.RunWriter`.
+
+An approval is an interrupt: the run finishes with it while the stream waits for the
+decision; the next run's ``resume`` sends it (a ``Approve`` command, on whichever replica
+runs the stream) and carries on from the frame after the call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any, Final
+
+import orjson
+from ag_ui.core import RunAgentInput
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+from pydantic import ValidationError
+from starlette.types import Receive, Scope, Send
+
+from toolforge.api.auth import ApiKey, allowed_tools, own, request_key
+from toolforge.api.deps import Gateway, GatewayDep
+from toolforge.api.json_depth import check_depth
+from toolforge.api.models import ChatCompletionRequest, ToolForgeExtension
+from toolforge.api.routes import ClientGone, read_body
+from toolforge.core.protocol.agui import RunWriter, parse_interrupt_id
+from toolforge.errors import ErrorCode, RequestError, ToolForgeError
+from toolforge.runtime.commands import Approve
+from toolforge.runtime.completion_plan import plan_completion
+from toolforge.runtime.planner import StreamPlan
+from toolforge.runtime.session import StreamSession
+from toolforge.runtime.stream_service import Started
+
+__all__ = ["router"]
+
+router = APIRouter(tags=["agui"])
+
+_HEADERS: Final = [
+    (b"content-type", b"text/event-stream"),
+    (b"cache-control", b"no-cache"),
+    (b"x-accel-buffering", b"no"),
+]
+
+
+def _bad(message: str, field: str = "(body)") -> RequestError:
+    return RequestError(
+        ErrorCode.BAD_REQUEST,
+        message,
+        details=[{"field": field, "message": message}],
+        http_status=422,
+    )
+
+
+def _parse(body: bytes, max_depth: int) -> RunAgentInput:
+    try:
+        raw = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise _bad(f"the body is not valid JSON: {exc}") from exc
+    check_depth(body, raw, max_depth)
+    try:
+        return RunAgentInput.model_validate(raw)
+    except ValidationError as exc:
+        first = exc.errors(include_url=False, include_input=False)[0]
+        field = ".".join(str(p) for p in first["loc"]) or "(body)"
+        raise _bad(f"invalid '{field}': {first['msg']}", field) from exc
+
+
+def _text(content: Any, field: str) -> str:
+    """A message's content as text: a string, or text parts (other parts are refused)."""
+    if isinstance(content, str):
+        return content
+    parts: list[str] = []
+    for i, part in enumerate(content or ()):
+        text = getattr(part, "text", None)
+        if getattr(part, "type", None) != "text" or not isinstance(text, str):
+            raise _bad(
+                f"content part type {getattr(part, 'type', None)!r} is not supported: send text",
+                f"{field}[{i}]",
+            )
+        parts.append(text)
+    return "".join(parts)
+
+
+def chat_messages(run: RunAgentInput) -> list[dict[str, Any]]:
+    """The run's messages (and its context, first) as chat messages. Reasoning and
+    activity messages are the front-end's own: they are not sent to the model."""
+    out: list[dict[str, Any]] = []
+    if run.context:
+        lines = "\n".join(f"- {c.description}: {c.value}" for c in run.context)
+        out.append({"role": "system", "content": f"Context:\n{lines}"})
+    for i, message in enumerate(run.messages):
+        role = message.role
+        field = f"messages[{i}].content"
+        if role in ("system", "developer", "user"):
+            out.append({"role": "system" if role == "developer" else role,
+                        "content": _text(message.content, field)})  # fmt: skip
+        elif role == "assistant":
+            said: dict[str, Any] = {"role": "assistant", "content": message.content}
+            calls = getattr(message, "tool_calls", None)
+            if calls:
+                said["tool_calls"] = [
+                    {
+                        "id": call.id,
+                        "type": "function",
+                        "function": {
+                            "name": call.function.name,
+                            "arguments": call.function.arguments,
+                        },
+                    }
+                    for call in calls
+                ]
+            out.append(said)
+        elif role == "tool":
+            content = message.content
+            out.append(
+                {
+                    "role": "tool",
+                    "tool_call_id": message.tool_call_id,
+                    "content": content if isinstance(content, str) else _text(content, field),
+                }
+            )
+    return out
+
+
+def _request(gw: Gateway, run: RunAgentInput) -> ChatCompletionRequest:
+    props = run.forwarded_props if isinstance(run.forwarded_props, dict) else {}
+    extension = ToolForgeExtension.model_validate(props.get("toolforge") or {})
+    if extension.workflow is not None:
+        raise _bad(
+            "'forwardedProps.toolforge.workflow' is not served on /v1/agui yet: run the "
+            "workflow through /v1/stream",
+            "forwardedProps.toolforge.workflow",
+        )
+    body: dict[str, Any] = {
+        "model": props.get("model") or gw.settings.model_id,
+        "messages": chat_messages(run),
+        "stream": True,
+    }
+    if run.tools:
+        body["tools"] = [
+            {
+                "type": "function",
+                "function": {
+                    "name": tool.name,
+                    "description": tool.description,
+                    "parameters": tool.parameters or {"type": "object"},
+                },
+            }
+            for tool in run.tools
+        ]
+    try:
+        request = ChatCompletionRequest.model_validate(body)
+    except ValidationError as exc:
+        first = exc.errors(include_url=False, include_input=False)[0]
+        raise _bad(str(first["msg"]).removeprefix("Value error, ")) from exc
+    return request.model_copy(update={"toolforge": extension})
+
+
+@router.post("/v1/agui", summary="Run an agent over AG-UI (SSE)", response_model=None)
+async def run_agent(request: Request, gw: GatewayDep) -> Response:
+    key = request_key(request)
+    try:
+        body = await read_body(
+            request.receive, request.headers.get("content-length"), gw.settings.max_body_bytes
+        )
+        run = _parse(body, gw.settings.max_request_depth)
+        if run.resume:
+            return await _resume(gw, run, key)
+        req = _request(gw, run)
+        if key is not None and req.toolforge.server_tools:
+            allowed_tools(key, req.toolforge.server_tools, ())
+
+        async def plan(stream_id: str) -> StreamPlan:
+            built = await plan_completion(
+                gw.planner,
+                req,
+                stream_id,
+                tools_template=gw.proxy_tools_template,
+                nudges=gw.proxy_nudges,
+            )
+            own(built, key)
+            built.prompt_record = {**built.prompt_record, "api": "agui"}
+            if built.approval_tools:  # the run may end at an interrupt: the stream waits
+                built.on_disconnect = "continue"
+            return built
+
+        opened = await gw.streams.open(plan, owner=None if key is None else key.name)
+    except ToolForgeError as exc:
+        return JSONResponse({"error": exc.to_dict()}, status_code=exc.http_status)
+    except ClientGone:
+        return Response(status_code=499)
+    assert isinstance(opened, Started)
+    session = opened.session
+    writer = RunWriter(thread_id=run.thread_id, run_id=run.run_id, stream_id=session.id)
+    return _RunResponse(session, writer, after=0, primary=True)
+
+
+async def _resume(gw: Gateway, run: RunAgentInput, key: ApiKey | None) -> Response:
+    """A run that answers an interrupt: the decision goes to the stream, and the run
+    carries on from the frame after the call."""
+    if len(run.resume or ()) != 1:
+        raise _bad("'resume' answers one interrupt: the one the last run finished with", "resume")
+    entry = (run.resume or [])[0]
+    found = parse_interrupt_id(entry.interrupt_id)
+    if found is None:
+        raise _bad(f"interrupt {entry.interrupt_id!r} is not one of this gateway's", "resume")
+    stream_id, call_id, after = found
+    payload = entry.payload if isinstance(entry.payload, dict) else {}
+    approved = entry.status == "resolved" and payload.get("approve") is True
+    await gw.streams.command(
+        stream_id, Approve(call_id, approved), None if key is None else key.name
+    )
+    session = gw.registry.find(stream_id)
+    if session is None:
+        raise RequestError(
+            ErrorCode.CONFLICT,
+            f"the run's stream {stream_id} runs on another replica: resume it there",
+            http_status=409,
+        )
+    writer = RunWriter(thread_id=run.thread_id, run_id=run.run_id, stream_id=stream_id)
+    return _RunResponse(session, writer, after=after, primary=session.reader_joined(after))
+
+
+class _RunResponse(Response):
+    """One run's events: the stream's frames after ``after``, until the run ends (its
+    RUN_FINISHED or RUN_ERROR, an interrupt included) or the client leaves."""
+
+    media_type = "text/event-stream"
+
+    def __init__(
+        self, session: StreamSession, writer: RunWriter, *, after: int, primary: bool
+    ) -> None:
+        self._session = session
+        self._writer = writer
+        self._after = after
+        self._primary = primary
+        self.status_code = 200
+        self.background = None
+        self.raw_headers = [*_HEADERS, (b"x-stream-id", session.id.encode("latin-1"))]
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        writing = asyncio.ensure_future(self._write(send))
+        gone = asyncio.ensure_future(_disconnect(receive))
+        try:
+            await asyncio.wait((writing, gone), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (writing, gone):
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            if self._primary:
+                self._session.client_left()
+            else:
+                self._session.reader_left()
+        if writing.done() and not writing.cancelled() and writing.exception() is not None:
+            raise writing.exception()  # type: ignore[misc]
+
+    async def _write(self, send: Send) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+        writer = self._writer
+        last = b""  # held back one batch: the run's end goes with the body's end
+        async with contextlib.aclosing(
+            self._session.log.follow(self._after, primary=self._primary)
+        ) as batches:
+            async for batch in batches:
+                if last:
+                    await send({"type": "http.response.body", "body": last, "more_body": True})
+                last = writer.batch(batch)
+                if writer.ended:
+                    break
+        await send({"type": "http.response.body", "body": last, "more_body": False})
+
+
+async def _disconnect(receive: Receive) -> None:
+    with contextlib.suppress(Exception):
+        while (await receive())["type"] != "http.disconnect":
+            pass
