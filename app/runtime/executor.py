@@ -559,34 +559,6 @@ class ToolExecutor:
     def _checked_output(self, data: object, warnings: list[dict[str, str]]) -> object:
         return checked_output(data, warnings, self.max_result_bytes)
 
-    def client_result(
-        self,
-        name: str,
-        call_id: str,
-        args: object,
-        *,
-        ok: bool,
-        data: object,
-        error: ToolError | None,
-        duration_s: float,
-        started_at: float,
-    ) -> ToolResult:
-        """A client-side tool's result (docs/tools.md), posted by the client or its timeout:
-        checked like any tool output (sentinels escaped, size capped), redacted for the
-        logs. The client ran it once: ``attempts`` is 1, 0 when nothing came."""
-        return client_result(
-            name,
-            call_id,
-            args,
-            ok=ok,
-            data=data,
-            error=error,
-            duration_s=duration_s,
-            started_at=started_at,
-            ended_at=self._wall(),
-            max_result_bytes=self.max_result_bytes,
-        )
-
     def _rejected(
         self,
         name: str,
@@ -671,7 +643,9 @@ def client_result(
     ended_at: float,
     max_result_bytes: int = MAX_RESULT_BYTES,
 ) -> ToolResult:
-    """See :meth:`ToolExecutor.client_result` (a gateway without an executor uses this)."""
+    """A client-side tool's result (docs/tools.md), posted by the client or its timeout:
+    checked like any tool output (sentinels escaped, size capped), redacted for the
+    logs. The client ran it once: ``attempts`` is 1, 0 when nothing came."""
     warnings: list[dict[str, str]] = []
     if ok and error is None:
         try:

@@ -245,9 +245,6 @@ class ServerManager:
     def servers(self) -> list[ManagedServer]:
         return list(self._servers.values())
 
-    def ollama_models(self) -> list[OllamaModel]:
-        return list(self._ollama.values())
-
     async def describe(self) -> list[dict[str, Any]]:
         """Every managed server and Ollama model, as ``/v1/servers`` lists them; Ollama's
         state is asked afresh (a model may have expired since it was loaded)."""
@@ -283,12 +280,6 @@ class ServerManager:
             context_length=entry.loaded.context_length if entry.loaded else None,
         )
         return entry
-
-    async def unload_ollama(self, model: str) -> None:
-        entry = self._ollama.pop(model, None)
-        if entry is not None:
-            await entry.control.unload(model)
-            log.info(SERVER_STOPPED, model=model, backend="ollama")
 
     async def ensure(
         self, spec: LlamaServerSpec, *, budget: Mapping[str, Any] | None = None
