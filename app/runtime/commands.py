@@ -93,13 +93,7 @@ async def apply(session: StreamSession, command: Command) -> dict[str, Any]:
             return {"stream_id": stream_id, "cancelled": cancelled, "reason": session.reason}
         case Approve(call_id=call_id, approved=approved):
             if not session.approve(call_id, approved):
-                pending = ", ".join(session.pending_approvals) or "none"
-                raise RequestError(
-                    ErrorCode.NOT_FOUND,
-                    f"no tool call {call_id!r} is waiting for approval in stream "
-                    f"{stream_id!r} (waiting: {pending})",
-                    http_status=404,
-                )
+                raise _not_waiting(f"tool call {call_id!r}", "approval", session)
             return {"stream_id": stream_id, "call_id": call_id, "approved": approved}
         case PostToolResult(call_id=call_id):
             outcome = session.post_tool_result(call_id, _answer(command))
@@ -110,16 +104,20 @@ async def apply(session: StreamSession, command: Command) -> dict[str, Any]:
                     http_status=409,
                 )
             if outcome == "unknown":
-                waiting = ", ".join(session.pending_tool_results) or "none"
-                raise RequestError(
-                    ErrorCode.NOT_FOUND,
-                    f"no client tool call {call_id!r} is waiting for a result in stream "
-                    f"{stream_id!r} (waiting: {waiting})",
-                    http_status=404,
-                )
+                raise _not_waiting(f"client tool call {call_id!r}", "a result", session)
             return {"stream_id": stream_id, "call_id": call_id, "accepted": True}
         case _:
             assert_never(command)
+
+
+def _not_waiting(what: str, for_what: str, session: StreamSession) -> RequestError:
+    pending = session.pending_approvals if for_what == "approval" else session.pending_tool_results
+    return RequestError(
+        ErrorCode.NOT_FOUND,
+        f"no {what} is waiting for {for_what} in stream {session.id!r} "
+        f"(waiting: {', '.join(pending) or 'none'})",
+        http_status=404,
+    )
 
 
 def _answer(command: PostToolResult) -> ClientAnswer:
