@@ -15,39 +15,30 @@ runs the stream) and carries on from the frame after the call.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-from typing import Any, Final
+from typing import Any
 
 import orjson
 from ag_ui.core import RunAgentInput
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
-from starlette.types import Receive, Scope, Send
 
 from toolforge.api.auth import ApiKey, allowed_tools, own, request_key
+from toolforge.api.body import ClientGone, read_body
 from toolforge.api.deps import Gateway, GatewayDep
 from toolforge.api.json_depth import check_depth
 from toolforge.api.models import ChatCompletionRequest, ToolForgeExtension
-from toolforge.api.routes import ClientGone, read_body
+from toolforge.api.run_stream import RunStreamResponse
 from toolforge.core.protocol.agui import RunWriter, parse_interrupt_id
 from toolforge.errors import ErrorCode, RequestError, ToolForgeError
 from toolforge.runtime.commands import Approve
 from toolforge.runtime.completion_plan import plan_completion
 from toolforge.runtime.planner import StreamPlan
-from toolforge.runtime.session import StreamSession
 from toolforge.runtime.stream_service import Started
 
 __all__ = ["router"]
 
 router = APIRouter(tags=["agui"])
-
-_HEADERS: Final = [
-    (b"content-type", b"text/event-stream"),
-    (b"cache-control", b"no-cache"),
-    (b"x-accel-buffering", b"no"),
-]
 
 
 def _bad(message: str, field: str = "(body)") -> RequestError:
@@ -200,7 +191,7 @@ async def run_agent(request: Request, gw: GatewayDep) -> Response:
     assert isinstance(opened, Started)
     session = opened.session
     writer = RunWriter(thread_id=run.thread_id, run_id=run.run_id, stream_id=session.id)
-    return _RunResponse(session, writer, after=0, primary=True)
+    return RunStreamResponse(session, writer, after=0, primary=True)
 
 
 async def _resume(gw: Gateway, run: RunAgentInput, key: ApiKey | None) -> Response:
@@ -226,60 +217,4 @@ async def _resume(gw: Gateway, run: RunAgentInput, key: ApiKey | None) -> Respon
             http_status=409,
         )
     writer = RunWriter(thread_id=run.thread_id, run_id=run.run_id, stream_id=stream_id)
-    return _RunResponse(session, writer, after=after, primary=session.reader_joined(after))
-
-
-class _RunResponse(Response):
-    """One run's events: the stream's frames after ``after``, until the run ends (its
-    RUN_FINISHED or RUN_ERROR, an interrupt included) or the client leaves."""
-
-    media_type = "text/event-stream"
-
-    def __init__(
-        self, session: StreamSession, writer: RunWriter, *, after: int, primary: bool
-    ) -> None:
-        self._session = session
-        self._writer = writer
-        self._after = after
-        self._primary = primary
-        self.status_code = 200
-        self.background = None
-        self.raw_headers = [*_HEADERS, (b"x-stream-id", session.id.encode("latin-1"))]
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        writing = asyncio.ensure_future(self._write(send))
-        gone = asyncio.ensure_future(_disconnect(receive))
-        try:
-            await asyncio.wait((writing, gone), return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for task in (writing, gone):
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
-            if self._primary:
-                self._session.client_left()
-            else:
-                self._session.reader_left()
-        if writing.done() and not writing.cancelled() and writing.exception() is not None:
-            raise writing.exception()  # type: ignore[misc]
-
-    async def _write(self, send: Send) -> None:
-        await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
-        writer = self._writer
-        last = b""  # held back one batch: the run's end goes with the body's end
-        async with contextlib.aclosing(
-            self._session.log.follow(self._after, primary=self._primary)
-        ) as batches:
-            async for batch in batches:
-                if last:
-                    await send({"type": "http.response.body", "body": last, "more_body": True})
-                last = writer.batch(batch)
-                if writer.ended:
-                    break
-        await send({"type": "http.response.body", "body": last, "more_body": False})
-
-
-async def _disconnect(receive: Receive) -> None:
-    with contextlib.suppress(Exception):
-        while (await receive())["type"] != "http.disconnect":
-            pass
+    return RunStreamResponse(session, writer, after=after, primary=session.reader_joined(after))

@@ -24,10 +24,10 @@ from fastapi.responses import JSONResponse, Response
 from starlette.datastructures import State
 
 from toolforge.api.auth import ApiKey, allowed_tools, own, request_key
+from toolforge.api.body import ClientGone, read_body
 from toolforge.api.deps import Gateway, GatewayDep
 from toolforge.api.proxy import _until_done, openai_error
 from toolforge.api.responses_body import ResponsesRequest, parse_request
-from toolforge.api.routes import ClientGone, read_body
 from toolforge.api.sse import FrameStreamResponse
 from toolforge.core.protocol.responses import ResponseWriter, chat_messages
 from toolforge.errors import ErrorCode, RequestError, ToolForgeError

@@ -1,0 +1,106 @@
+"""The response that writes one *run* of a stream: its frames after a given id, in another
+wire format, until that format's writer says the run has ended.
+
+AG-UI (``/v1/agui``) and the AI SDK's UI stream (``/v1/ui/chat``) end a run before the
+stream ends when a tool call waits for a person's approval: the run is over for the
+client, while the stream waits for the decision, which the client's next request brings;
+that request's response is the next run of the same stream, from the frame after the
+call. :class:`toolforge.api.sse.FrameStreamResponse` writes a stream to its end; this
+writes it to the writer's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Mapping
+from typing import Protocol
+
+from fastapi.responses import Response
+from starlette.types import Receive, Scope, Send
+
+from toolforge.runtime.session import StreamSession
+
+__all__ = ["RunStreamResponse", "RunWriter"]
+
+
+class RunWriter(Protocol):
+    """Encoded frames in, the format's bytes out; ``ended`` once the run is over."""
+
+    @property
+    def ended(self) -> bool: ...
+
+    def batch(self, encoded: bytes) -> bytes: ...
+
+
+class RunStreamResponse(Response):
+    """``session``'s frames after id ``after``, written by ``writer``, until the run ends
+    or the client leaves. ``primary``: this response throttles the producer, and its
+    end is the client leaving (the plan's ``on_disconnect`` applies); otherwise it is a
+    reader that joined."""
+
+    media_type = "text/event-stream"
+
+    def __init__(
+        self,
+        session: StreamSession,
+        writer: RunWriter,
+        *,
+        after: int,
+        primary: bool,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        self._session = session
+        self._writer = writer
+        self._after = after
+        self._primary = primary
+        self.status_code = 200
+        self.background = None
+        self.raw_headers = [
+            (b"content-type", b"text/event-stream"),
+            (b"cache-control", b"no-cache"),
+            (b"x-accel-buffering", b"no"),
+            (b"x-stream-id", session.id.encode("latin-1")),
+            *(
+                (k.lower().encode("latin-1"), v.encode("latin-1"))
+                for k, v in (headers or {}).items()
+            ),
+        ]
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        writing = asyncio.ensure_future(self._write(send))
+        gone = asyncio.ensure_future(_disconnect(receive))
+        try:
+            await asyncio.wait((writing, gone), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (writing, gone):
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            if self._primary:
+                self._session.client_left()
+            else:
+                self._session.reader_left()
+        if not writing.cancelled() and (failed := writing.exception()) is not None:
+            raise failed
+
+    async def _write(self, send: Send) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+        writer = self._writer
+        last = b""  # held back one batch: the run's end goes with the body's end
+        async with contextlib.aclosing(
+            self._session.log.follow(self._after, primary=self._primary)
+        ) as batches:
+            async for batch in batches:
+                if last:
+                    await send({"type": "http.response.body", "body": last, "more_body": True})
+                last = writer.batch(batch)
+                if writer.ended:
+                    break
+        await send({"type": "http.response.body", "body": last, "more_body": False})
+
+
+async def _disconnect(receive: Receive) -> None:
+    with contextlib.suppress(Exception):
+        while (await receive())["type"] != "http.disconnect":
+            pass

@@ -1,0 +1,172 @@
+"""The AI SDK's UI message stream: ``POST /v1/ui/chat`` takes what ``useChat``'s
+``DefaultChatTransport`` posts and answers with the stream it reads
+(``x-vercel-ai-ui-message-stream: v1``), docs/ui-stream.md.
+
+Thin: the UI messages become the OpenAI-compatible proxy's request
+(:func:`toolforge.core.protocol.ai_sdk_ui.chat_messages`), started like every stream;
+:class:`toolforge.core.protocol.ai_sdk_ui.UIStreamWriter` writes its frames. A request
+whose last assistant message answers one of the gateway's approval requests sends the
+decision to the waiting stream and goes on with the same message from the call on.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import orjson
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from toolforge.api.auth import ApiKey, allowed_tools, own, request_key
+from toolforge.api.body import ClientGone, read_body
+from toolforge.api.deps import Gateway, GatewayDep
+from toolforge.api.json_depth import check_depth
+from toolforge.api.models import ChatCompletionRequest, ToolForgeExtension
+from toolforge.api.run_stream import RunStreamResponse
+from toolforge.core.protocol.ai_sdk_ui import (
+    HEADERS,
+    UIStreamWriter,
+    approval_answer,
+    chat_messages,
+)
+from toolforge.errors import ErrorCode, RequestError, ToolForgeError
+from toolforge.runtime.commands import Approve
+from toolforge.runtime.completion_plan import plan_completion
+from toolforge.runtime.planner import StreamPlan
+from toolforge.runtime.stream_service import Started
+
+__all__ = ["UIChatRequest", "router"]
+
+router = APIRouter(tags=["ui-stream"])
+
+
+class UITool(BaseModel):
+    """A tool the browser runs (the SDK's client-side tools): the model may call it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.\-]{1,64}$")]
+    description: Annotated[str, Field(max_length=8192)] = ""
+    parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object"})
+
+
+class UIChatRequest(BaseModel):
+    """What ``DefaultChatTransport`` posts (``id``, ``messages``, ``trigger``,
+    ``messageId``), with the gateway's own fields beside them (its ``body`` option)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    id: Annotated[str, Field(max_length=256)] | None = None
+    messages: Annotated[list[dict[str, Any]], Field(min_length=1, max_length=1024)]
+    trigger: str | None = None
+    messageId: Annotated[str, Field(max_length=256)] | None = None  # the SDK spells it so
+    model: Annotated[str, Field(min_length=1, max_length=256)] | None = None
+    tools: Annotated[list[UITool], Field(max_length=128)] = Field(default_factory=list)
+    toolforge: ToolForgeExtension = Field(default_factory=ToolForgeExtension)
+
+
+def _parse(body: bytes, max_depth: int) -> UIChatRequest:
+    try:
+        raw = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise RequestError(ErrorCode.BAD_REQUEST, f"the body is not valid JSON: {exc}") from exc
+    check_depth(body, raw, max_depth)
+    try:
+        return UIChatRequest.model_validate(raw)
+    except ValidationError as exc:
+        first = exc.errors(include_url=False, include_input=False)[0]
+        field = ".".join(str(p) for p in first["loc"]) or "(body)"
+        message = str(first["msg"]).removeprefix("Value error, ")
+        raise RequestError(
+            ErrorCode.BAD_REQUEST,
+            f"invalid '{field}': {message}",
+            details=[{"field": field, "message": message}],
+        ) from exc
+
+
+def _request(gw: Gateway, ui: UIChatRequest) -> ChatCompletionRequest:
+    if ui.toolforge.workflow is not None:
+        raise RequestError(
+            ErrorCode.BAD_REQUEST,
+            "'toolforge.workflow' is not served on /v1/ui/chat yet: use /v1/stream",
+        )
+    body: dict[str, Any] = {
+        "model": ui.model or gw.settings.model_id,
+        "messages": chat_messages(ui.messages),
+        "stream": True,
+    }
+    if ui.tools:
+        body["tools"] = [{"type": "function", "function": t.model_dump()} for t in ui.tools]
+    try:
+        request = ChatCompletionRequest.model_validate(body)
+    except ValidationError as exc:
+        first = exc.errors(include_url=False, include_input=False)[0]
+        raise RequestError(
+            ErrorCode.BAD_REQUEST, str(first["msg"]).removeprefix("Value error, ")
+        ) from exc
+    return request.model_copy(update={"toolforge": ui.toolforge})
+
+
+@router.post(
+    "/v1/ui/chat",
+    summary="A chat turn as the AI SDK's UI message stream (useChat)",
+    response_model=None,
+)
+async def ui_chat(request: Request, gw: GatewayDep) -> Response:
+    key = request_key(request)
+    try:
+        body = await read_body(
+            request.receive, request.headers.get("content-length"), gw.settings.max_body_bytes
+        )
+        ui = _parse(body, gw.settings.max_request_depth)
+        answer = approval_answer(ui.messages)
+        if answer is not None:
+            return await _go_on(gw, answer, key)
+        req = _request(gw, ui)
+        if key is not None and req.toolforge.server_tools:
+            allowed_tools(key, req.toolforge.server_tools, ())
+
+        async def plan(stream_id: str) -> StreamPlan:
+            built = await plan_completion(
+                gw.planner,
+                req,
+                stream_id,
+                tools_template=gw.proxy_tools_template,
+                nudges=gw.proxy_nudges,
+            )
+            own(built, key)
+            built.prompt_record = {**built.prompt_record, "api": "ui-message-stream"}
+            if built.approval_tools:  # the message may stop at an approval: the stream waits
+                built.on_disconnect = "continue"
+            return built
+
+        opened = await gw.streams.open(plan, owner=None if key is None else key.name)
+    except ToolForgeError as exc:
+        return JSONResponse({"error": exc.to_dict()}, status_code=exc.http_status)
+    except ClientGone:
+        return Response(status_code=499)
+    assert isinstance(opened, Started)
+    session = opened.session
+    writer = UIStreamWriter(message_id="msg_" + session.id[2:], stream_id=session.id)
+    return RunStreamResponse(session, writer, after=0, primary=True, headers=HEADERS)
+
+
+async def _go_on(
+    gw: Gateway, answer: tuple[str, str, int, bool, str], key: ApiKey | None
+) -> Response:
+    """The decision to the waiting stream, then the same message from the call on."""
+    stream_id, call_id, after, approved, message_id = answer
+    await gw.streams.command(
+        stream_id, Approve(call_id, approved), None if key is None else key.name
+    )
+    session = gw.registry.find(stream_id)
+    if session is None:
+        raise RequestError(
+            ErrorCode.CONFLICT,
+            f"the message's stream {stream_id} runs on another replica: send it there",
+            http_status=409,
+        )
+    writer = UIStreamWriter(message_id=message_id, stream_id=stream_id)
+    primary = session.reader_joined(after)
+    return RunStreamResponse(session, writer, after=after, primary=primary, headers=HEADERS)
