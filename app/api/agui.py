@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 import orjson
-from ag_ui.core import RunAgentInput
+from ag_ui.core import RunAgentInput, ToolMessage
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
@@ -109,7 +109,7 @@ def chat_messages(run: RunAgentInput) -> list[dict[str, Any]]:
                     for call in calls
                 ]
             out.append(said)
-        elif role == "tool":
+        elif isinstance(message, ToolMessage):
             content = message.content
             out.append(
                 {

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Mapping
-from typing import Protocol
+from collections.abc import AsyncGenerator, Mapping
+from typing import Protocol, cast
 
 from fastapi.responses import Response
 from starlette.types import Receive, Scope, Send
@@ -88,9 +88,12 @@ class RunStreamResponse(Response):
         await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
         writer = self._writer
         last = b""  # held back one batch: the run's end goes with the body's end
-        async with contextlib.aclosing(
-            self._session.log.follow(self._after, primary=self._primary)
-        ) as batches:
+        # follow() is an async generator: closed here, at once, when the run ends first
+        follow = cast(
+            AsyncGenerator[bytes, None],
+            self._session.log.follow(self._after, primary=self._primary),
+        )
+        async with contextlib.aclosing(follow) as batches:
             async for batch in batches:
                 if last:
                     await send({"type": "http.response.body", "body": last, "more_body": True})
