@@ -15,7 +15,7 @@ from typing import Any
 
 from toolforge.api.app import create_app, log_json
 from toolforge.api.auth import exposure_warning
-from toolforge.api.server import run
+from toolforge.api.serve import run
 from toolforge.errors import ServerError
 from toolforge.eval.conformance.command import add_conformance_command
 from toolforge.eval.qualify.command import add_eval_command

@@ -10,7 +10,7 @@ Why these choices:
   the stdlib; :func:`configure_logging` puts one handler on the root logger whose
   formatter is structlog's ``ProcessorFormatter`` with the same processors (timestamp,
   level, logger name, redaction, renderer), so a uvicorn warning is the same kind of line
-  as a gateway event. uvicorn is served with ``log_config=None`` (toolforge.api.server):
+  as a gateway event. uvicorn is served with ``log_config=None`` (toolforge.api.serve):
   its loggers propagate to that handler instead of printing their own format.
 * **Console or JSON by where stderr goes**: console lines (structlog's ``ConsoleRenderer``)
   when stderr is a terminal, JSON lines otherwise; ``LOG_FORMAT=console|json`` (or

@@ -13,7 +13,7 @@ delay are written back to back (the same code path as ``pace=False``); paced sce
 ``delay_ms`` per step.
 
 The gateway is what ``toolforge serve`` runs: ``create_app(Settings(...))`` under
-``toolforge.api.server.run`` (uvicorn) with httptools, no access log, log level warning, and
+``toolforge.api.serve.run`` (uvicorn) with httptools, no access log, log level warning, and
 uvloop when installed (``loop="auto"``).
 """
 
@@ -232,7 +232,7 @@ async def _serve_upstream(port: int) -> None:
 
 def _serve_gateway(port: int, upstream: str, artifacts: str) -> None:
     from toolforge.api.app import create_app
-    from toolforge.api.server import run
+    from toolforge.api.serve import run
     from toolforge.settings import Settings
 
     # bench.libraries' arms: the gateway with one of its hand-written parts replaced by

@@ -39,7 +39,7 @@ import orjson
 from bench._procs import Proc, cpu_ns, settle_cpu, spawn_gateway
 from bench._results import load_average, write_section
 from toolforge.runtime.local_backend import SMOLLM2_135M, LocalBackend, cache_root
-from toolforge.runtime.servers import LlamaServerSpec, ServerManager
+from toolforge.runtime.server_manager import LlamaServerSpec, ServerManager
 from toolforge.settings import Settings
 from toolforge_client import AsyncToolForge
 

@@ -61,7 +61,7 @@ from openai.types.chat import ChatCompletion
 from bench._procs import scratch, spawn_gateway
 from bench._results import load_average
 from toolforge.runtime.local_backend import SMOLLM2_135M, LocalBackend, cache_root
-from toolforge.runtime.servers import LlamaServerSpec, ServerManager
+from toolforge.runtime.server_manager import LlamaServerSpec, ServerManager
 
 CASES = Path(__file__).with_name("proxy_cases.json")
 HEADING = "## Proxy quality (bench/proxy_quality.py)"

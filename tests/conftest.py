@@ -65,7 +65,7 @@ def local_llama_server() -> Iterator[str]:
     import httpx
 
     from toolforge.runtime.local_backend import SMOLLM2_135M, LocalBackend, cache_root
-    from toolforge.runtime.servers import LlamaServerSpec, free_port
+    from toolforge.runtime.server_manager import LlamaServerSpec, free_port
 
     backend = LocalBackend(cache_root())
     spec = LlamaServerSpec(

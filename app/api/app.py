@@ -43,7 +43,7 @@ from toolforge.core.engine.completion import Nudges
 from toolforge.core.redact import redact, remember_secrets, url_credentials
 from toolforge.core.schemas import SchemaRegistry, builtin_registry
 from toolforge.core.steps import WorkflowNudges
-from toolforge.core.tools import AskModel, ToolRegistry
+from toolforge.core.tools import ModelQuery, ToolRegistry
 from toolforge.core.workflow import WorkflowCaps
 from toolforge.errors import ErrorCode, RequestError, ServerError, ToolForgeError
 from toolforge.log import BACKEND_SETUP, configure_logging, get_logger
@@ -59,7 +59,7 @@ from toolforge.runtime.model_json import ask_json
 from toolforge.runtime.planner import PlannerConfig, SessionLimits, StreamPlanner
 from toolforge.runtime.ratelimit import FailureThrottle, MemoryRateLimiter, RateLimiter
 from toolforge.runtime.readiness import ReadinessCheck, readiness_request
-from toolforge.runtime.servers import ServerManager
+from toolforge.runtime.server_manager import ServerManager
 from toolforge.runtime.stream_service import SessionParts, Streams
 from toolforge.runtime.streams import StreamRegistry
 from toolforge.runtime.tracing import tracing_from_env
@@ -188,7 +188,7 @@ def remote_upstream(settings: Settings, client: httpx.AsyncClient) -> Upstream:
 
 
 async def _tool_sources(
-    settings: Settings, tools: ToolRegistry | None, model: AskModel
+    settings: Settings, tools: ToolRegistry | None, model: ModelQuery
 ) -> tuple[ToolRegistry, McpSources | None]:
     """The registry: ``tools`` or the packs of ``TOOL_PACKS``, plus the MCP servers'
     tools (which are started here). ``model`` is the gateway's own model, for packs whose
@@ -349,7 +349,7 @@ async def _upstream(
     return _Upstream(effective, backend.upstream, manager, backend)
 
 
-def _gateway_model(model_id: str, upstream: Upstream, repair_template: str) -> AskModel:
+def _gateway_model(model_id: str, upstream: Upstream, repair_template: str) -> ModelQuery:
     """The gateway's own model, for tools that ask it a question (task_analysis)."""
 
     async def ask(prompt: str, schema: type[BaseModel]) -> tuple[BaseModel, bool]:

@@ -16,7 +16,7 @@ from toolforge.runtime.cluster import RedisCluster
 from toolforge.runtime.executor import ToolExecutor
 from toolforge.runtime.metrics import GatewayMetrics
 from toolforge.runtime.planner import StreamPlan, StreamPlanner
-from toolforge.runtime.servers import ServerManager
+from toolforge.runtime.server_manager import ServerManager
 from toolforge.runtime.session import StreamSession
 from toolforge.runtime.stream_service import Streams
 from toolforge.runtime.streams import StreamRegistry

@@ -30,7 +30,7 @@ but no timeouts either, and costs several times httptools' parse time on the hot
 of the parser: bytes are counted before they are fed to it (so memory is bounded by the
 limit, not by what the client sends), header lines are counted in the parser's
 callback, and three timers (head, body, idle) close what stalls. Everything else is
-uvicorn's own code path; :class:`toolforge.api.server.GatewayServer` installs it, so
+uvicorn's own code path; :class:`toolforge.api.serve.GatewayServer` installs it, so
 ``toolforge serve``, the Docker image's command and the test harness all get it.
 """
 

@@ -43,8 +43,8 @@ from toolforge.errors import ErrorCode, RequestError, ToolForgeError
 __all__ = [
     "MAX_ARGS_BYTES",
     "MAX_RESULT_BYTES",
-    "AskModel",
     "JsonArgs",
+    "ModelQuery",
     "PermanentToolError",
     "ToolArgumentsError",
     "ToolEnvelope",
@@ -91,7 +91,7 @@ ToolFn = Callable[[Any], Awaitable[object]]
 # -- errors -------------------------------------------------------------------------------
 
 
-AskModel = Callable[[str, type[BaseModel]], Awaitable[tuple[BaseModel, bool]]]
+ModelQuery = Callable[[str, type[BaseModel]], Awaitable[tuple[BaseModel, bool]]]
 """How a tool asks the gateway's own model: ``ask(prompt, model_cls)`` returns the answer as a
 valid ``model_cls`` and whether it is degraded (the JSON guarantee's minimal value: the
 model's JSON was unusable even after one repair). Built by the app over its upstream

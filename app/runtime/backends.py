@@ -5,7 +5,7 @@ When no ``UPSTREAM_BASE_URL`` is set, the gateway's lifespan calls :func:`start_
 obtain llama-server and the model (cached after the first time, see
 :mod:`toolforge.runtime.local_backend`), read the GPUs through NVML, decide the context budget
 (:func:`toolforge.core.budget.decide`, logged as ``server.decision``), start the server through
-the :class:`~toolforge.runtime.servers.ServerManager` and hand back an adapter on it. In
+the :class:`~toolforge.runtime.server_manager.ServerManager` and hand back an adapter on it. In
 ``backend`` budget mode the server chooses its context and the decision is taken again
 from what ``/props`` reports.
 """
@@ -24,7 +24,7 @@ from toolforge.core.budget import BudgetDecision, BudgetMode, decide
 from toolforge.log import SERVER_DECISION, get_logger
 from toolforge.runtime.gpu import GpuProbe, read_gpus
 from toolforge.runtime.local_backend import SMOLLM2_135M, LocalBackend, LocalModel, cache_root
-from toolforge.runtime.servers import LlamaServerSpec, ManagedServer, ServerManager
+from toolforge.runtime.server_manager import LlamaServerSpec, ManagedServer, ServerManager
 from toolforge.upstream.base import Upstream
 from toolforge.upstream.llama_server import LlamaServerUpstream
 from toolforge.upstream.ollama import OllamaUpstream

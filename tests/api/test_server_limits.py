@@ -22,7 +22,7 @@ import uvicorn
 
 from tests.api.conftest import HarnessFactory, sentinel_reply
 from toolforge.api.app import create_app
-from toolforge.api.server import GatewayServer
+from toolforge.api.serve import GatewayServer
 from toolforge.api.server_limits import LimitedHttpToolsProtocol, ServerLimits
 from toolforge.eval.scripted_upstream import Script
 from toolforge.settings import Settings

@@ -1,6 +1,6 @@
 """Shutting the server down while streams run: each ends with ``done`` (reason
 ``shutdown``), its artifacts are written, and the process exits without waiting for the
-model (app/api/server.py)."""
+model (app/api/serve.py)."""
 
 from __future__ import annotations
 

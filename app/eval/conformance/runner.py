@@ -38,7 +38,7 @@ from toolforge.eval.conformance.checks import (
     check_stream,
 )
 from toolforge.eval.conformance.client import Observation, Stream, drive, frame_dicts, run_followups
-from toolforge.eval.conformance.tools import conformance_registry
+from toolforge.eval.conformance.tool_pack import conformance_registry
 from toolforge.eval.loopback import Harness, start_gateway
 from toolforge.settings import Settings
 
