@@ -19,7 +19,7 @@ TS_BUILD := $(TS_DIR)/dist/index.js
 # compiler and cmake when llama-server must be built).
 PREREQS := app/runtime/prereqs.py
 
-.PHONY: corpora install node-install run test test-fast check lint typecheck bench clean conformance ts-build ui chromium redis-server-check prereqs prereqs-build
+.PHONY: corpora install node-install run test test-fast check lint typecheck bench bench-bfcl clean conformance ts-build ui chromium redis-server-check prereqs prereqs-build
 
 prereqs:
 	@command -v $(PYTHON) >/dev/null || { echo "toolforge: $(PYTHON) is not on PATH: install Python >= 3.11 (Debian/Ubuntu: sudo apt install python3 python3-venv; macOS: brew install python@3.12)" >&2; exit 1; }
@@ -157,9 +157,17 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.gateway
 	$(BIN)/python -m bench.tools
 	$(BIN)/python -m bench.llama
+	$(BIN)/python -m bench.llama_grammar
 	$(BIN)/python -m bench.proxy_quality
 	$(BIN)/python -m bench.task_analysis
 	$(BIN)/python -m bench.libraries
+
+# BFCL simple_python, all 400 cases, through the proxy on the embedded model beside
+# llama-server alone (bench/bfcl.py): parse rate and AST accuracy, raw JSONL under
+# bench/results/. About an hour on two shared cores, so not part of `make bench`.
+# BFCL_ARGS='--limit 20' takes a quick look (RESULTS.md is then left as it is).
+bench-bfcl: $(STAMP) corpora
+	$(BIN)/python -m bench.bfcl $(BFCL_ARGS)
 
 clean:
 	rm -rf $(VENV) .typecheck .pytest_cache .mypy_cache .ruff_cache .hypothesis $(NODE_DIR)/node_modules
