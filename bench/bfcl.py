@@ -486,7 +486,7 @@ def report(
     *,
     command: str,
     code: str,
-    gateway: Gateway,
+    server: str,
     results: Mapping[str, Sequence[Record]],
     out: Path,
     seconds: float,
@@ -514,8 +514,8 @@ def report(
         f"CPython {platform.python_version()}; load average at start {load_at_start}, at the "
         f"end {load_average()} (the cores are shared). The gateway as `make run` serves it "
         f"(`toolforge serve`, no `UPSTREAM_BASE_URL`): its managed llama-server with "
-        f"{gateway.model} (args `{' '.join(gateway.server.get('args') or [])}`), which the "
-        f"`alone` arm calls directly. Temperature 0, seed {SEED}, max_tokens {MAX_TOKENS}, "
+        f"{server}, which the `alone` arm calls directly. Temperature 0, seed {SEED}, "
+        f"max_tokens {MAX_TOKENS}, "
         "the function offered as bfcl-eval offers it to OpenAI-style endpoints.",
         "",
         f"| {n} cases | llama-server alone | through the proxy | proxy ÷ alone | target |",
@@ -574,7 +574,7 @@ async def run(args: argparse.Namespace) -> None:
     lines = report(
         command=command,
         code=code,
-        gateway=gateway,
+        server=f"{gateway.model} (args `{' '.join(gateway.server.get('args') or [])}`)",
         results=results,
         out=out,
         seconds=time.monotonic() - started,
@@ -583,6 +583,32 @@ async def run(args: argparse.Namespace) -> None:
     print("\n".join([HEADING, *lines]))
     if args.limit is None and not args.no_write:
         write_section(HEADING, lines)
+
+
+def rescore(path: Path) -> dict[str, list[Record]]:
+    """The records of a raw results file, each reply judged again (by this checker)."""
+    cases = {c.id: c for c in load_cases(data_dir())}
+    results: dict[str, list[Record]] = {arm: [] for arm in ARMS}
+    for line in _json_lines(path):
+        message = None
+        if line["status"] == 200 and not line["error"]:
+            message = {"content": line["content"], "tool_calls": line["tool_calls"]}
+        verdict = (
+            score(cases[line["id"]], message) if message else Verdict(False, False, line["reason"])
+        )
+        results[line["arm"]].append(
+            Record(
+                line["id"],
+                line["arm"],
+                verdict,
+                line["seconds"],
+                line["status"],
+                message,
+                line["finish_reason"],
+                line["error"],
+            )
+        )
+    return results
 
 
 def main() -> None:
@@ -611,7 +637,23 @@ def main() -> None:
         help="llama-server's niceness (LLAMA_NICE; default 0: its fair share of that core)",
     )
     parser.add_argument("--no-write", action="store_true", help="do not update RESULTS.md")
+    parser.add_argument(
+        "--report", type=Path, help="judge the replies of this raw results file again; print"
+    )
     args = parser.parse_args()
+    if args.report is not None:
+        results = rescore(args.report)
+        lines = report(
+            command=f"python -m bench.bfcl --report {args.report}",
+            code="(as the file's run)",
+            server="(as the file's run)",
+            results=results,
+            out=args.report,
+            seconds=0.0,
+            load_at_start=load_average(),
+        )
+        print("\n".join([HEADING, *lines]))
+        return
     if args.limit is not None and args.limit < 1:
         parser.error("--limit must be at least 1")
     if args.concurrency < 1:
