@@ -36,6 +36,7 @@ from toolforge.api.routes import router
 from toolforge.api.runs import router as runs_router
 from toolforge.api.server_limits import ServerLimits
 from toolforge.api.servers import router as servers_router
+from toolforge.api.stream_socket import router as stream_socket_router
 from toolforge.api.ui_stream import router as ui_stream_router
 from toolforge.api.web import install_web
 from toolforge.core.context import ContextPolicy
@@ -583,6 +584,7 @@ def create_app(
     app.include_router(responses_router)
     app.include_router(agui_router)
     app.include_router(ui_stream_router)
+    app.include_router(stream_socket_router)
     app.include_router(runs_router)
     install_web(app)
     install_openapi(app)
