@@ -63,6 +63,12 @@ class Settings(BaseSettings):
     queue_max_frames: int = Field(128, ge=1, validation_alias="QUEUE_MAX_FRAMES")
     # Long enough to reconnect after a network change; short enough to bound memory.
     resume_ttl_s: float = Field(300.0, ge=0, validation_alias="RESUME_TTL_S")
+    # A dropped client's stream runs on this long for a resume (a network change, a phone
+    # waking) before it is cancelled; 0 cancels at once. At most an hour: a stream held for
+    # nobody keeps its model slot.
+    disconnect_grace_ms: int = Field(
+        10_000, ge=0, le=3_600_000, validation_alias="DISCONNECT_GRACE_MS"
+    )
     # docs/protocol.md: 1 MB bodies (Starlette has no cap on JSON bodies of its own).
     max_body_bytes: int = Field(1024 * 1024, ge=1024, validation_alias="MAX_BODY_BYTES")
     # docs/protocol.md limits.
@@ -90,7 +96,7 @@ class Settings(BaseSettings):
     # processes its new tokens. Off only to measure what the cache saves (bench/llama.py).
     llama_cache_prompt: bool = Field(True, validation_alias="LLAMA_CACHE_PROMPT")
     # Below the gateway's CPU priority, so a token is relayed as soon as it exists while
-    # llama-server keeps every core busy (app/runtime/servers.py ServerManager).
+    # llama-server keeps every core busy (app/runtime/server_manager.py ServerManager).
     llama_nice: int = Field(10, ge=0, le=19, validation_alias="LLAMA_NICE")
     # Use an existing binary/model instead of building/downloading (Docker, packagers).
     llama_server_bin: Path | None = Field(None, validation_alias="LLAMA_SERVER_BIN")

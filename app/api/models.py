@@ -112,10 +112,11 @@ class StreamRequest(BaseModel):
     # docs/workflows.md: a registered workflow's name (GET /v1/workflows) or an inline definition
     # (checked when the stream is planned: WORKFLOW_INVALID, 422).
     workflow: Annotated[str, Field(min_length=1, max_length=64)] | dict[str, Any] | None = None
-    # Ours, beyond docs/protocol.md (docs/protocol.md): what a client disconnect means. "cancel"
-    # (the default) stops the model within 50 ms; "continue" lets the stream run to its
-    # end so the client can pick it up with GET /v1/streams/{id} and Last-Event-ID.
-    on_disconnect: Literal["cancel", "continue"] = "cancel"
+    # What a client disconnect means (docs/protocol.md, section 7). "grace" (the default)
+    # keeps the stream running for DISCONNECT_GRACE_MS so the client can resume it with
+    # GET /v1/streams/{id} and Last-Event-ID, then cancels it; "cancel" stops the model
+    # within 50 ms; "continue" runs the stream to its end for a resume at any time.
+    on_disconnect: Literal["grace", "cancel", "continue"] = "grace"
 
     @model_validator(mode="after")
     def _one_prompt(self) -> StreamRequest:

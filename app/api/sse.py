@@ -18,7 +18,7 @@ about 0.5 ms per request on this stack (bench/RESULTS.md). Here one response cos
   the upstream (docs/protocol.md backpressure).
 
 Server shutdown is the session registry's business (``toolforge serve`` cancels every
-stream, so each ends with ``done``; see :mod:`toolforge.api.server`), not the writer's.
+stream, so each ends with ``done``; see :mod:`toolforge.api.serve`), not the writer's.
 """
 
 from __future__ import annotations
@@ -64,8 +64,11 @@ class FrameStreamResponse(Response):
 
     The *primary* response (the one that started the stream) throttles the producer and,
     when it ends for any reason (the stream finished, the client left before or after
-    the headers, the server shuts down), tells the session, which cancels the upstream
-    unless the request asked for ``on_disconnect: "continue"``.
+    the headers, the server shuts down), tells the session, which applies the request's
+    ``on_disconnect``: by default it waits ``DISCONNECT_GRACE_MS`` for a resume before it
+    cancels the upstream. Any other response (a resume, a replay) tells the session it
+    joined: one that comes while the stream waits for its client becomes the primary
+    response in the client's place.
     """
 
     media_type = "text/event-stream"
@@ -96,11 +99,19 @@ class FrameStreamResponse(Response):
         self.raw_headers = _raw_headers(session.id, headers)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        session = self._session
+        if not self._primary:
+            self._primary = session.reader_joined(self._after)
+            if not self._primary:
+                try:
+                    await self._write(receive, send)
+                finally:
+                    session.reader_left()
+                return
         try:
             await self._write(receive, send)
         finally:
-            if self._primary:
-                self._session.client_left()
+            session.client_left()
 
     async def _write(self, receive: Receive, send: Send) -> None:
         log = self._session.log

@@ -66,7 +66,7 @@ _ASKED: Final = {
 }
 
 
-DisconnectPolicy = Literal["cancel", "continue"]
+DisconnectPolicy = Literal["grace", "cancel", "continue"]
 
 
 # A stream's tool calls when its request names no limit.
@@ -84,6 +84,8 @@ class StreamPlan:
     stream_id: str
     chat: ChatRequest
     mode: Mode
+    # "cancel" for plans no client can resume (the OpenAI-compatible proxy); a
+    # POST /v1/stream body says "grace" unless it asks otherwise.
     on_disconnect: DisconnectPolicy = "cancel"
     # The context-budget decision behind the upstream (docs/servers.md), when the gateway made one;
     # its budget_tokens goes in stream.begin, the whole decision in metrics.json.
@@ -128,6 +130,8 @@ class SessionLimits:
     frame_timeout_s: float = 15.0
     repair_retries: int = 1
     client_tool_timeout_s: float = 120.0
+    # How long a dropped client's stream waits for a resume (on_disconnect "grace").
+    disconnect_grace_s: float = 10.0
 
 
 class InlineSchemaAsk(Protocol):
@@ -176,7 +180,7 @@ class StreamAsk(Protocol):
     @property
     def max_tool_calls(self) -> int: ...
     @property
-    def on_disconnect(self) -> Literal["cancel", "continue"]: ...
+    def on_disconnect(self) -> DisconnectPolicy: ...
     @property
     def workflow(self) -> str | Mapping[str, Any] | None: ...
     def chat_messages(self) -> list[dict[str, Any]]: ...

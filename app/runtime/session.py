@@ -162,6 +162,11 @@ class StreamSession:
         self._opening: Sequence[Frame] = ()  # stream.begin, until the upstream request is out
         self._ended = False  # done is appended and the artifacts are written
         self._end_waiters: list[asyncio.Future[None]] = []
+        # Disconnects (client_left): the primary client gone and not back yet, the timer
+        # of its grace, and the other readers following the stream.
+        self._orphaned = False
+        self._grace: asyncio.TimerHandle | None = None
+        self._followers = 0
         self.reason: str | None = None
         self.finished_at: float | None = None
         self.stats: dict[str, Any] = {}
@@ -188,13 +193,71 @@ class StreamSession:
         self._scope.cancel()
         return True
 
+    # -- disconnects: a drop is not a cancel ------------------------------------------
+    #
+    # ``on_disconnect`` says what the primary client leaving means. "cancel": the stream
+    # is cancelled at once. "continue": it runs to its end with nobody throttling it.
+    # "grace" (the default): it runs on for ``disconnect_grace_s``, still throttled by
+    # the primary cursor where the client left it, so it produces at most
+    # QUEUE_MAX_FRAMES more frames for nobody; a resume (``reader_joined``) within the
+    # grace takes the primary's place and the stream goes on as if nothing happened;
+    # otherwise the grace's timer cancels it, as "cancel" would have at once. Readers
+    # that follow the stream (a resume while the primary was still connected) keep it
+    # alive while they read; the grace starts when the last of them leaves.
+
     def client_left(self) -> None:
-        """The primary client disconnected: cancel, or keep going for a resume."""
+        """The primary client disconnected: cancel, keep going, or wait for a resume."""
+        policy = self.plan.on_disconnect
+        if not self.running:
+            self.log.detach_primary()
+            return
+        grace_s = self._limits.disconnect_grace_s
+        log.info(CLIENT_DISCONNECTED, stream_id=self.id, policy=policy, grace_s=grace_s)
+        if policy == "grace" and grace_s > 0:
+            self._orphaned = True
+            if self._followers:
+                self.log.detach_primary()  # they read on; none of them throttles
+            else:
+                self._start_grace()
+            return
         self.log.detach_primary()
-        if self.running:
-            log.info(CLIENT_DISCONNECTED, stream_id=self.id, policy=self.plan.on_disconnect)
-            if self.plan.on_disconnect == "cancel":
-                self.cancel("client_disconnected")
+        if policy != "continue":
+            self.cancel("client_disconnected")
+
+    def reader_joined(self, after: int) -> bool:
+        """Another reader (a resume, a replay) starts after id ``after``. True: the
+        stream was waiting for its client to come back, and this reader is now its
+        primary one (it throttles the producer, and its leaving is a disconnect)."""
+        if not (self._orphaned and self.running):
+            self._followers += 1
+            return False
+        self._orphaned = False
+        if self._grace is not None:
+            self._grace.cancel()
+            self._grace = None
+        frame_log = self.log
+        frame_log.attach_primary()
+        frame_log.written(max(0, min(after, frame_log.last_id)), 0, primary=True)
+        return True
+
+    def reader_left(self) -> None:
+        """A reader that :meth:`reader_joined` answered False for has gone."""
+        self._followers -= 1
+        if not self._followers and self._orphaned and self._grace is None and self.running:
+            frame_log = self.log
+            frame_log.attach_primary()  # from here on, bounded by the queue again
+            frame_log.written(frame_log.last_id, 0, primary=True)
+            self._start_grace()
+
+    def _start_grace(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._grace = loop.call_later(self._limits.disconnect_grace_s, self._grace_over)
+
+    def _grace_over(self) -> None:
+        self._grace = None
+        self._orphaned = False
+        self.log.detach_primary()
+        self.cancel("client_disconnected")
 
     def approve(self, call_id: str, approved: bool) -> bool:
         """Answer a pending approval; False if no call with that id is waiting."""
@@ -648,6 +711,9 @@ class StreamSession:
         )
         self.log.append(record.done(reason, counts, summary))
         self.log.close()
+        if self._grace is not None:  # ended (or cancelled) while waiting for its client
+            self._grace.cancel()
+            self._grace = None
         self.finished_at = self._clock()
         log.info(
             STREAM_FINISHED,

@@ -108,7 +108,7 @@ async def test_client_disconnect_mid_token_cancels_the_upstream_fast(
     # The upstream keeps streaming slowly; the client reads a little, then hangs up.
     script = Script.from_tokens([f"t{i} " for i in range(1000)], delay_ms=5)
     gw = await make_gateway([script])
-    reader, writer = await open_raw_stream(gw, {"input": "x"})
+    reader, writer = await open_raw_stream(gw, {"input": "x", "on_disconnect": "cancel"})
     await reader.readuntil(b"event: text.delta")
     assert gw.upstream.open_connections == 1
     writer.transport.abort()
@@ -122,7 +122,7 @@ async def test_client_disconnect_mid_token_cancels_the_upstream_fast(
 
 async def test_client_disconnect_during_an_upstream_stall(make_gateway: HarnessFactory) -> None:
     gw = await make_gateway([Script(steps=(Step(text="a"),), end="hang")], idle_s=30)
-    reader, writer = await open_raw_stream(gw, {"input": "x"})
+    reader, writer = await open_raw_stream(gw, {"input": "x", "on_disconnect": "cancel"})
     await reader.readuntil(b"event: text.delta")
     writer.close()
     assert await upstream_closed_within(gw, 1.0) < 0.05
@@ -131,7 +131,7 @@ async def test_client_disconnect_during_an_upstream_stall(make_gateway: HarnessF
 
 async def test_client_gone_right_after_sending(make_gateway: HarnessFactory) -> None:
     gw = await make_gateway([Script(end="hang_before_headers")] * 2, first_byte_s=30)
-    _, writer = await open_raw_stream(gw, {"input": "x"})
+    _, writer = await open_raw_stream(gw, {"input": "x", "on_disconnect": "cancel"})
     writer.transport.abort()  # gone before reading a single byte of the answer
     await asyncio.sleep(0.1)
     await upstream_closed_within(gw, 1.0)
@@ -146,7 +146,7 @@ async def test_client_gone_before_the_upstream_answered(
     if head_held:  # the head still waits for the first frame when the client goes
         monkeypatch.setattr(sse, "HEAD_HOLD_S", 30.0)
     gw = await make_gateway([Script(end="hang_before_headers")], first_byte_s=30)
-    _, writer = await open_raw_stream(gw, {"input": "x"})
+    _, writer = await open_raw_stream(gw, {"input": "x", "on_disconnect": "cancel"})
     async with asyncio.timeout(2):
         await gw.upstream.wait_for_requests(1)
     writer.transport.abort()
@@ -208,7 +208,9 @@ async def test_many_hang_ups_leave_no_upstream_connection_open(
     n = 40
     scripts = [Script.from_tokens([f"t{i} " for i in range(2000)], delay_ms=1) for _ in range(n)]
     gw = await make_gateway(scripts)
-    clients = [await open_raw_stream(gw, {"input": "x"}) for _ in range(n)]
+    clients = [
+        await open_raw_stream(gw, {"input": "x", "on_disconnect": "cancel"}) for _ in range(n)
+    ]
     for reader, _ in clients:
         await reader.readuntil(b"event: text.delta")
     for _, writer in clients:

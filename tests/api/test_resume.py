@@ -58,7 +58,7 @@ async def test_resume_after_cancel_on_disconnect_replays_what_was_sent(
 ) -> None:
     script = Script.from_tokens([f"w{i} " for i in range(500)], delay_ms=5)
     gw = await make_gateway([script])
-    stream_id, first = await _read_some(gw, {"input": "x"}, 5)
+    stream_id, first = await _read_some(gw, {"input": "x", "on_disconnect": "cancel"}, 5)
     await gw.settle()
     rest = frames(await _resume(gw, stream_id, first[-1].id))
     whole = first + rest

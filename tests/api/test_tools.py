@@ -233,7 +233,8 @@ async def test_approval_granted_denied_and_timed_out(make_gateway: HarnessFactor
 async def test_disconnect_during_a_tool_cancels_it(make_gateway: HarnessFactory) -> None:
     ran: list[float] = []
     gw = await make_gateway([tokens(call("t1", "slow", {"seconds": 5}))], tools=_registry(ran=ran))
-    async with gw.client.stream("POST", f"{gw.url}/v1/stream", json={"input": "x"}) as response:
+    body = {"input": "x", "on_disconnect": "cancel"}
+    async with gw.client.stream("POST", f"{gw.url}/v1/stream", json=body) as response:
         async for line in response.aiter_lines():
             if line == "event: tool.call":
                 break

@@ -458,14 +458,17 @@ async def test_a_result_post_that_fails_to_connect_is_sent_again(
 
 async def test_no_resume_when_disabled(make_gateway: HarnessFactory) -> None:
     words = [f"w{i} " for i in range(60)]
-    gw = await make_gateway([Script.from_tokens([*words, sentinel_reply()], delay_ms=10)])
+    gw = await make_gateway(
+        [Script.from_tokens([*words, sentinel_reply()], delay_ms=10)], disconnect_grace_ms=300
+    )
     async with DropProxy(gw.url, lambda seen: b"event: text.delta" in seen) as proxy:
         async with AsyncToolForge(proxy.url, max_resumes=0) as client:
             with pytest.raises(APIConnectionError) as err:
                 await client.run("x")
     assert err.value.stream_id is not None and err.value.last_event_id >= 2
     await gw.settle()
-    # With no resume, the SDK leaves on_disconnect at the gateway's default: cancelled.
+    # With no resume, the SDK leaves on_disconnect at the gateway's default: a grace for a
+    # resume that never comes, then cancelled.
     assert gw.gateway.registry.get(err.value.stream_id).reason == "client_disconnected"
 
 
