@@ -266,6 +266,8 @@ class FrameGrammar:
         self._result = (result[0], body("schema", *result))
         self._objects = [(name, body("schema", name, s)) for name, s in (objects or {}).items()]
         self._text = _repeat(_TEXT_CLASS, 0, max_text_chars)
+        # (tool, narrowed schema) -> its root rule and the rules it adds (for_turn).
+        self._turn_bodies: dict[tuple[str, bytes], tuple[str, dict[str, str]]] = {}
 
     def for_turn(
         self,
@@ -285,8 +287,7 @@ class FrameGrammar:
         workflow ends with its terminal tool, not a RESULT frame); ``free_text=False``
         leaves out the free text before a call (a small model spends its tokens there).
         """
-        turn_rules = self._rules.fork() if narrowed else self._rules
-        rules = turn_rules.rules if narrowed else dict(self._rules.rules)
+        rules = dict(self._rules.rules)
         text = "text " if self._text else ""
         if self._text:
             rules["text"] = self._text
@@ -302,8 +303,7 @@ class FrameGrammar:
                         continue
                     schema = narrowed[name]
                     if schema is not None:
-                        converter = _Converter(turn_rules, schema)
-                        tools.append((name, converter.root(f"turn-{name}")))
+                        tools.append((name, self._narrowed_body(name, schema, rules)))
             for i, (name, args) in enumerate(tools, start=1):
                 rules[f"call-{i}"] = (
                     f"{_lit(sentinels.begin(FrameKind.TOOL_CALL, ids.call, name))} "
@@ -334,6 +334,32 @@ class FrameGrammar:
             lead = ""
         rules["root"] = f"{lead}( {' | '.join(choices)} )"
         return _render(rules)
+
+    def _narrowed_body(self, name: str, schema: Mapping[str, Any], rules: dict[str, str]) -> str:
+        """The rule of ``name``'s narrowed arguments, its rules added to ``rules``: converted
+        once per distinct schema and kept (a workflow's turns narrow the same tools the same
+        way until a call changes what the run holds)."""
+        key = (name, orjson.dumps(schema, option=orjson.OPT_SORT_KEYS))
+        cached = self._turn_bodies.pop(key, None)
+        if cached is None:
+            fork = self._rules.fork()
+            root = _Converter(fork, schema).root(f"turn-{name}")
+            base = self._rules.rules
+            cached = (root, {k: v for k, v in fork.rules.items() if base.get(k) != v})
+        self._turn_bodies[key] = cached  # the most recently used last
+        while len(self._turn_bodies) > _TURN_BODIES:
+            del self._turn_bodies[next(iter(self._turn_bodies))]
+        root, added = cached
+        if any(rules.get(k, v) != v for k, v in added.items()):
+            # Two tools whose names reduce to the same rule name: convert this one into
+            # the turn's own copy, where names are made unique.
+            turn = _Rules.__new__(_Rules)
+            turn.limits, turn.rules = self._limits, rules
+            turn._taken, turn._pending = set(rules), set()
+            turn._next, turn.size = {}, 0
+            return _Converter(turn, schema).root(f"turn-{name}")
+        rules.update(added)
+        return root
 
     def json_value(self, schema: Mapping[str, Any] | bool) -> str:
         """:func:`json_value_grammar` with this grammar's limits (model repair)."""
@@ -541,6 +567,7 @@ class _Rules:
         return _repeat(self.add(hint, f'ws "," ws {member}'), lo, hi)
 
 
+_TURN_BODIES: Final = 256  # narrowed tool schemas a stream's grammar keeps converted
 # Names the per-turn and generic rules use (``call-1``, ``json-value-16``).
 _NUMBERED: Final = re.compile(r"(json-(value|object|array|members|items)|call|object)-[0-9]+")
 _LITERAL_OR_CLASS: Final = re.compile(r'"(?:\\.|[^"\\])*"|\[(?:\\.|[^\]\\])*\]')

@@ -109,6 +109,10 @@ class Grounding:
         self.spent_words: set[str] = set()
         # (tool, argument) -> argument-matched values whose call failed for good.
         self._failed_values: dict[tuple[str, str], set[str]] = {}
+        # The argument checks of this run (keyed by the schemas' identity: they live as
+        # long as the run), and the last narrowing with what it was computed from.
+        self._memo: dict[object, Any] = {}
+        self._last: tuple[tuple[object, ...], dict[str, Mapping[str, Any] | None]] | None = None
         # Per tool: its declared provenance, with its argument-matched arguments left to
         # the prerequisite's enum (they are narrowed already).
         self._declared: dict[str, dict[str, tuple[Source, ...]]] = {}
@@ -149,6 +153,16 @@ class Grounding:
                 changed["properties"] = {**props, prereq.match_arg: {"enum": allowed}}
                 narrowed[tool] = changed
                 schema = changed
+        # Nothing new since the last turn (no call succeeded, no word or value spent): the
+        # same schemas, so the grammar's rules for them are the same too.
+        state = (
+            len(self._calls),
+            len(self.spent_words),
+            sum(len(v) for v in self._failed_values.values()),
+            tuple((t, None if s is None else id(s)) for t, s in narrowed.items()),
+        )
+        if self._last is not None and self._last[0] == state:
+            return dict(self._last[1])
         held = Held(
             said=self._said or Said(),
             calls=tuple(self._calls),
@@ -158,10 +172,13 @@ class Grounding:
             base = narrowed[tool] if tool in narrowed else self._schemas.get(tool)
             if base is None:
                 continue
-            out = narrow_properties(tool, base, self._declared[tool], held, defaults=True)
+            out = narrow_properties(
+                tool, base, self._declared[tool], held, defaults=True, memo=self._memo
+            )
             if out is not base:
                 narrowed[tool] = out
-        return narrowed
+        self._last = (state, narrowed)
+        return dict(narrowed)
 
     def succeeded(self, name: str, args: object, data: object) -> None:
         """A successful call: its values are held from now on; a grounded one whose

@@ -402,11 +402,52 @@ def source_doc(source: Source) -> object:
 class Held:
     """What a run holds when a turn is compiled: the user's :class:`Said`, the words spent
     (a grounded call whose result led nowhere), and the successful calls so far, in order:
-    (tool, arguments, result data)."""
+    (tool, arguments, result data). The results' scalars by key and the calls' arguments
+    by name are indexed once (:meth:`results_under`, :meth:`args_named`)."""
 
     said: Said = field(default_factory=Said)
     calls: tuple[tuple[str, object, object], ...] = ()
     spent: frozenset[str] = frozenset()
+    _results: dict[str, list[tuple[str, object]]] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
+    _args: dict[str, list[tuple[str, object]]] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
+
+    def __post_init__(self) -> None:
+        for tool, args, data in self.calls:
+            for key, value in _scalars(data):
+                self._results.setdefault(key, []).append((tool, value))
+            if isinstance(args, Mapping):
+                for name, value in args.items():
+                    if isinstance(name, str) and value is not None:
+                        self._args.setdefault(name, []).append((tool, value))
+
+    def results_under(self, key: str) -> list[tuple[str, object]]:
+        """(tool, value) of every scalar stored under ``key`` in the results, in order."""
+        return self._results.get(key, [])
+
+    def args_named(self, name: str) -> list[tuple[str, object]]:
+        """(tool, value) of every earlier call's argument ``name``, in order."""
+        return self._args.get(name, [])
+
+
+def _scalars(data: object, depth: int = 0) -> Iterator[tuple[str, object]]:
+    """(key, scalar) pairs anywhere in ``data`` (JSON-like), as :func:`values_under` finds
+    them."""
+    if depth > 16:
+        return
+    if isinstance(data, Mapping):
+        for k, v in data.items():
+            if isinstance(v, str | int | float) and not isinstance(v, bool):
+                if isinstance(k, str):
+                    yield k, v
+            elif isinstance(v, Mapping | list):
+                yield from _scalars(v, depth + 1)
+    elif isinstance(data, list):
+        for item in data:
+            yield from _scalars(item, depth + 1)
 
 
 def values_under(data: object, key: str, depth: int = 0) -> Iterator[object]:
@@ -482,11 +523,13 @@ def narrow_properties(
     *,
     defaults: bool,
     plain: bool = False,
+    memo: dict[object, Any] | None = None,
 ) -> Mapping[str, Any] | None:
     """``schema`` (a tool's input schema) with each argument held to its sources, or None
     when a required argument's declared sources hold nothing yet (the tool cannot be
     called this turn). ``declared``: argument -> sources; ``defaults``: apply
-    :func:`default_sources` to the others."""
+    :func:`default_sources` to the others; ``memo``: a run's cache of each argument's checks
+    (the schemas must outlive it: it is keyed by their identity)."""
     props = schema.get("properties")
     if not isinstance(props, Mapping):
         return schema
@@ -504,7 +547,7 @@ def narrow_properties(
             sources = default_sources(arg, _non_null(prop), required=arg in must, plain=plain)
         if not sources or any(isinstance(s, Anything) for s in sources):
             continue
-        narrowed = _narrow(tool, arg, prop, sources, held)
+        narrowed = _narrow(tool, arg, prop, sources, held, {} if memo is None else memo)
         if narrowed is None:
             continue
         if narrowed is DROPPED:
@@ -532,45 +575,51 @@ def _non_null(prop: Mapping[str, Any]) -> Mapping[str, Any]:
 
 
 def _narrow(
-    tool: str, arg: str, prop: Mapping[str, Any], sources: tuple[Source, ...], held: Held
+    tool: str,
+    arg: str,
+    prop: Mapping[str, Any],
+    sources: tuple[Source, ...],
+    held: Held,
+    memo: dict[object, Any],
 ) -> Mapping[str, Any] | bool | None:
     """The argument's schema this turn: an ``enum`` of its values (and, for a plain string
     from the user, their words), DROPPED when its sources hold nothing, None to keep it."""
-    own = _non_null(prop)
-    kind = kind_of(arg, own)
-    if kind == "other":
-        return None
-    check = _checker(tool, arg, own)
+    found = memo.get(id(prop))
+    if found is None:
+        own = _non_null(prop)
+        kind = kind_of(arg, own)
+        found = memo[id(prop)] = (own, kind, None if kind == "other" else _checker(tool, arg, own))
+    own, kind, check = found
     if check is None:
         return None
-    values: dict[str, object] = {}
     words: str | None = None
-
-    def offer(value: object) -> None:
-        if len(values) < _MAX_VALUES and _key(value) not in values and check(value):
-            values[_key(value)] = value
-
+    candidates: list[object] = []
     for source in sources:
         match source:
             case User():
-                for value in _from_user(kind, own, held.said):
-                    offer(value)
+                candidates.extend(_from_user(kind, own, held.said))
                 if kind == "string" and "pattern" not in own and "format" not in own:
                     words = words_pattern(content_words(held.said, held.spent))
             case Results(tool=of, key=key):
-                for name, _args, data in held.calls:
-                    if of is None or name == of:
-                        for value in values_under(data, key or arg):
-                            offer(_typed(kind, value))
+                found = held.results_under(key or arg)
+                candidates.extend(v for name, v in found if of is None or name == of)
             case Calls(tool=of, arg=name_of):
-                for name, args, _data in held.calls:
-                    if (of is None or name == of) and isinstance(args, Mapping):
-                        value = args.get(name_of or arg)
-                        if value is not None:
-                            offer(_typed(kind, value))
+                found = held.args_named(name_of or arg)
+                candidates.extend(v for name, v in found if of is None or name == of)
             case Anything():
                 return None
-    enum = list(values.values())
+    # Distinct values in order, typed, each checked once a run (the memo): a run's held
+    # values repeat turn after turn.
+    enum: list[object] = []
+    typed = candidates if kind not in _RETYPED else [_typed(kind, v) for v in candidates]
+    for value in dict.fromkeys((type(v), v) for v in typed):
+        ok = memo.get((id(prop), value))
+        if ok is None:
+            ok = memo[id(prop), value] = check(value[1])
+        if ok:
+            enum.append(value[1])
+            if len(enum) >= _MAX_VALUES:
+                break
     if words is not None:
         pattern = {"type": "string", "pattern": words}
         if "maxLength" in own:
@@ -581,8 +630,7 @@ def _narrow(
     return {"enum": enum}
 
 
-def _key(value: object) -> str:
-    return f"{type(value).__name__}:{value}"
+_RETYPED: Final = frozenset({"integer", "number", "id", "string", "date", "time", "date-time"})
 
 
 def _typed(kind: Kind, value: object) -> object:

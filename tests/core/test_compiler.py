@@ -143,8 +143,8 @@ def test_the_json_schema_and_tool_choice_say_the_same() -> None:
     p.record("get_weather", {"city": "Madrid"}, {"ok": True, "data": {"temp_c": 24}})
     p.end_batch()
     constraint = compile_turn(
-        p._workflow,  # noqa: SLF001 (the policy's own definition)
-        p._grounding.narrowed(p._steps.values),  # noqa: SLF001
+        p._workflow,
+        p._grounding.narrowed(p._steps.values),
         WEATHER,
         succeeded=("get_weather",),
     )

@@ -225,7 +225,7 @@ def test_a_workflow_declares_provenance_and_its_sources_must_be_its_tools() -> N
     assert wf.provenance["places.search"]["query"] == (User(),)  # grounded is "user"
     again = {k: v for k, v in wf.to_dict().items() if k != "source"}
     assert parse_workflow(again, known_tools=tools) == wf
-    with pytest.raises(RequestError, match="takes values from 'weather.get'"):
+    with pytest.raises(RequestError, match=r"takes values from 'weather\.get'"):
         parse_workflow(
             {**base, "provenance": {"bookings.create": {"x": {"results": "weather.get"}}}},
             known_tools=tools,

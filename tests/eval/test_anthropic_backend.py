@@ -100,7 +100,12 @@ async def test_the_eval_runs_a_scenario_through_the_messages_api(tmp_path: Path)
     # with input_schema, each tool_use answered by a tool_result in a user turn.
     last = seen[-1]
     assert last["model"] == "claude-fake" and isinstance(last.get("system"), str | list)
-    assert {t["name"] for t in last["tools"]} >= {"get_weather", "report_weather"}
+    # The workflow's compiled turn: the lookup is done, so only the report is offered, and
+    # Anthropic's tool_choice names it.
+    first = seen[0]
+    assert [t["name"] for t in first["tools"]] == ["get_weather"]
+    assert [t["name"] for t in last["tools"]] == ["report_weather"]
+    assert last["tool_choice"] == {"type": "tool", "name": "report_weather"}
     roles = [m["role"] for m in last["messages"]]
     assert roles == ["user", "assistant", "user"]
     (result,) = [b for b in last["messages"][2]["content"] if b["type"] == "tool_result"]

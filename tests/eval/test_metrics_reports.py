@@ -147,8 +147,9 @@ def test_ablations_turn_their_feature_off() -> None:
     assert preset("no_compact").apply(wf)["compaction"] == "none"
     assert preset("no_grammar").mode("constrained") == "sentinel"
     assert preset("no_grammar").mode("native") == "native"
+    assert preset("no_provenance").apply(wf)["narrow"] is False
     bare = preset("bare").apply(wf)
-    assert bare["rescue"] is False and bare["compaction"] == "none"
+    assert bare["rescue"] is False and bare["compaction"] == "none" and bare["narrow"] is False
     assert bare["max_retries_per_step"] == 0 and bare["max_tool_errors"] == 0
     assert set(PRESETS) == {
         "reforged",
@@ -158,6 +159,7 @@ def test_ablations_turn_their_feature_off() -> None:
         "no_recovery",
         "no_compact",
         "no_grammar",
+        "no_provenance",
         "bare",
     }
     with pytest.raises(KeyError, match="known"):

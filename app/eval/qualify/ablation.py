@@ -25,6 +25,7 @@ class Ablation:
     recovery: bool = True  # tool errors fed back for self-correction (max_tool_errors > 0)
     compaction: bool = True  # context compaction
     grammar: bool = True  # constrained decoding (GBNF) where the mode has it
+    provenance: bool = True  # arguments held to where their values come from ("narrow")
 
     def apply(self, workflow: Mapping[str, Any]) -> dict[str, Any]:
         """``workflow`` with this preset's features turned off."""
@@ -40,6 +41,8 @@ class Ablation:
             out["max_tool_errors"] = 0
         if not self.compaction:
             out["compaction"] = "none"
+        if not self.provenance:
+            out["narrow"] = False
         return out
 
     def mode(self, mode: str) -> str:
@@ -58,6 +61,7 @@ PRESETS: Final[Mapping[str, Ablation]] = {
         Ablation("no_recovery", recovery=False),
         Ablation("no_compact", compaction=False),
         Ablation("no_grammar", grammar=False),
+        Ablation("no_provenance", provenance=False),
         Ablation(
             "bare",
             rescue=False,
@@ -66,6 +70,7 @@ PRESETS: Final[Mapping[str, Ablation]] = {
             recovery=False,
             compaction=False,
             grammar=False,
+            provenance=False,
         ),
     )
 }

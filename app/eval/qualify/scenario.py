@@ -141,6 +141,8 @@ class Scenario:
     budget_tokens: int | None = None
     max_iterations: int = 10
     keep_recent: int | None = None  # the workflow's (2 when None): iterations never compacted
+    # tool -> argument -> where its value comes from (docs/workflows.md, provenance)
+    provenance: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
     @property
     def ideal_iterations(self) -> int:
@@ -164,6 +166,8 @@ class Scenario:
             body["budget_tokens"] = self.budget_tokens
         if self.keep_recent is not None:
             body["keep_recent"] = self.keep_recent
+        if self.provenance:
+            body["provenance"] = {k: dict(v) for k, v in self.provenance.items()}
         return body
 
     def variant(self, **changes: Any) -> Scenario:
