@@ -78,6 +78,19 @@ APPROVAL_SCHEMA: Final[Mapping[str, Any]] = {
 _ENCODER: Final = EventEncoder()
 
 
+def _content_template() -> tuple[bytes, bytes, bytes]:
+    """TEXT_MESSAGE_CONTENT as the package's encoder writes it, cut around its two
+    values: the per-token path splices a message id and a frame's JSON string in, and
+    writes what the encoder would, without a model built and dumped per token."""
+    probe = _ENCODER.encode(TextMessageContentEvent(message_id="\x01", delta="\x02")).encode()
+    head, rest = probe.split(b'"\\u0001"')
+    mid, tail = rest.split(b'"\\u0002"')
+    return head, mid, tail
+
+
+_CONTENT_HEAD, _CONTENT_MID, _CONTENT_TAIL = _content_template()
+
+
 def parse_interrupt_id(interrupt_id: str) -> tuple[str, str, int] | None:
     """``(stream_id, call_id, frame_id)`` of an interrupt id this gateway gave, or None."""
     stream_id, _, rest = interrupt_id.partition(".")
@@ -97,6 +110,7 @@ class RunWriter:
         self._run_id = run_id
         self._stream_id = stream_id
         self._message: str | None = None  # the open text message
+        self._content_head = b""  # its TEXT_MESSAGE_CONTENT, up to the delta
         self._reasoning: str | None = None  # the open reasoning message
         self._messages = 0
         self._client_calls: list[str] = []
@@ -125,6 +139,7 @@ class RunWriter:
         if self._message is None:
             self._close(out)
             self._message = self._id("msg")
+            self._content_head = _CONTENT_HEAD + orjson.dumps(self._message) + _CONTENT_MID
             out.append(TextMessageStartEvent(message_id=self._message, role="assistant"))
         out.append(TextMessageContentEvent(message_id=self._message, delta=chunk))
 
@@ -202,12 +217,21 @@ class RunWriter:
     def batch(self, encoded: bytes) -> bytes:
         """The SSE events for one batch of encoded frames (``id/event/data`` blocks), with
         RUN_STARTED in front of the first."""
-        out = self.start() if not self.started else []
+        out = [_encode(event) for event in self.start()] if not self.started else []
         for block in encoded.split(b"\n\n"):
             if not block or self.ended:
                 continue
             id_line, event_line, data_line = block.split(b"\n", 2)
-            out.extend(
-                self.frame(int(id_line[4:]), event_line[7:].decode(), orjson.loads(data_line[6:]))
+            if event_line == b"event: text.delta" and self._message is not None:
+                # the per-token path (_content_template): data: {"chunk":<this>}
+                out.append(self._content_head + data_line[15:-1] + _CONTENT_TAIL)
+                continue
+            events = self.frame(
+                int(id_line[4:]), event_line[7:].decode(), orjson.loads(data_line[6:])
             )
-        return "".join(_ENCODER.encode(event) for event in out).encode()
+            out.extend(_encode(event) for event in events)
+        return b"".join(out)
+
+
+def _encode(event: BaseEvent) -> bytes:
+    return _ENCODER.encode(event).encode()

@@ -68,6 +68,7 @@ class UIStreamWriter:
         self._message_id = message_id
         self._stream_id = stream_id
         self._open: tuple[str, str] | None = None  # ("text" | "reasoning", part id)
+        self._text_head = b""  # the open text part's text-delta, up to the delta
         self._parts = 0
         self._client_calls = 0
         self.started = False
@@ -89,6 +90,9 @@ class UIStreamWriter:
             self._close(out)
             self._parts += 1
             self._open = (kind, f"{kind[0]}{self._parts}")
+            self._text_head = (
+                b'data: {"type":"text-delta","id":' + orjson.dumps(self._open[1]) + b',"delta":'
+            )
             out.append({"type": f"{kind}-start", "id": self._open[1]})
         out.append({"type": f"{kind}-delta", "id": self._open[1], "delta": chunk})
 
@@ -164,15 +168,21 @@ class UIStreamWriter:
     def batch(self, encoded: bytes) -> bytes:
         """The chunks for one batch of encoded frames (``id/event/data`` blocks), with
         the first ones in front and ``[DONE]`` after the last."""
-        out = self.start() if not self.started else []
+        out = [_chunk(chunk) for chunk in self.start()] if not self.started else []
         for block in encoded.split(b"\n\n"):
             if not block or self.ended:
                 continue
             id_line, event_line, data_line = block.split(b"\n", 2)
-            out.extend(
-                self.frame(int(id_line[4:]), event_line[7:].decode(), orjson.loads(data_line[6:]))
+            open_ = self._open
+            if event_line == b"event: text.delta" and open_ is not None and open_[0] == "text":
+                # the per-token path: data: {"chunk":<this>} spliced in, as _chunk writes it
+                out.append(self._text_head + data_line[15:-1] + b"}\n\n")
+                continue
+            chunks = self.frame(
+                int(id_line[4:]), event_line[7:].decode(), orjson.loads(data_line[6:])
             )
-        body = b"".join(_chunk(chunk) for chunk in out)
+            out.extend(_chunk(chunk) for chunk in chunks)
+        body = b"".join(out)
         return body + DONE_LINE if self.ended else body
 
 

@@ -60,6 +60,11 @@ __all__ = [
 # done.reason values that mean the response was stopped before its end.
 CANCELLED_REASONS: Final = frozenset({"cancelled", "client_disconnected", "shutdown"})
 _ROLES: Final = frozenset({"user", "system", "developer", "assistant"})
+_TEXT_DELTA_HEAD: Final = (
+    b"event: response.output_text.delta\n"
+    b'data: {"type":"response.output_text.delta","sequence_number":'
+)
+_TEXT_DELTA_TAIL: Final = b',"logprobs":[]}\n\n'
 
 
 def sse_event(event: Mapping[str, Any]) -> bytes:
@@ -114,7 +119,9 @@ class ResponseWriter:
         self._usage: dict[str, Any] | None = None
         self._completed_at: int | None = None
         self._open: dict[str, Any] | None = None  # the message or reasoning item being written
-        self._text: list[str] = []
+        # the open item's text, as JSON strings (the frames' own bytes on the per-token path)
+        self._text: list[bytes] = []
+        self._delta_head = b""  # the open message's output_text.delta, up to its delta
         self._items = 0
         self.toolforge: dict[str, Any] = {"stream_id": stream_id, "mode": mode}
         self._server_tools: list[dict[str, Any]] = []
@@ -221,6 +228,10 @@ class ResponseWriter:
         self.output.append(item)
         self._open = item
         self._text = []
+        self._delta_head = (
+            b'"item_id":' + orjson.dumps(item["id"]) + b',"output_index":%d' % index
+            + b',"content_index":0,"delta":'
+        )  # fmt: skip
         out.append(self._event("response.output_item.added", output_index=index, item=dict(item)))
         out.append(
             self._event(
@@ -239,7 +250,7 @@ class ResponseWriter:
             return
         self._open = None
         index = self.output.index(item)
-        text = "".join(self._text)
+        text = "".join(orjson.loads(b"[" + b",".join(self._text) + b"]"))
         where = {"item_id": item["id"], "output_index": index, "content_index": 0}
         if item["type"] == "message":
             part: dict[str, Any] = {
@@ -259,7 +270,7 @@ class ResponseWriter:
 
     def _delta(self, kind: str, chunk: str, out: list[dict[str, Any]]) -> None:
         item = self._begin(kind, out)
-        self._text.append(chunk)
+        self._text.append(orjson.dumps(chunk))
         name = "response.output_text.delta" if kind == "message" else "response.reasoning.delta"
         extra: dict[str, Any] = {"logprobs": []} if kind == "message" else {}
         out.append(
@@ -369,14 +380,34 @@ class ResponseWriter:
     def batch(self, encoded: bytes, *, now: int) -> bytes:
         """The SSE events for one batch of encoded frames (``id/event/data`` blocks), with
         the first two events in front of the first batch."""
-        out = self.start() if not self.started else []
+        out = [sse_event(event) for event in self.start()] if not self.started else []
         for block in encoded.split(b"\n\n"):
             if not block:
                 continue
             # b"id: N\nevent: NAME\ndata: JSON" (orjson leaves no newline in the JSON)
             _, event_line, data_line = block.split(b"\n", 2)
-            out.extend(self.frame(event_line[7:].decode(), orjson.loads(data_line[6:]), now=now))
-        return b"".join(sse_event(event) for event in out)
+            open_ = self._open
+            if (
+                event_line == b"event: text.delta"
+                and open_ is not None
+                and open_["type"] == "message"
+            ):
+                # The per-token path: the frame's JSON string spliced into the event, no
+                # dict built (the same bytes as sse_event's, tests/core/test_wire_encoders.py).
+                chunk = data_line[15:-1]  # data: {"chunk":<this>}
+                self._text.append(chunk)
+                out.append(
+                    _TEXT_DELTA_HEAD
+                    + b"%d," % self._seq
+                    + self._delta_head
+                    + chunk
+                    + _TEXT_DELTA_TAIL
+                )
+                self._seq += 1
+                continue
+            events = self.frame(event_line[7:].decode(), orjson.loads(data_line[6:]), now=now)
+            out.extend(sse_event(event) for event in events)
+        return b"".join(out)
 
 
 # -- input items -> chat messages ---------------------------------------------------------------
