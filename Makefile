@@ -1,9 +1,11 @@
-# The verbs of the project (pyproject.toml holds the configuration). Everything installs into .venv in the repo,
-# so `make test` and `make run` work on a fresh machine with only python3 (>= 3.11).
+# The verbs of the project (pyproject.toml holds the configuration). Everything installs
+# into .venv in the repo, so `make run` and `make test` work on a fresh machine.
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+# What `make run` installs (the package and its runtime dependencies); STAMP adds the test tools.
+RUN_STAMP := $(VENV)/.installed-run
 # tests/node: the official `openai` npm package against the proxy (tests/api/test_proxy_node.py).
 NODE_DIR   := tests/node
 NODE_STAMP := $(NODE_DIR)/node_modules/.installed
@@ -19,7 +21,7 @@ TS_BUILD := $(TS_DIR)/dist/index.js
 # compiler and cmake when llama-server must be built).
 PREREQS := app/runtime/prereqs.py
 
-.PHONY: corpora install node-install run test test-fast check lint typecheck bench bench-bfcl clean conformance ts-build ui chromium redis-server-check prereqs prereqs-build
+.PHONY: corpora docs install node-check node-install run test test-fast check lint typecheck bench bench-bfcl clean conformance ts-build ui chromium redis-server-check prereqs prereqs-build
 
 prereqs:
 	@command -v $(PYTHON) >/dev/null || { echo "toolforge: $(PYTHON) is not on PATH: install Python >= 3.11 (Debian/Ubuntu: sudo apt install python3 python3-venv; macOS: brew install python@3.12)" >&2; exit 1; }
@@ -28,29 +30,38 @@ prereqs:
 prereqs-build: prereqs
 	@$(PYTHON) -I $(PREREQS) --build
 
-$(STAMP): pyproject.toml clients/python/pyproject.toml
+# `make run` installs what serving needs: the package and its runtime dependencies.
+$(RUN_STAMP): pyproject.toml
 	@$(MAKE) --no-print-directory prereqs
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e .
+	@touch $(RUN_STAMP)
+
+# Everything else, for the tests and checks: the dev tools and the Python SDK.
+$(STAMP): $(RUN_STAMP) pyproject.toml clients/python/pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	$(BIN)/python -m pip install --quiet -e ./clients/python  # the Python SDK (tests/clients)
 	@touch $(STAMP)
 
 install: $(STAMP) ui
 
-# Node >= 18 (node:test) and npm: with apt-get when root and they are
-# missing, else a message naming the packages. Then node_modules, from the lockfile when
-# there is one, whenever it is missing or older than package.json / package-lock.json.
-$(NODE_STAMP): $(NODE_DIR)/package.json $(NODE_LOCK)
+# Node and npm (the TypeScript SDK and tests/node need them): with apt-get when root and
+# they are missing, else a message naming the packages.
+node-check:
 	@if ! command -v node >/dev/null || ! command -v npm >/dev/null; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-	    echo "installing nodejs and npm with apt-get: node or npm is not on PATH, and $(NODE_DIR) needs them"; \
+	    echo "installing nodejs and npm with apt-get: node or npm is not on PATH"; \
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm; \
 	  else \
 	    echo "node and npm are not on PATH: install the nodejs and npm packages (apt-get install nodejs npm, or https://nodejs.org), then run make test again" >&2; \
 	    exit 1; \
 	  fi; \
 	fi
+
+# tests/node's node_modules (node >= 18, node:test), from the lockfile when there is one,
+# whenever it is missing or older than package.json / package-lock.json. Tests only.
+$(NODE_STAMP): $(NODE_DIR)/package.json $(NODE_LOCK) | node-check
 	@node -e 'const [a] = process.versions.node.split(".").map(Number); process.exit(a >= 18 ? 0 : 1)' \
 	  || { echo "node $$(node --version) is too old: $(NODE_DIR) needs node >= 18 (https://nodejs.org)" >&2; exit 1; }
 	@echo "installing $(NODE_DIR)/node_modules with npm $(if $(NODE_LOCK),ci,install): $(if $(wildcard $(NODE_STAMP)),it is older than $(notdir $?),it is missing)"
@@ -59,9 +70,8 @@ $(NODE_STAMP): $(NODE_DIR)/package.json $(NODE_LOCK)
 
 node-install: $(NODE_STAMP)
 
-# The SDK's node_modules (npm ci: the lockfile is committed), then tsc. Node and npm come
-# the way tests/node's do (the rule above installs them with apt-get when missing).
-$(TS_STAMP): $(TS_DIR)/package.json $(TS_DIR)/package-lock.json | $(NODE_STAMP)
+# The SDK's node_modules (npm ci: the lockfile is committed), then tsc: the web UI's build.
+$(TS_STAMP): $(TS_DIR)/package.json $(TS_DIR)/package-lock.json | node-check
 	@node -e 'const [a] = process.versions.node.split(".").map(Number); process.exit(a >= 20 ? 0 : 1)' \
 	  || { echo "node $$(node --version) is too old: $(TS_DIR) needs node >= 20 (https://nodejs.org)" >&2; exit 1; }
 	npm ci --prefix $(TS_DIR) --no-audit --no-fund
@@ -97,9 +107,14 @@ chromium:
 # (the first time builds llama-server: minutes). With UPSTREAM_BASE_URL: that upstream.
 HOST ?= 127.0.0.1
 PORT ?= 8000
-run: prereqs-build $(STAMP) ui
+run: prereqs-build $(RUN_STAMP) ui
 	$(BIN)/toolforge obtain
 	$(BIN)/toolforge serve --host $(HOST) --port $(PORT)
+
+# The generated parts of the docs: docs/configuration.md from app/settings.py, the
+# README's performance table from bench/RESULTS.md (tests/test_docs.py checks both).
+docs: $(RUN_STAMP)
+	$(BIN)/python -m toolforge.tools.gen_docs
 
 # tests/replicas run a real redis-server (Debian's package): installed with apt-get when
 # root and it is missing, else a message naming the package.
