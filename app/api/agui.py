@@ -29,6 +29,7 @@ from toolforge.api.deps import Gateway, GatewayDep
 from toolforge.api.json_depth import check_depth
 from toolforge.api.models import ChatCompletionRequest, ToolForgeExtension
 from toolforge.api.run_stream import RunStreamResponse
+from toolforge.api.stream_slot import SlotHeld, StreamSlot
 from toolforge.core.protocol.agui import RunWriter, parse_interrupt_id
 from toolforge.errors import ErrorCode, RequestError, ToolForgeError
 from toolforge.runtime.commands import Approve
@@ -183,7 +184,13 @@ async def run_agent(request: Request, gw: GatewayDep) -> Response:
                 built.on_disconnect = "continue"
             return built
 
-        opened = await gw.streams.open(plan, owner=None if key is None else key.name)
+        slot = await StreamSlot.take(request.app, key)  # one of the key's streams
+        try:
+            with slot.starting():
+                opened = await gw.streams.open(plan, owner=None if key is None else key.name)
+        except BaseException:
+            await slot.release()
+            raise
     except ToolForgeError as exc:
         return JSONResponse({"error": exc.to_dict()}, status_code=exc.http_status)
     except ClientGone:
@@ -191,7 +198,7 @@ async def run_agent(request: Request, gw: GatewayDep) -> Response:
     assert isinstance(opened, Started)
     session = opened.session
     writer = RunWriter(thread_id=run.thread_id, run_id=run.run_id, stream_id=session.id)
-    return RunStreamResponse(session, writer, after=0, primary=True)
+    return SlotHeld(RunStreamResponse(session, writer, after=0, primary=True), slot)
 
 
 async def _resume(gw: Gateway, run: RunAgentInput, key: ApiKey | None) -> Response:

@@ -29,6 +29,7 @@ from toolforge.api.deps import Gateway, GatewayDep
 from toolforge.api.proxy import _until_done, openai_error
 from toolforge.api.responses_body import ResponsesRequest, parse_request
 from toolforge.api.sse import FrameStreamResponse
+from toolforge.api.stream_slot import SlotHeld, StreamSlot
 from toolforge.core.protocol.responses import ResponseWriter, chat_messages
 from toolforge.errors import ErrorCode, RequestError, ToolForgeError
 from toolforge.runtime.commands import Cancel
@@ -170,10 +171,16 @@ async def create_response(request: Request, gw: GatewayDep) -> Response:
                 await state.store.put(record["response"]["id"], record)
             return built
 
-        # The same start as every stream's (idempotency, the session, its resume buffer).
-        opened = await gw.streams.open(
-            plan, owner=None if key is None else key.name, primary=req.stream
-        )
+        slot = await StreamSlot.take(request.app, key)  # one of the key's streams
+        try:
+            # The same start as every stream's (idempotency, the session, its resume buffer).
+            with slot.starting():
+                opened = await gw.streams.open(
+                    plan, owner=None if key is None else key.name, primary=req.stream
+                )
+        except BaseException:
+            await slot.release()
+            raise
     except ToolForgeError as exc:
         return openai_error(exc)
     except ClientGone:
@@ -188,7 +195,7 @@ async def create_response(request: Request, gw: GatewayDep) -> Response:
         state.finishing[response_id] = finisher
         finisher.add_done_callback(lambda _: state.finishing.pop(response_id, None))
     if req.stream:
-        return FrameStreamResponse(
+        streamed = FrameStreamResponse(
             session,
             primary=True,
             ping_interval_s=gw.settings.ping_interval_s,
@@ -196,7 +203,11 @@ async def create_response(request: Request, gw: GatewayDep) -> Response:
             encoder=lambda batch: writer.batch(batch, now=int(time.time())),
             ping=_COMMENT_PING,
         )
-    await _until_done(session, request.receive)
+        return SlotHeld(streamed, slot)
+    try:
+        await _until_done(session, request.receive)
+    finally:
+        await slot.release()
     writer.feed(decode_events(session.log.encoded_after(0)), now=int(time.time()))
     resource = writer.resource()
     if writer.error is not None and not writer.output:  # nothing to show: an HTTP error

@@ -40,6 +40,7 @@ from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 from toolforge.api.auth import ApiKey, allowed_tools, check_workflow, own
 from toolforge.api.body import parse_stream_request
 from toolforge.api.deps import Gateway
+from toolforge.api.stream_slot import StreamSlot
 from toolforge.core.workflow import WorkflowDef
 from toolforge.errors import ErrorCode, RequestError, ToolForgeError
 from toolforge.runtime.commands import from_wire
@@ -113,6 +114,7 @@ class _Socket:
         self._writer: asyncio.Task[None] | None = None
         self._primary = False
         self._send_lock = asyncio.Lock()
+        self._slot: StreamSlot | None = None
 
     async def serve(self) -> None:
         try:
@@ -182,8 +184,15 @@ class _Socket:
             own(built, key)
             return built
 
-        opened = await gw.streams.open(plan, owner=self._caller)
+        slot = await StreamSlot.take(self._ws.app, key)  # one of the key's streams
+        try:
+            with slot.starting():
+                opened = await gw.streams.open(plan, owner=self._caller)
+        except BaseException:
+            await slot.release()
+            raise
         assert isinstance(opened, Started)  # no Idempotency-Key: nothing to replay
+        self._slot = slot  # given back when the socket stops following it
         self._follow(opened.session, after=0, primary=True)
 
     async def _resume(self, message: dict[str, Any]) -> None:
@@ -224,8 +233,9 @@ class _Socket:
     async def _detach(self) -> None:
         """Stop following the current stream: a primary reader's leaving is a disconnect
         (the plan's ``on_disconnect`` applies, as for SSE)."""
-        writer, session = self._writer, self._session
+        writer, session, slot = self._writer, self._session, self._slot
         self._writer = None
+        self._slot = None
         if writer is not None:
             writer.cancel()
             with contextlib.suppress(asyncio.CancelledError, WebSocketDisconnect, RuntimeError):
@@ -235,6 +245,8 @@ class _Socket:
                 session.client_left()
             else:
                 session.reader_left()
+        if slot is not None:  # now, or when the stream ends if it goes on
+            await slot.release()
 
 
 def _bad(message: str) -> RequestError:

@@ -24,6 +24,7 @@ from toolforge.api.deps import Gateway, GatewayDep
 from toolforge.api.json_depth import check_depth
 from toolforge.api.models import ChatCompletionRequest, ToolForgeExtension
 from toolforge.api.run_stream import RunStreamResponse
+from toolforge.api.stream_slot import SlotHeld, StreamSlot
 from toolforge.core.protocol.ai_sdk_ui import (
     HEADERS,
     UIStreamWriter,
@@ -141,7 +142,13 @@ async def ui_chat(request: Request, gw: GatewayDep) -> Response:
                 built.on_disconnect = "continue"
             return built
 
-        opened = await gw.streams.open(plan, owner=None if key is None else key.name)
+        slot = await StreamSlot.take(request.app, key)  # one of the key's streams
+        try:
+            with slot.starting():
+                opened = await gw.streams.open(plan, owner=None if key is None else key.name)
+        except BaseException:
+            await slot.release()
+            raise
     except ToolForgeError as exc:
         return JSONResponse({"error": exc.to_dict()}, status_code=exc.http_status)
     except ClientGone:
@@ -149,7 +156,9 @@ async def ui_chat(request: Request, gw: GatewayDep) -> Response:
     assert isinstance(opened, Started)
     session = opened.session
     writer = UIStreamWriter(message_id="msg_" + session.id[2:], stream_id=session.id)
-    return RunStreamResponse(session, writer, after=0, primary=True, headers=HEADERS)
+    return SlotHeld(
+        RunStreamResponse(session, writer, after=0, primary=True, headers=HEADERS), slot
+    )
 
 
 async def _go_on(
