@@ -56,7 +56,9 @@ def test_every_subpackage_is_listed_in_pyproject() -> None:
 
 
 def _build_wheel(out: Path, work: Path) -> Path:
-    """toolforge's wheel, from a copy of the sources (no build/ or egg-info in the repo)."""
+    """toolforge's wheel, from a copy of the sources (no build/ or egg-info in the repo).
+    web/sdk links to clients/ts/dist, the SDK's build: copied as the files it points at."""
+    assert (ROOT / "web" / "sdk" / "index.js").is_file(), "build the SDK first: make ts-build"
     src = work / "src"
     src.mkdir()
     for name in SOURCES:
@@ -227,14 +229,21 @@ async def test_the_installed_wheel_serves_the_demo_from_outside_the_repo(
                 body = {"input": "Find pizza near me", "profile": "demo", "max_tool_calls": 1}
                 async with client.stream("POST", "/v1/stream", json=body, timeout=30) as r:
                     text = (await r.aread()).decode()
-                # The web UI is served from a source checkout: from a wheel, a page saying so.
+                # The web UI ships in the wheel: the page, its script and the SDK it loads.
                 ui = await client.get("/")
-                assert ui.status_code == 503 and "source checkout" in ui.text
+                script = await client.get("/ui/app.js")
+                sdk = await client.get("/sdk/index.js")
+                vendor = await client.get("/sdk/vendor/eventsource-parser.js")
         finally:
             proc.terminate()
             async with asyncio.timeout(20):
                 _, stderr = await proc.communicate()
     assert r.status_code == 200, text
+    assert ui.status_code == 200 and '<script type="module"' in ui.text, ui.text[:300]
+    assert "Content-Security-Policy" in ui.headers
+    assert script.status_code == 200 and "startStream" in script.text
+    assert sdk.status_code == 200 and "startStream" in sdk.text
+    assert vendor.status_code == 200 and "javascript" in vendor.headers["content-type"]
     events = [line.split(": ", 1)[1] for line in text.splitlines() if line.startswith("event:")]
     assert "tool.call" in events and "tool.result" in events and events[-1] == "done"
     assert '"name":"places.search","ok":true' in text  # the demo tool ran, from the wheel

@@ -2,9 +2,11 @@
 
 ``/`` is ``web/index.html``; ``/ui/*`` are the other files of ``web/``; ``/sdk/*`` is the
 TypeScript SDK's build, ``clients/ts/dist`` (the UI is built on it: no bundler, no CDN,
-no network). Both folders are read from the source checkout the gateway runs from, and
-the SDK's build is not in git: ``make install`` / ``make run`` / ``make ts-build`` make it
-when npm is there. Without it, ``/`` answers 503 with a page that says how to build it,
+no network). From a source checkout both are read in place; the SDK's build is not in
+git: ``make install`` / ``make run`` / ``make ts-build`` make it when npm is there. An
+installed wheel carries both as package data (``toolforge/web``, its SDK in
+``toolforge/web/sdk``: ``web/sdk`` links to ``clients/ts/dist``, so a wheel built after
+``make ts-build`` has it). Without the SDK, ``/`` answers 503 with a page that says how to build it,
 rather than a page whose script cannot load, and ``/sdk/*`` (or ``/ui/*`` outside a
 checkout) answers a plain ``NOT_FOUND`` 404 that says the same, logged once as
 ``web.not_built``: a client polling a missing build costs a stat per request, never a
@@ -35,9 +37,18 @@ from toolforge.log import WEB_NOT_BUILT, get_logger
 
 __all__ = ["SDK_DIR", "WEB_DIR", "BuiltFiles", "install_web"]
 
-_ROOT: Final = Path(__file__).resolve().parents[2]  # app/api/web.py -> the checkout
-WEB_DIR: Final = _ROOT / "web"
-SDK_DIR: Final = _ROOT / "clients" / "ts" / "dist"
+
+def _locate() -> tuple[Path, Path]:
+    """The UI's folder and the SDK's build: the package's own in an installed wheel
+    (``<site-packages>/toolforge/web``), else the source checkout's."""
+    packaged = Path(__file__).resolve().parents[1] / "web"  # toolforge/api/web.py -> toolforge/
+    if (packaged / "index.html").is_file():
+        return packaged, packaged / "sdk"
+    checkout = Path(__file__).resolve().parents[2]  # app/api/web.py -> the checkout
+    return checkout / "web", checkout / "clients" / "ts" / "dist"
+
+
+WEB_DIR, SDK_DIR = _locate()
 
 log = get_logger(__name__)
 
@@ -80,8 +91,9 @@ async def index() -> Response:
     if not (SDK_DIR / "index.js").is_file():
         return _not_built(
             f"{SDK_DIR} is missing: the UI loads the TypeScript SDK's build, which is not "
-            "kept in git. It needs node >= 20 and npm.",
-            "make ts-build      # npm ci and tsc in clients/ts",
+            "kept in git (a wheel has it when it was built after make ts-build). It needs "
+            "node >= 20 and npm.",
+            "make ts-build      # npm ci and tsc in clients/ts; then rebuild the wheel",
         )
     page = page_path.read_text(encoding="utf-8")
     headers = {**_HEADERS, "Content-Security-Policy": _policy(page)}
