@@ -23,7 +23,7 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.datastructures import State
 
-from toolforge.api.auth import ApiKey, allowed_tools, own, request_key
+from toolforge.api.auth import ApiKey, allowed_tools, check_workflow, own, request_key
 from toolforge.api.body import ClientGone, read_body
 from toolforge.api.deps import Gateway, GatewayDep
 from toolforge.api.proxy import _until_done, openai_error
@@ -33,7 +33,7 @@ from toolforge.api.stream_slot import SlotHeld, StreamSlot
 from toolforge.core.protocol.responses import ResponseWriter, chat_messages
 from toolforge.errors import ErrorCode, RequestError, ToolForgeError
 from toolforge.runtime.commands import Cancel
-from toolforge.runtime.completion_plan import plan_completion
+from toolforge.runtime.completion_plan import plan_completion, plan_workflow_completion
 from toolforge.runtime.frame_log import decode_events
 from toolforge.runtime.planner import StreamPlan
 from toolforge.runtime.response_store import (
@@ -49,6 +49,18 @@ __all__ = ["router"]
 router = APIRouter(tags=["responses"])
 
 _COMMENT_PING: Final = b": ping\n\n"  # an SSE comment: the SDKs skip it
+# How a workflow run fails (the model did not follow it within its budgets): a 422, as on
+# the proxy (docs/proxy.md).
+_WORKFLOW_FAILURES: Final = frozenset(
+    {
+        ErrorCode.STEP_ENFORCEMENT_EXHAUSTED,
+        ErrorCode.PREREQUISITE_EXHAUSTED,
+        ErrorCode.RETRIES_EXHAUSTED,
+        ErrorCode.TOOL_ERRORS_EXHAUSTED,
+        ErrorCode.MAX_ITERATIONS,
+        ErrorCode.CONTEXT_BUDGET_EXCEEDED,
+    }
+)
 # A cancelled response run by another replica: how long (x 50 ms) to wait for its record.
 _REMOTE_END_POLLS: Final = 60
 
@@ -153,14 +165,23 @@ async def create_response(request: Request, gw: GatewayDep) -> Response:
             "context": [*context, *items],
         }
 
+        chat = req.chat_request(messages)
+        workflow = req.toolforge.workflow
+        run = (
+            None if workflow is None else check_workflow(key, gw.planner.resolve_workflow(workflow))
+        )
+
         async def plan(stream_id: str) -> StreamPlan:
-            built = await plan_completion(
-                gw.planner,
-                req.chat_request(messages),
-                stream_id,
-                tools_template=gw.proxy_tools_template,
-                nudges=gw.proxy_nudges,
-            )
+            if run is not None:  # the gateway runs it; the answer is its result
+                built = await plan_workflow_completion(gw.planner, chat, stream_id, run)
+            else:
+                built = await plan_completion(
+                    gw.planner,
+                    chat,
+                    stream_id,
+                    tools_template=gw.proxy_tools_template,
+                    nudges=gw.proxy_nudges,
+                )
             own(built, key)
             built.prompt_record = {**built.prompt_record, "api": "responses"}
             if req.store:  # readable (in progress) before its first frame
@@ -224,6 +245,7 @@ def _writer(
         echo=req.echo(),
         stream_id=stream_id,
         mode=plan.mode.name,
+        workflow=plan.workflow is not None,
     )
 
 
@@ -233,6 +255,8 @@ def _failed(writer: ResponseWriter, headers: dict[str, str]) -> JSONResponse:
     error = writer.error or {}
     code = error.get("code", ErrorCode.INTERNAL)
     status = {ErrorCode.UPSTREAM_TIMEOUT: 504, ErrorCode.INTERNAL: 500}.get(code, 502)
+    if code in _WORKFLOW_FAILURES:
+        status = 422  # the model did not finish the workflow: not retried by the SDKs
     body = openai_error(ToolForgeError(ErrorCode(code), error.get("message", "")), status).body
     payload = orjson.loads(body)
     payload["response"] = writer.resource()
@@ -251,6 +275,7 @@ async def _finish(
         echo=writer.echo,
         stream_id=session.id,
         mode=writer.toolforge["mode"],
+        workflow=session.plan.workflow is not None,
     )
     done.feed(decode_events(session.log.encoded_after(0)), now=int(time.time()))
     resource = done.resource()

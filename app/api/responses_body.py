@@ -34,10 +34,6 @@ REFUSED: Final[dict[str, str]] = {
     "prompt_cache_retention": "the prompt cache is the model server's; leave it out",
     "prompt_cache_options": "the prompt cache is the model server's; leave it out",
 }
-_NOT_IN_WORKFLOWS: Final = (
-    "'toolforge.workflow' is not served on /v1/responses yet: run the workflow through "
-    "/v1/chat/completions or /v1/stream"
-)
 
 
 class FunctionTool(BaseModel):
@@ -174,8 +170,23 @@ class ResponsesRequest(BaseModel):
         if self.stream_options is not None and not self.stream:
             raise ValueError("'stream_options' is only allowed with 'stream': true")
         if self.toolforge.workflow is not None:
-            raise ValueError(_NOT_IN_WORKFLOWS)
+            self._workflow_refusals()
         return self
+
+    def _workflow_refusals(self) -> None:
+        """What a workflow run cannot honour, refused by its name here (a workflow names
+        its own tools, decides the next one, and answers with its terminal tool's result)."""
+        fmt = (self.text or TextConfig()).format
+        checks = (
+            (self.tools, "'tools': a workflow runs its own tools (GET /v1/workflows lists them)"),
+            (self.toolforge.server_tools, "'toolforge.server_tools': a workflow runs its own"),
+            (self.tool_choice not in (None, "auto"), "'tool_choice': the workflow decides"),
+            (self.parallel_tool_calls, "'parallel_tool_calls': a workflow makes one call a turn"),
+            (fmt.type != "text", "'text.format': the answer is the terminal tool's result"),
+        )
+        for asked, why in checks:
+            if asked:
+                raise ValueError(f"not with 'toolforge.workflow': {why}; leave it out")
 
     def input_items(self) -> list[dict[str, Any]]:
         """The input as items (a string is one user message)."""

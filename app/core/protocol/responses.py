@@ -25,6 +25,10 @@ its ``sequence_number`` (from 0, one per event, no gaps):
                                   response.incomplete (the token limit, a cancel), or
                                   response.failed (an error)
 
+A workflow run (``toolforge.workflow``) answers with its terminal tool's result, as on the
+proxy: the text between calls is held back, and the last ``result.end`` (a ``respond``
+call's words, or the result as JSON) is the message, written at ``done``.
+
 :class:`ResponseWriter` is both the streaming encoder (:meth:`ResponseWriter.batch`, SSE
 bytes in and out) and the builder of the one response object that a non-streaming request
 returns and ``GET /v1/responses/{id}`` reads (:meth:`ResponseWriter.resource`). The time
@@ -42,11 +46,13 @@ from toolforge.core.protocol.frames import (
     DONE,
     ERROR,
     REASONING_DELTA,
+    RESULT_BEGIN,
     RESULT_END,
     TEXT_DELTA,
     TOOL_CALL,
     TOOL_RESULT,
 )
+from toolforge.core.workflow import RESPOND
 from toolforge.errors import ErrorCode, RequestError
 
 __all__ = [
@@ -106,8 +112,14 @@ class ResponseWriter:
         echo: Mapping[str, Any],
         stream_id: str,
         mode: str,
+        workflow: bool = False,
     ) -> None:
         self.id = response_id
+        # A workflow run answers with its terminal tool's result, at its end: the model's
+        # text between calls is not the answer (it stays in the artifacts), as on the proxy.
+        self._workflow = workflow
+        self._schemas: dict[str, str] = {}
+        self._answer: str | None = None
         self._key = response_id.removeprefix("resp_")
         self._created_at = created_at
         self._echo = dict(echo)
@@ -331,7 +343,9 @@ class ResponseWriter:
         """The events for one frame (maybe none). ``now``: the caller's clock, in Unix
         seconds, for ``completed_at``."""
         out: list[dict[str, Any]] = []
-        if event == TEXT_DELTA:
+        if self._workflow and event in (TEXT_DELTA, RESULT_BEGIN, RESULT_END):
+            self._hold(event, data)
+        elif event == TEXT_DELTA:
             self._delta("message", data["chunk"], out)
         elif event == REASONING_DELTA:
             self._delta("reasoning", data["chunk"], out)
@@ -349,7 +363,24 @@ class ResponseWriter:
             self._finish(data, now, out)
         return out
 
+    def _hold(self, event: str, data: Mapping[str, Any]) -> None:
+        """A workflow run's answer: the last ``result.end`` (a ``respond`` call's words)."""
+        if event == RESULT_BEGIN:
+            self._schemas[data["id"]] = data["schema"]
+        elif event == RESULT_END:
+            value = data["value"]
+            said = value.get("content") if isinstance(value, dict) else None
+            if self._schemas.get(data["id"]) == RESPOND and isinstance(said, str):
+                self._answer = said
+            else:
+                self._answer = orjson.dumps(value).decode()
+
     def _finish(self, data: Mapping[str, Any], now: int, out: list[dict[str, Any]]) -> None:
+        if data.get("workflow") is not None:
+            self.toolforge["workflow"] = data["workflow"]
+        answer = self._answer
+        if answer is not None and self.error is None and data["reason"] == "stop":
+            self._delta("message", answer, out)
         self._close(out)
         self.ended = True
         self._usage = _usage(data.get("usage") or {})
