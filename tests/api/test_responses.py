@@ -363,7 +363,10 @@ async def test_a_running_response_is_cancelled(make_gateway: HarnessFactory, sdk
         ({"truncation": "auto"}, "truncation"),
         ({"input": [{"type": "item_reference", "id": "x"}]}, "'item_reference' items"),
         ({"input": [{"role": "tool", "content": "x"}]}, "input[0].role"),
-        ({"toolforge": {"workflow": "book_a_table"}}, "toolforge.workflow"),
+        (
+            {"toolforge": {"workflow": "book_a_table"}, "parallel_tool_calls": True},
+            "not with 'toolforge.workflow'",
+        ),
         ({"toolforge": {"server_tools": ["nope"]}}, "nope"),
     ],
 )
