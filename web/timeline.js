@@ -17,6 +17,25 @@ export function el(tag, attrs = {}, ...children) {
 }
 
 const pretty = (value) => JSON.stringify(value, null, 2) ?? "undefined";
+
+/** `[label, value]` rows for a summary object: nested objects become their leaves, each
+ * labelled with its path (`prompt tokens details cached tokens`), lists a comma-separated
+ * line, so every value shows as itself, never as `[object Object]`. */
+export function summaryRows(object, prefix = "") {
+  const rows = [];
+  for (const [key, value] of Object.entries(object ?? {})) {
+    const label = `${prefix}${key.replaceAll("_", " ")}`;
+    if (value !== null && typeof value === "object" && !Array.isArray(value)) {
+      rows.push(...summaryRows(value, `${label} `));
+    } else if (Array.isArray(value)) {
+      const items = value.map((v) => (v !== null && typeof v === "object" ? JSON.stringify(v) : String(v)));
+      rows.push([label, items.length ? items.join(", ") : "–"]);
+    } else {
+      rows.push([label, value ?? "–"]);
+    }
+  }
+  return rows;
+}
 const ms = (value) =>
   typeof value !== "number" ? "–" : `${value < 10 ? value.toFixed(1) : Math.round(value)} ms`;
 
@@ -165,8 +184,9 @@ export class Timeline {
           ["duration", ms(m.duration_ms)],
           ["tokens/s", m.tokens_per_s ?? "–"],
           ["frames", m.frames ?? "–"],
-          ...Object.entries(data.usage ?? {}).map(([k, v]) => [k.replaceAll("_", " "), v]),
-          ...Object.entries(data.guardrails ?? {}).map(([k, v]) => [`guardrail ${k}`, v]),
+          ...summaryRows(data.usage),
+          ...summaryRows(data.guardrails, "guardrail "),
+          ...summaryRows(data.workflow, "workflow "),
         ];
         li.body.append(
           el("dl", { class: "timings" }, ...rows.flatMap(([k, v]) => [el("dt", {}, k), el("dd", {}, v)])),

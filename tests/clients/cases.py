@@ -68,9 +68,23 @@ def _tokens(text: str, size: int = 7, delay_ms: float = 0) -> list[Step]:
     return [Step(text=text[i : i + size], delay_ms=delay_ms) for i in range(0, len(text), size)]
 
 
-def _script(*texts: str, delay_ms: float = 0, size: int = 7) -> Script:
+def _script(
+    *texts: str, delay_ms: float = 0, size: int = 7, usage: dict[str, Any] | None = None
+) -> Script:
     steps = [step for text in texts for step in _tokens(text, size, delay_ms)]
-    return Script(steps=(*steps, Step(finish="stop")))
+    # Usage in a chunk of its own, first: the gateway stops reading a turn at a tool call's
+    # END, before the finish chunk where a server puts it.
+    first = (Step(usage=usage),) if usage is not None else ()
+    return Script(steps=(*first, *steps, Step(finish="stop")))
+
+
+# What llama-server and OpenAI report: counts, and nested details among them.
+DEMO_USAGE: dict[str, Any] = {
+    "prompt_tokens": 812,
+    "completion_tokens": 41,
+    "total_tokens": 853,
+    "prompt_tokens_details": {"cached_tokens": 768},
+}
 
 
 def _call(fid: str, name: str, args: object) -> str:
@@ -90,10 +104,17 @@ def _demo(turn: int) -> ScriptLike:
     """The demo request (docs/protocol.md): search, book, an Action object, the reply."""
     if turn == 0:
         search = {"query": "pizza", "radius_km": 5, "open_at": "19:00"}
-        return _script("Let me look for pizza places. ", _call("t1", "places.search", search))
+        return _script(
+            "Let me look for pizza places. ",
+            _call("t1", "places.search", search),
+            usage=DEMO_USAGE,
+        )
     if turn == 1:
         booking = {"place_id": "trattoria-roma", "time": "19:00", "party_size": 2}
-        return _script("Trattoria Roma is open at 7pm. ", _call("t2", "bookings.create", booking))
+        return _script(
+            "Trattoria Roma is open at 7pm. ",
+            _call("t2", "bookings.create", booking),
+        )
     action = {"mode": "book", "target": {"kind": "place", "id": "trattoria-roma"}}
     return _script(
         "Booked. ",

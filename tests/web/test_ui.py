@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import shutil
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -144,6 +145,10 @@ async def test_the_demo_live_with_an_approval_then_its_replay(ui: Browser) -> No
     assert '"place_id": "trattoria-roma"' in result and '"status": "confirmed"' in result
     done = await page.locator("li[data-kind='done']").inner_text()
     assert "time to first token" in done and "duration" in done and "frames" in done
+    # The upstream's usage has a nested object: each of its values shows as itself.
+    assert "[object Object]" not in done
+    assert re.search(r"prompt tokens details cached tokens\s+768", done), done
+    assert re.search(r"workflow completed steps\s+places.search, bookings.create", done), done
     assert (await page.text_content("#status") or "").startswith("done · stop")
 
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
