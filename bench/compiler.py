@@ -9,7 +9,8 @@ argument-matched prerequisite, and every argument under the default provenance. 
 holds the user's message and 8 successful calls whose results carry values of every kind;
 every other timed turn follows one more successful call (so half the turns narrow anew,
 half find the run unchanged), and a new run starts every 24 turns (20 calls held at most,
-what a workflow of ``max_iterations`` 10 makes). Each turn is timed as the engine asks for it, in three parts:
+what a workflow of ``max_iterations`` 10 makes). Each turn is timed as the engine asks
+for it, in three parts:
 
 - ``compile``: the policy's hints (:meth:`WorkflowPolicy.hints`: the narrowing by provenance
   and argument-matched prerequisites, then the legal tools);

@@ -23,7 +23,7 @@ from typing import Any, Final, Literal, Protocol
 import httpx
 
 from toolforge.core.context import ContextPolicy, workflow_context
-from toolforge.core.engine import ConstrainedMode, Mode, mode_named
+from toolforge.core.engine import ConstrainedMode, Mode, NativeMode, mode_named
 from toolforge.core.gbnf import FrameGrammar, decoding_gaps
 from toolforge.core.native_tools import to_openai_tools
 from toolforge.core.prompt import build_messages, render_system_prompt, render_workflow_prompt
@@ -241,6 +241,9 @@ async def compile_off_loop(schemas: Sequence[tuple[object, str, bool]]) -> None:
 _COMPILER: Final = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="schemas")
 
 
+_CONSTRAINTS: Final = {"constrained": "gbnf", "native": "tool_choice", "sentinel": "validation"}
+
+
 @dataclass(slots=True)
 class StreamPlanner:
     """Plans streams for one app: owns the mode probes and the shape cache."""
@@ -325,6 +328,10 @@ class StreamPlanner:
             if mode == "constrained"
             else {},
             "max_tool_calls": req.max_tool_calls,
+            # What holds the model to a legal turn before validation (docs/workflows.md).
+            "constraint": _CONSTRAINTS[mode]
+            if not (mode == "native" and self.config.upstream_kind == "ollama")
+            else "format",
         }
         max_tool_calls = req.max_tool_calls
         policy: WorkflowPolicy | None = None
@@ -460,6 +467,9 @@ class StreamPlanner:
         """The engine's strategy for ``mode``; constrained mode's grammar (docs/protocol.md) holds
         the frames the model is shown, sized to the turn's ``max_tokens`` so a looping model
         still closes its frame in time."""
+        if mode == "native" and self.config.upstream_kind == "ollama":
+            # Ollama has no tool_choice; a workflow's compiled turn goes as its ``format``.
+            return NativeMode(schema_format=True)
         if mode != "constrained":
             return mode_named(mode)
         objects = [item if isinstance(item, str) else item.name for item in req.object_schemas]

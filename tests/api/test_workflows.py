@@ -400,8 +400,11 @@ async def test_native_mode_offers_respond_and_runs_the_workflow(
     )
     events = await gw.stream(body("find_and_answer", mode="native"))
     assert_well_formed(events)
-    offered = orjson.loads(gw.upstream.requests[0].body)["tools"]
-    assert {t["function"]["name"] for t in offered} == {"places__search", "respond"}
+    # Each turn offers what is legal then: the search first, the answer once it is done.
+    first, second = (orjson.loads(r.body) for r in gw.upstream.requests[:2])
+    assert [t["function"]["name"] for t in first["tools"]] == ["places__search"]
+    assert [t["function"]["name"] for t in second["tools"]] == ["respond"]
+    assert second["tool_choice"] == {"type": "function", "function": {"name": "respond"}}
     assert [c["name"] for c in of(events, "tool.call")] == ["places.search", "respond"]
     assert of(events, "result.end")[0]["value"] == {"content": "Trattoria Roma."}
 

@@ -38,6 +38,8 @@ from toolforge.core.native_tools import (
     AssembledCall,
     ToolCallAssembler,
     assistant_tool_call_message,
+    from_openai_name,
+    to_openai_name,
     tool_result_message,
 )
 from toolforge.core.prompt import render_tool_result
@@ -293,10 +295,14 @@ class ConstrainedMode:
 @dataclass(frozen=True, slots=True)
 class NativeMode:
     """The upstream's own ``tool_calls`` (its tools are in the plan's request ``extra``);
-    frames of text as in sentinel mode."""
+    frames of text as in sentinel mode. ``schema_format``: the upstream constrains its
+    output to a JSON Schema given as ``format`` (Ollama), and has no ``tool_choice``: a
+    workflow's turn that must call is asked for the call as that JSON (read back as the
+    call by the workflow's rescue)."""
 
     name: ModeName = "native"
     drains_after_call: bool = False
+    schema_format: bool = False
 
     def turn_request(
         self,
@@ -310,7 +316,10 @@ class NativeMode:
         request = _SENTINEL.turn_request(base, messages, seen_ids=seen_ids, tools_left=tools_left)
         if hints is None or not isinstance(base.extra.get("tools"), list):
             return request
-        return dataclasses.replace(request, extra=_native_constraint(base.extra, hints))
+        extra = _native_constraint(base.extra, hints)
+        if self.schema_format and hints.tool_choice not in (None, "auto") and extra.get("tools"):
+            extra["format"] = _call_format(extra["tools"])
+        return dataclasses.replace(request, extra=extra)
 
     def reader(self, limits: ReaderLimits, seen_ids: set[str], turn: int) -> TurnReader:
         return NativeTurnReader(limits, seen_ids, turn)
@@ -389,7 +398,8 @@ def _native_constraint(extra: Mapping[str, Any], hints: TurnHints) -> dict[str, 
     tools: list[Any] = []
     for tool in extra["tools"]:
         fn = tool.get("function") if isinstance(tool, Mapping) else None
-        name = fn.get("name") if isinstance(fn, Mapping) else None
+        wire = fn.get("name") if isinstance(fn, Mapping) else None
+        name = from_openai_name(wire) if isinstance(wire, str) else None
         if name not in hints.narrowed:
             tools.append(tool)
             continue
@@ -402,9 +412,29 @@ def _native_constraint(extra: Mapping[str, Any], hints: TurnHints) -> dict[str, 
     if hints.tool_choice is not None:
         choice = hints.tool_choice
         named = choice.get("function") if isinstance(choice, Mapping) else None
-        if isinstance(named, Mapping) and not any(
-            t.get("function", {}).get("name") == named.get("name") for t in tools
-        ):
-            choice = "required"  # the legal tool is not the upstream's: any of them
+        if isinstance(named, Mapping):
+            wire_name = to_openai_name(str(named.get("name")))
+            if any(t.get("function", {}).get("name") == wire_name for t in tools):
+                choice = {"type": "function", "function": {"name": wire_name}}
+            else:
+                choice = "required"  # the legal tool is not the upstream's: any of them
         out["tool_choice"] = choice
     return out
+
+
+def _call_format(tools: Sequence[Any]) -> dict[str, Any]:
+    """The JSON Schema of one call to one of ``tools`` (OpenAI tool objects), as Ollama's
+    ``format``: ``{"name": <a tool>, "arguments": <its parameters>}``."""
+    return {
+        "anyOf": [
+            {
+                "type": "object",
+                "properties": {
+                    "name": {"const": tool["function"]["name"]},
+                    "arguments": tool["function"].get("parameters") or {"type": "object"},
+                },
+                "required": ["name", "arguments"],
+            }
+            for tool in tools
+        ]
+    }
