@@ -557,19 +557,33 @@ async def run(args: argparse.Namespace) -> None:
         cases = cases[: args.limit]
     load_at_start = load_average()
     started = time.monotonic()
+    kept: list[str] = []
+    if args.resume is not None:
+        # The cases the interrupted run finished on both arms are kept; the rest run again.
+        lines_by_case: dict[str, list[str]] = {}
+        for line in args.resume.read_text(encoding="utf-8").splitlines():
+            if line.strip():
+                lines_by_case.setdefault(json.loads(line)["id"], []).append(line)
+        finished = {case for case, lines in lines_by_case.items() if len(lines) == len(ARMS)}
+        kept = [line for case in finished for line in lines_by_case[case]]
+        cases = [c for c in cases if c.id not in finished]
     with code_at(args.rev) as (env, code), tempfile.TemporaryDirectory() as artifacts:
-        out: Path = args.out or default_out(code)
+        out: Path = args.resume or args.out or default_out(code)
         out.parent.mkdir(parents=True, exist_ok=True)
         print(f"bfcl: {len(cases)} cases, code {code}, raw results to {out}", flush=True)
         env = {
             **env,
             "LLAMA_THREADS": str(args.llama_threads),
             "LLAMA_NICE": str(args.llama_nice),
+            "LLAMA_PARALLEL": str(args.llama_parallel),
         }
         async with embedded_gateway(env, Path(artifacts)) as gateway:
             print(f"bfcl: gateway {gateway.url}, llama-server {gateway.server_url}", flush=True)
             with out.open("w", encoding="utf-8") as sink:
+                sink.writelines(line + "\n" for line in kept)
                 results = await measure(cases, gateway, args.concurrency, sink)
+    if kept:
+        results = rescore(out)  # the kept cases and the new ones, in the data's order
     command = " ".join(["python -m bench.bfcl", *sys.argv[1:]])
     lines = report(
         command=command,
@@ -608,7 +622,8 @@ def rescore(path: Path) -> dict[str, list[Record]]:
                 line["error"],
             )
         )
-    return results
+    order = {case_id: i for i, case_id in enumerate(cases)}
+    return {arm: sorted(records, key=lambda r: order[r.id]) for arm, records in results.items()}
 
 
 def main() -> None:
@@ -636,9 +651,19 @@ def main() -> None:
         default=0,
         help="llama-server's niceness (LLAMA_NICE; default 0: its fair share of that core)",
     )
+    parser.add_argument(
+        "--llama-parallel",
+        type=int,
+        default=2,
+        help="llama-server's slots (LLAMA_PARALLEL; default 2, the gateway's): with "
+        "--concurrency as high, one thread decodes that many cases at once",
+    )
     parser.add_argument("--no-write", action="store_true", help="do not update RESULTS.md")
     parser.add_argument(
         "--report", type=Path, help="judge the replies of this raw results file again; print"
+    )
+    parser.add_argument(
+        "--resume", type=Path, help="go on with this raw results file (an interrupted run's)"
     )
     args = parser.parse_args()
     if args.report is not None:

@@ -31,7 +31,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, cast
 
 __all__ = ["Check", "check_simple", "standardize"]
 
@@ -169,12 +169,14 @@ def _type_check(
     if type(value) is expected:
         if nested is None:
             return _Typed(True, is_variable)
+        elements = cast("list[Any]", value)
         for item in possible:
-            # Every item of the value must have the item type; checked against the first
-            # possible value that is a list (as the original does).
+            # Every element must have the item type, judged against each possible value in
+            # turn; one that is not a list (the optional marker "") lets the value through,
+            # as in the original.
             ok = True
             if type(item) is list:
-                for element in value:
+                for element in elements:
                     inner = _type_check(param, element, item, str(nested), nested, None)
                     if not inner.valid:
                         ok = False
