@@ -11,6 +11,7 @@ import orjson
 import pytest
 
 from tests.api.conftest import SDK, Harness, HarnessFactory
+from tests.core.gbnf_matcher import parse
 from toolforge.eval.scripted_upstream import Script, Step
 
 WEATHER = {
@@ -639,3 +640,49 @@ async def test_the_fast_path_answers_in_openai_shape(
         "code": "INTERNAL",
     }
     assert (await gw.client.get(f"{gw.url}/healthz")).status_code == 200  # still serving
+
+
+AREA = {
+    "type": "function",
+    "function": {
+        "name": "triangle_area",
+        "description": "The area of a triangle.",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "base": {"type": "integer"},
+                "height": {"type": "integer"},
+                "unit": {"type": "string"},
+                "precision": {"type": "integer"},
+            },
+            "required": ["base", "height"],
+        },
+    },
+}
+
+
+async def test_provenance_holds_the_numbers_to_what_the_user_wrote(
+    make_gateway: HarnessFactory, sdk: SDK
+) -> None:
+    ask = [{"role": "user", "content": "Area of a triangle with base 10 and height 5?"}]
+    reply = '{"name": "triangle_area", "arguments": {"base": 10, "height": 5}}'
+    gw = await make_gateway([Script.from_tokens([reply])] * 2, upstream_kind="llama_server")
+    done = await sdk(gw).chat.completions.create(model="m", messages=ask, tools=[AREA])
+    assert (done.choices[0].message.tool_calls or [])[0].function.name == "triangle_area"
+    grammar = parse(sent(gw)["grammar"])
+
+    def call(args: str) -> str:
+        return f'{{"name": "triangle_area", "arguments": {args}}}'
+
+    assert grammar.accepts(call('{"base": 10, "height": 5}'))
+    assert grammar.accepts(call('{"base": 5, "height": 10, "unit": "cm"}'))  # strings free
+    assert not grammar.accepts(call('{"base": 12, "height": 5}'))  # nobody wrote 12
+    assert not grammar.accepts(call('{"base": 10, "height": 5, "precision": 3}'))
+    # Switched off, the function's own schema: any integer.
+    await sdk(gw).chat.completions.create(
+        model="m",
+        messages=ask,
+        tools=[AREA],
+        extra_body={"toolforge": {"guardrails": {"provenance": False}}},
+    )
+    assert parse(sent(gw)["grammar"]).accepts(call('{"base": 12, "height": 5}'))
