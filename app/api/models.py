@@ -226,6 +226,7 @@ class GuardSwitches(BaseModel):
     respond: bool = True
     json_: bool = Field(True, alias="json")
     reasoning: bool = True
+    provenance: bool = True
 
 
 class ToolForgeExtension(BaseModel):
