@@ -1,6 +1,7 @@
-// Shared by the SDK's tests: where the gateway is (started by tests/clients/test_ts_sdk.py
-// in front of the scripted upstream of tests/clients/cases.py), its artifacts, and a TCP
-// proxy that can cut a connection (a real drop, not a mocked one).
+// Shared by the SDK's tests: where the gateway is (started in front of the scripted
+// upstream of tests/clients/cases.py by `npm test`, test/run.mjs, or by
+// tests/clients/test_ts_sdk.py), its artifacts, and a TCP proxy that can cut a connection
+// (a real drop, not a mocked one).
 import assert from "node:assert/strict";
 import { readFile } from "node:fs/promises";
 import net from "node:net";
@@ -10,8 +11,8 @@ export const URL_ = process.env.TOOLFORGE_URL;
 export const ARTIFACTS = process.env.TOOLFORGE_ARTIFACTS;
 if (!URL_ || !ARTIFACTS) {
   throw new Error(
-    "TOOLFORGE_URL and TOOLFORGE_ARTIFACTS are unset: these tests run from " +
-      "tests/clients/test_ts_sdk.py, which starts the gateway (pytest tests/clients)",
+    "TOOLFORGE_URL and TOOLFORGE_ARTIFACTS are unset: run these tests with `npm test` " +
+      "(test/run.mjs starts a gateway) or from tests/clients/test_ts_sdk.py",
   );
 }
 
