@@ -105,7 +105,8 @@ def _comments() -> Iterator[tuple[str, str, str]]:
     """``(field, section, reason comment)`` in source order; the comment is the block of
     ``#`` lines right above the field (empty when there is none)."""
     lines = SETTINGS_SOURCE.read_text(encoding="utf-8").splitlines()
-    section, block = "general", []
+    section = "general"
+    block: list[str] = []
     for line in lines:
         stripped = line.strip()
         if m := _SECTION.match(line):
