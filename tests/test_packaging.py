@@ -172,7 +172,8 @@ def test_the_wheel_carries_the_package_data(fresh_venv: Path, tmp_path: Path) ->
         "import toolforge, importlib.resources as r; print(toolforge.__file__); "
         "print(r.files('toolforge.prompts').joinpath('system.txt').is_file()); "
         "print(len(list(r.files('toolforge.schemas').joinpath('frames').iterdir())) > 0); "
-        "print(len(list(r.files('toolforge.tools').joinpath('fixtures').iterdir())) > 0)"
+        "print(len(list(r.files('toolforge.tools').joinpath('fixtures').iterdir())) > 0); "
+        "print(r.files('toolforge.runtime.cluster').joinpath('lua', 'append.lua').is_file())"
     )
     out = subprocess.run(
         [str(fresh_venv / "bin" / "python"), "-c", probe],
@@ -180,7 +181,7 @@ def test_the_wheel_carries_the_package_data(fresh_venv: Path, tmp_path: Path) ->
     )  # fmt: skip
     where, *found = out.stdout.split()
     assert Path(where).is_relative_to(fresh_venv) and not Path(where).is_relative_to(ROOT)
-    assert found == ["True", "True", "True"]
+    assert found == ["True", "True", "True", "True"]  # the cluster's Lua scripts included
     version = subprocess.run(
         [str(fresh_venv / "bin" / "toolforge"), "--version"],
         cwd=tmp_path, env=_outside_env(), capture_output=True, text=True,

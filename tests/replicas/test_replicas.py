@@ -524,7 +524,7 @@ async def test_redis_state_is_built_only_when_redis_url_is_set() -> None:
     )
     assert cluster is not None
     try:
-        assert cluster.timeout_s == 0.25 and cluster.flush_s == 0.002
+        assert cluster.conn.timeout_s == 0.25 and cluster.buffers.flush_s == 0.002
     finally:
         await cluster.aclose()
 

@@ -51,25 +51,9 @@ class RedisCluster:
         self.slots = SlotQueue(self.conn, self.heartbeat, self.commands.released)
 
     @property
-    def replica_id(self) -> str:
-        return self.conn.replica_id
-
-    @property
     def redis(self) -> aioredis.Redis:
         """The shared client, for state another part of the runtime keeps in Redis."""
         return self.conn.redis
-
-    @property
-    def timeout_s(self) -> float:
-        return self.conn.timeout_s
-
-    @property
-    def flush_s(self) -> float:
-        return self.buffers.flush_s
-
-    @property
-    def healthy(self) -> bool:
-        return self.conn.healthy
 
     def gate(self, limit: int) -> RedisGate:
         """The executor's gate for ``limit`` tool calls at once across the replicas."""
