@@ -184,6 +184,15 @@ bench: $(STAMP)
 bench-bfcl: $(STAMP) corpora
 	$(BIN)/python -m bench.bfcl $(BFCL_ARGS)
 
+# The compose stack (docker/compose.yaml) built and run on this machine, and checked through
+# its nginx: keys, the demo stream, a resume after `docker stop` of a replica, `down`
+# (docker/compose_test.py; docs/docker.md has the last run). Installs Docker from Debian's
+# packages when it is missing (as root), and builds base images with debootstrap when no
+# registry answers. Not part of `make test`: a first run compiles llama-server (~20 min).
+.PHONY: compose-test
+compose-test:
+	$(PYTHON) docker/compose_test.py $(COMPOSE_TEST_ARGS)
+
 clean:
 	rm -rf $(VENV) .typecheck .pytest_cache .mypy_cache .ruff_cache .hypothesis $(NODE_DIR)/node_modules
 	rm -rf $(TS_DIR)/node_modules $(TS_DIR)/dist
