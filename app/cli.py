@@ -138,7 +138,7 @@ def _mcp_serve(args: argparse.Namespace) -> None:
 
 
 _SERVE_EPILOG = """\
-environment (flags override it; the full list: README.md, Configuration):
+environment (flags override it; the full list: docs/configuration.md):
   UPSTREAM_BASE_URL   the upstream's base URL, with /v1 (unset: the embedded llama-server)
   UPSTREAM_KIND       openai | llama_server | ollama (default: openai)
   UPSTREAM_API_KEY    sent as Authorization: Bearer ... (never logged)

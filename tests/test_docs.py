@@ -13,6 +13,7 @@ import collections
 import json
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -276,3 +277,21 @@ def test_the_conformance_page_counts_the_cases_there_are() -> None:
     assert f"{len(cases)} cases in nine categories, {real} of them on a real llama-server" in page
     for category, count in collections.Counter(case["category"] for case in cases).items():
         assert f"| `{category}` | {count} |" in page, category
+
+
+def test_every_variable_toolforge_help_names_exists() -> None:
+    from toolforge.tools import gen_docs
+
+    known = gen_docs.settings_variables() | set(gen_docs.EXTERNAL_VARIABLES)
+    named = set()
+    for command in ("serve", "obtain"):
+        done = subprocess.run(
+            [sys.executable, "-c", "from toolforge.cli import main; main()", command, "--help"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 0, done.stderr
+        assert "docs/configuration.md" in done.stdout or command != "serve"
+        named |= set(re.findall(r"\b[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+\b", done.stdout))
+    assert named and not named - known, f"named in --help but read by nothing: {named - known}"
