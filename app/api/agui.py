@@ -23,7 +23,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 
-from toolforge.api.auth import ApiKey, allowed_tools, own, request_key
+from toolforge.api.auth import ApiKey, allowed_tools, check_workflow, own, request_key
 from toolforge.api.body import ClientGone, read_body
 from toolforge.api.deps import Gateway, GatewayDep
 from toolforge.api.json_depth import check_depth
@@ -33,7 +33,7 @@ from toolforge.api.stream_slot import SlotHeld, StreamSlot
 from toolforge.core.protocol.agui import RunWriter, parse_interrupt_id
 from toolforge.errors import ErrorCode, RequestError, ToolForgeError
 from toolforge.runtime.commands import Approve
-from toolforge.runtime.completion_plan import plan_completion
+from toolforge.runtime.completion_plan import plan_completion, plan_workflow_completion
 from toolforge.runtime.planner import StreamPlan
 from toolforge.runtime.stream_service import Started
 
@@ -124,13 +124,12 @@ def chat_messages(run: RunAgentInput) -> list[dict[str, Any]]:
 
 def _request(gw: Gateway, run: RunAgentInput) -> ChatCompletionRequest:
     props = run.forwarded_props if isinstance(run.forwarded_props, dict) else {}
-    extension = ToolForgeExtension.model_validate(props.get("toolforge") or {})
-    if extension.workflow is not None:
-        raise _bad(
-            "'forwardedProps.toolforge.workflow' is not served on /v1/agui yet: run the "
-            "workflow through /v1/stream",
-            "forwardedProps.toolforge.workflow",
-        )
+    try:
+        extension = ToolForgeExtension.model_validate(props.get("toolforge") or {})
+    except ValidationError as exc:
+        first = exc.errors(include_url=False, include_input=False)[0]
+        field = ".".join(["forwardedProps", "toolforge", *(str(p) for p in first["loc"])])
+        raise _bad(f"invalid '{field}': {first['msg']}", field) from exc
     body: dict[str, Any] = {
         "model": props.get("model") or gw.settings.model_id,
         "messages": chat_messages(run),
@@ -170,14 +169,22 @@ async def run_agent(request: Request, gw: GatewayDep) -> Response:
         if key is not None and req.toolforge.server_tools:
             allowed_tools(key, req.toolforge.server_tools, ())
 
+        workflow = req.toolforge.workflow
+        flow = (
+            None if workflow is None else check_workflow(key, gw.planner.resolve_workflow(workflow))
+        )
+
         async def plan(stream_id: str) -> StreamPlan:
-            built = await plan_completion(
-                gw.planner,
-                req,
-                stream_id,
-                tools_template=gw.proxy_tools_template,
-                nudges=gw.proxy_nudges,
-            )
+            if flow is not None:  # the gateway runs it; the answer is its result
+                built = await plan_workflow_completion(gw.planner, req, stream_id, flow)
+            else:
+                built = await plan_completion(
+                    gw.planner,
+                    req,
+                    stream_id,
+                    tools_template=gw.proxy_tools_template,
+                    nudges=gw.proxy_nudges,
+                )
             own(built, key)
             built.prompt_record = {**built.prompt_record, "api": "agui"}
             if built.approval_tools:  # the run may end at an interrupt: the stream waits
@@ -197,7 +204,12 @@ async def run_agent(request: Request, gw: GatewayDep) -> Response:
         return Response(status_code=499)
     assert isinstance(opened, Started)
     session = opened.session
-    writer = RunWriter(thread_id=run.thread_id, run_id=run.run_id, stream_id=session.id)
+    writer = RunWriter(
+        thread_id=run.thread_id,
+        run_id=run.run_id,
+        stream_id=session.id,
+        workflow=session.plan.workflow is not None,
+    )
     return SlotHeld(RunStreamResponse(session, writer, after=0, primary=True), slot)
 
 
@@ -223,5 +235,10 @@ async def _resume(gw: Gateway, run: RunAgentInput, key: ApiKey | None) -> Respon
             f"the run's stream {stream_id} runs on another replica: resume it there",
             http_status=409,
         )
-    writer = RunWriter(thread_id=run.thread_id, run_id=run.run_id, stream_id=stream_id)
+    writer = RunWriter(
+        thread_id=run.thread_id,
+        run_id=run.run_id,
+        stream_id=stream_id,
+        workflow=session.plan.workflow is not None,
+    )
     return RunStreamResponse(session, writer, after=after, primary=session.reader_joined(after))

@@ -18,7 +18,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from toolforge.api.auth import ApiKey, allowed_tools, own, request_key
+from toolforge.api.auth import ApiKey, allowed_tools, check_workflow, own, request_key
 from toolforge.api.body import ClientGone, read_body
 from toolforge.api.deps import Gateway, GatewayDep
 from toolforge.api.json_depth import check_depth
@@ -33,7 +33,7 @@ from toolforge.core.protocol.ai_sdk_ui import (
 )
 from toolforge.errors import ErrorCode, RequestError, ToolForgeError
 from toolforge.runtime.commands import Approve
-from toolforge.runtime.completion_plan import plan_completion
+from toolforge.runtime.completion_plan import plan_completion, plan_workflow_completion
 from toolforge.runtime.planner import StreamPlan
 from toolforge.runtime.stream_service import Started
 
@@ -87,11 +87,6 @@ def _parse(body: bytes, max_depth: int) -> UIChatRequest:
 
 
 def _request(gw: Gateway, ui: UIChatRequest) -> ChatCompletionRequest:
-    if ui.toolforge.workflow is not None:
-        raise RequestError(
-            ErrorCode.BAD_REQUEST,
-            "'toolforge.workflow' is not served on /v1/ui/chat yet: use /v1/stream",
-        )
     body: dict[str, Any] = {
         "model": ui.model or gw.settings.model_id,
         "messages": chat_messages(ui.messages),
@@ -128,14 +123,22 @@ async def ui_chat(request: Request, gw: GatewayDep) -> Response:
         if key is not None and req.toolforge.server_tools:
             allowed_tools(key, req.toolforge.server_tools, ())
 
+        workflow = req.toolforge.workflow
+        flow = (
+            None if workflow is None else check_workflow(key, gw.planner.resolve_workflow(workflow))
+        )
+
         async def plan(stream_id: str) -> StreamPlan:
-            built = await plan_completion(
-                gw.planner,
-                req,
-                stream_id,
-                tools_template=gw.proxy_tools_template,
-                nudges=gw.proxy_nudges,
-            )
+            if flow is not None:  # the gateway runs it; the answer is its result
+                built = await plan_workflow_completion(gw.planner, req, stream_id, flow)
+            else:
+                built = await plan_completion(
+                    gw.planner,
+                    req,
+                    stream_id,
+                    tools_template=gw.proxy_tools_template,
+                    nudges=gw.proxy_nudges,
+                )
             own(built, key)
             built.prompt_record = {**built.prompt_record, "api": "ui-message-stream"}
             if built.approval_tools:  # the message may stop at an approval: the stream waits
@@ -155,7 +158,11 @@ async def ui_chat(request: Request, gw: GatewayDep) -> Response:
         return Response(status_code=499)
     assert isinstance(opened, Started)
     session = opened.session
-    writer = UIStreamWriter(message_id="msg_" + session.id[2:], stream_id=session.id)
+    writer = UIStreamWriter(
+        message_id="msg_" + session.id[2:],
+        stream_id=session.id,
+        workflow=session.plan.workflow is not None,
+    )
     return SlotHeld(
         RunStreamResponse(session, writer, after=0, primary=True, headers=HEADERS), slot
     )
@@ -176,6 +183,8 @@ async def _go_on(
             f"the message's stream {stream_id} runs on another replica: send it there",
             http_status=409,
         )
-    writer = UIStreamWriter(message_id=message_id, stream_id=stream_id)
+    writer = UIStreamWriter(
+        message_id=message_id, stream_id=stream_id, workflow=session.plan.workflow is not None
+    )
     primary = session.reader_joined(after)
     return RunStreamResponse(session, writer, after=after, primary=primary, headers=HEADERS)

@@ -15,6 +15,7 @@ from pydantic import BaseModel, Field, TypeAdapter
 
 from tests.api.conftest import Harness, HarnessFactory
 from tests.api.test_proxy import USAGE, native_call
+from tests.api.test_proxy_workflows import call
 from toolforge.core.tools import ToolRegistry, ToolSpec
 from toolforge.eval.scripted_upstream import Script
 
@@ -225,8 +226,16 @@ async def test_an_upstream_error_is_a_run_error(make_gateway: HarnessFactory) ->
             "not one of this gateway's",
         ),
         (
-            run_input([user("x")], forwardedProps={"toolforge": {"workflow": "book_a_table"}}),
-            "workflow",
+            run_input(
+                [user("x")],
+                tools=[WEATHER],
+                forwardedProps={"toolforge": {"workflow": "book_a_table"}},
+            ),
+            "not with 'toolforge.workflow'",
+        ),
+        (
+            run_input([user("x")], forwardedProps={"toolforge": {"max_tool_calls": "many"}}),
+            "max_tool_calls",
         ),
     ],
 )
@@ -238,3 +247,23 @@ async def test_bad_runs_are_refused(
     assert response.status_code in (400, 404, 422), response.text
     assert needle in response.json()["error"]["message"]
     assert gw.upstream.requests == []
+
+
+async def test_a_workflow_run_answers_with_its_result(make_gateway: HarnessFactory) -> None:
+    search = '{"query": "italian"}'
+    book = '{"place_id": "trattoria-roma", "time": "20:00", "party_size": 2}'
+    gw = await make_gateway(
+        [call("t1", "places.search", search, "Let me look. "), call("t2", "bookings.create", book)]
+    )
+    props = {"toolforge": {"workflow": "book_a_table"}}
+    events = await run(
+        gw, run_input([user("Book a table for 2, italian, 19:30.")], forwardedProps=props)
+    )
+    assert [e.tool_call_name for e in events if e.type == EventType.TOOL_CALL_START] == [
+        "places.search",
+        "bookings.create",
+    ]
+    assert len([e for e in events if e.type == EventType.TOOL_CALL_RESULT]) == 2
+    texts = [e.delta for e in events if e.type == EventType.TEXT_MESSAGE_CONTENT]
+    assert len(texts) == 1 and orjson.loads(texts[0])["place_id"] == "trattoria-roma"  # no chatter
+    assert types(events)[-1] == "RUN_FINISHED"

@@ -13,6 +13,7 @@ import pytest
 from tests.api.conftest import Harness, HarnessFactory
 from tests.api.test_agui import approval_registry
 from tests.api.test_proxy import USAGE, native_call
+from tests.api.test_proxy_workflows import call
 from toolforge.eval.scripted_upstream import Script
 
 WEATHER = {
@@ -173,3 +174,21 @@ async def test_bad_requests_are_refused(
     assert response.status_code in (400, 422), response.text
     assert needle in response.json()["error"]["message"]
     assert gw.upstream.requests == []
+
+
+async def test_a_workflow_message_is_its_result(make_gateway: HarnessFactory) -> None:
+    search = '{"query": "italian"}'
+    book = '{"place_id": "trattoria-roma", "time": "20:00", "party_size": 2}'
+    gw = await make_gateway(
+        [call("t1", "places.search", search, "Let me look. "), call("t2", "bookings.create", book)]
+    )
+    body = {
+        "messages": [user("Book a table for 2, italian, 19:30.")],
+        "toolforge": {"workflow": "book_a_table"},
+    }
+    chunks = await chat(gw, body)
+    outputs = [c for c in chunks if c["type"] == "tool-output-available"]
+    assert len(outputs) == 2 and all(c["providerExecuted"] for c in outputs)
+    texts = [c["delta"] for c in chunks if c["type"] == "text-delta"]
+    assert len(texts) == 1 and orjson.loads(texts[0])["party_size"] == 2  # no chatter
+    assert chunks[-1] == {"type": "finish", "finishReason": "stop"}

@@ -21,6 +21,9 @@ run's frames become AG-UI events:
     done                          the open message ends, RUN_FINISHED (``success``; with the
                                   frontend tools' calls as ``pending_tool_call_ids``)
 
+A workflow run (``forwardedProps.toolforge.workflow``) holds its text back and sends its
+answer (:class:`toolforge.core.protocol.answer.WorkflowAnswer`) as one message at the end.
+
 A frontend tool (the run's ``tools``) is called like any function of the proxy: the run
 finishes with its call, the front-end runs it, and sends the next run with the result as
 a ``tool`` message. An interrupt's id is ``{stream_id}.{call_id}.{frame_id}``: the stream
@@ -56,6 +59,7 @@ from ag_ui.core import (
 )
 from ag_ui.encoder import EventEncoder
 
+from toolforge.core.protocol.answer import HELD, WorkflowAnswer
 from toolforge.core.protocol.frames import (
     DONE,
     ERROR,
@@ -105,7 +109,10 @@ class RunWriter:
     (:meth:`batch`), SSE bytes out. ``ended`` once RUN_FINISHED or RUN_ERROR is written:
     nothing after it belongs to this run."""
 
-    def __init__(self, *, thread_id: str, run_id: str, stream_id: str) -> None:
+    def __init__(
+        self, *, thread_id: str, run_id: str, stream_id: str, workflow: bool = False
+    ) -> None:
+        self._answer = WorkflowAnswer() if workflow else None  # held to the end, then sent
         self._thread_id = thread_id
         self._run_id = run_id
         self._stream_id = stream_id
@@ -156,7 +163,9 @@ class RunWriter:
         out: list[BaseEvent] = []
         if self.ended:
             return out
-        if event == TEXT_DELTA:
+        if self._answer is not None and event in HELD:
+            self._answer.frame(event, data)
+        elif event == TEXT_DELTA:
             self._text(data["chunk"], out)
         elif event == RESULT_END:
             self._text(orjson.dumps(data["value"]).decode(), out)
@@ -179,6 +188,9 @@ class RunWriter:
             out.append(RunErrorEvent(message=data["message"], code=str(data["code"])))
             self.ended = True
         elif event == DONE:
+            answer = None if self._answer is None else self._answer.text
+            if answer is not None and data["reason"] == "stop":
+                self._text(answer, out)
             self._close(out)
             outcome = RunFinishedSuccessOutcome(pending_tool_call_ids=self._client_calls or None)
             out.append(self._finished(outcome))

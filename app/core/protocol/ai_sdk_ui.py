@@ -21,6 +21,9 @@ each chunk is an SSE ``data:`` line, and the stream ends with ``data: [DONE]``:
     error                         error (its message); the stream ends
     done                          the open part ends; finish-step, finish (its reason), [DONE]
 
+A workflow run (``toolforge.workflow``) holds its text back and sends its answer
+(:class:`toolforge.core.protocol.answer.WorkflowAnswer`) as one text part at the end.
+
 An approval's id is ``{stream_id}.{call_id}.{frame_id}``: the stream that waits, the call,
 and the frame to go on after.
 """
@@ -32,6 +35,7 @@ from typing import Any, Final
 
 import orjson
 
+from toolforge.core.protocol.answer import HELD, WorkflowAnswer
 from toolforge.core.protocol.frames import (
     DONE,
     ERROR,
@@ -64,7 +68,8 @@ class UIStreamWriter:
     """One assistant message's UI stream, from a stream's frames (module docstring): SSE
     bytes in (:meth:`batch`), SSE bytes out. ``ended`` once ``[DONE]`` is written."""
 
-    def __init__(self, *, message_id: str, stream_id: str) -> None:
+    def __init__(self, *, message_id: str, stream_id: str, workflow: bool = False) -> None:
+        self._answer = WorkflowAnswer() if workflow else None  # held to the end, then sent
         self._message_id = message_id
         self._stream_id = stream_id
         self._open: tuple[str, str] | None = None  # ("text" | "reasoning", part id)
@@ -107,7 +112,9 @@ class UIStreamWriter:
         out: list[dict[str, Any]] = []
         if self.ended:
             return out
-        if event == TEXT_DELTA:
+        if self._answer is not None and event in HELD:
+            self._answer.frame(event, data)
+        elif event == TEXT_DELTA:
             self._delta("text", data["chunk"], out)
         elif event == RESULT_END:
             self._delta("text", orjson.dumps(data["value"]).decode(), out)
@@ -137,6 +144,9 @@ class UIStreamWriter:
             self.ended = True
         elif event == DONE:
             reason = data["reason"]
+            answer = None if self._answer is None else self._answer.text
+            if answer is not None and reason == "stop":
+                self._delta("text", answer, out)
             finish = "tool-calls" if self._client_calls else _FINISH.get(reason, "other")
             self._end(finish, out)
         return out

@@ -42,17 +42,16 @@ from typing import Any, Final
 
 import orjson
 
+from toolforge.core.protocol.answer import HELD, WorkflowAnswer
 from toolforge.core.protocol.frames import (
     DONE,
     ERROR,
     REASONING_DELTA,
-    RESULT_BEGIN,
     RESULT_END,
     TEXT_DELTA,
     TOOL_CALL,
     TOOL_RESULT,
 )
-from toolforge.core.workflow import RESPOND
 from toolforge.errors import ErrorCode, RequestError
 
 __all__ = [
@@ -117,9 +116,7 @@ class ResponseWriter:
         self.id = response_id
         # A workflow run answers with its terminal tool's result, at its end: the model's
         # text between calls is not the answer (it stays in the artifacts), as on the proxy.
-        self._workflow = workflow
-        self._schemas: dict[str, str] = {}
-        self._answer: str | None = None
+        self._answer = WorkflowAnswer() if workflow else None
         self._key = response_id.removeprefix("resp_")
         self._created_at = created_at
         self._echo = dict(echo)
@@ -343,8 +340,8 @@ class ResponseWriter:
         """The events for one frame (maybe none). ``now``: the caller's clock, in Unix
         seconds, for ``completed_at``."""
         out: list[dict[str, Any]] = []
-        if self._workflow and event in (TEXT_DELTA, RESULT_BEGIN, RESULT_END):
-            self._hold(event, data)
+        if self._answer is not None and event in HELD:
+            self._answer.frame(event, data)
         elif event == TEXT_DELTA:
             self._delta("message", data["chunk"], out)
         elif event == REASONING_DELTA:
@@ -363,22 +360,10 @@ class ResponseWriter:
             self._finish(data, now, out)
         return out
 
-    def _hold(self, event: str, data: Mapping[str, Any]) -> None:
-        """A workflow run's answer: the last ``result.end`` (a ``respond`` call's words)."""
-        if event == RESULT_BEGIN:
-            self._schemas[data["id"]] = data["schema"]
-        elif event == RESULT_END:
-            value = data["value"]
-            said = value.get("content") if isinstance(value, dict) else None
-            if self._schemas.get(data["id"]) == RESPOND and isinstance(said, str):
-                self._answer = said
-            else:
-                self._answer = orjson.dumps(value).decode()
-
     def _finish(self, data: Mapping[str, Any], now: int, out: list[dict[str, Any]]) -> None:
         if data.get("workflow") is not None:
             self.toolforge["workflow"] = data["workflow"]
-        answer = self._answer
+        answer = None if self._answer is None else self._answer.text
         if answer is not None and self.error is None and data["reason"] == "stop":
             self._delta("message", answer, out)
         self._close(out)
