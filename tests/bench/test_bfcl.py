@@ -10,12 +10,14 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import httpx
 import pytest
 
 from bench.bfcl import (
     CASES,
     Case,
     Verdict,
+    ask,
     data_dir,
     load_cases,
     openai_tool,
@@ -23,6 +25,7 @@ from bench.bfcl import (
     score,
 )
 from bench.bfcl_checker import check_simple, standardize
+from toolforge.eval.scripted_upstream import ScriptedUpstream
 
 # simple_python_0 and a dotted one, as the data has them (BFCL's own dialect).
 TRIANGLE = Case(
@@ -327,3 +330,49 @@ def test_the_items_of_a_list_are_type_checked() -> None:
     assert check_simple(function, [{"f": {"xs": [2, 1]}}], answer).error_type == (
         "value_error:list/tuple"
     )
+
+
+# -- one request, on loopback -------------------------------------------------------------
+
+
+def completion(message: dict[str, Any], finish: str = "tool_calls") -> str:
+    return json.dumps(
+        {
+            "id": "c1",
+            "object": "chat.completion",
+            "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+        }
+    )
+
+
+async def test_ask_sends_the_body_and_judges_what_comes_back_over_http() -> None:
+    """Against a real HTTP server: the body sent, a call judged, and an upstream that
+    fails (a 500, a connection reset) recorded as a failed case, never a crash."""
+    good = reply(("calculate_triangle_area", {"base": 10, "height": 5}))
+    scripts = [
+        {"end": "status", "status": 200, "body": completion(good)},
+        {"end": "status", "status": 200, "body": completion({"content": "It is 25."}, "stop")},
+        {"end": "status", "status": 500, "body": '{"error": {"message": "boom"}}'},
+        {"end": "rst"},
+        {"end": "rst"},  # the retry after a dropped connection fails too
+    ]
+    async with (
+        ScriptedUpstream(scripts) as up,
+        httpx.AsyncClient(timeout=10) as client,
+    ):
+        url = f"{up.base_url}/chat/completions"
+        called = await ask(client, url, "proxy", TRIANGLE, "m")
+        prose = await ask(client, url, "alone", TRIANGLE, "m")
+        failed = await ask(client, url, "proxy", TRIANGLE, "m")
+        reset = await ask(client, url, "proxy", TRIANGLE, "m")
+    assert up.requests[0].json == request_body(TRIANGLE, "m")
+    assert (called.verdict, called.status, called.finish_reason) == (
+        Verdict(True, True),
+        200,
+        "tool_calls",
+    )
+    assert called.to_json()["tool_calls"] == good["tool_calls"]
+    assert prose.verdict == Verdict(False, False, "no call: text")
+    assert prose.to_json()["content"] == "It is 25."
+    assert failed.verdict == Verdict(False, False, "HTTP 500") and "boom" in failed.error
+    assert reset.verdict == Verdict(False, False, "error") and reset.status is None
