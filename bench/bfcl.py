@@ -565,7 +565,7 @@ async def run(args: argparse.Namespace) -> None:
             if line.strip():
                 lines_by_case.setdefault(json.loads(line)["id"], []).append(line)
         finished = {case for case, lines in lines_by_case.items() if len(lines) == len(ARMS)}
-        kept = [line for case in finished for line in lines_by_case[case]]
+        kept = [line for c in cases if c.id in finished for line in lines_by_case[c.id]]
         cases = [c for c in cases if c.id not in finished]
     with code_at(args.rev) as (env, code), tempfile.TemporaryDirectory() as artifacts:
         out: Path = args.resume or args.out or default_out(code)
