@@ -103,12 +103,15 @@ def compile_turn(
     schemas: Mapping[str, Mapping[str, Any]],
     *,
     succeeded: Collection[str],
+    calls: Mapping[str, int] | None = None,
 ) -> TurnConstraint:
     """The turn's :class:`TurnConstraint` (see the module docstring).
 
     ``narrowed``: tool -> its input schema narrowed by provenance (None: a value it needs
     does not exist yet; absent: unchanged); ``schemas``: every tool's own input schema;
-    ``succeeded``: the tools called successfully so far."""
+    ``succeeded``: the tools called successfully so far; ``calls``: how many times each
+    (for ``max_calls``: a tool whose budget is spent leaves the choice, and one with a
+    budget left stays a choice after it is done)."""
     pending = [s for s in workflow.required_steps if s not in succeeded]
 
     def named_prereqs_met(tool: str) -> bool:
@@ -123,22 +126,27 @@ def compile_turn(
     terminal_callable = not pending and any(
         schema_of(t) is not None and named_prereqs_met(t) for t in workflow.terminal_tools
     )
+    made = calls or {}
     legal: dict[str, Mapping[str, Any]] = {}
     callable_: dict[str, Mapping[str, Any]] = {}
     for tool in workflow.tools:
         schema = schema_of(tool)
         if schema is None:
             continue
+        budget = workflow.max_calls.get(tool)
+        if budget is not None and made.get(tool, 0) >= budget:
+            continue  # its budget is spent
         callable_[tool] = schema
+        again = budget is not None and tool in succeeded  # done, with calls left to make
         if tool in workflow.terminal_tools:
             if pending:
                 continue
         elif tool in workflow.required_steps:
-            if pending and tool != pending[0]:
+            if pending and tool != pending[0] and not again:
                 continue  # in order: only the first step not done
-            if not pending and terminal_callable:
+            if not pending and terminal_callable and budget is None:
                 continue  # done, and the end is open: the step leaves the choice
-        elif terminal_callable and tool in succeeded:
+        elif terminal_callable and tool in succeeded and budget is None:
             continue  # a small model repeats its last call once it could finish
         if not named_prereqs_met(tool):
             continue

@@ -186,7 +186,11 @@ class Grounding:
         the same query until max_iterations)."""
         self._calls.append((name, args, data))
         grounded = self._user_args(name)
-        if grounded and isinstance(args, Mapping) and self._fruitless(name, data):
+        if not grounded or not isinstance(args, Mapping):
+            return
+        if self._fruitless(name, data) or self._workflow.max_calls.get(name, 1) > 1:
+            # Led nowhere, or a tool meant to be called again (one report per supplier):
+            # its words are not offered again, so the next call differs.
             self._spend(args, grounded)
 
     def failed(self, name: str, args: object, envelope: Mapping[str, object], calls: Calls) -> None:

@@ -35,7 +35,8 @@ Where a workflow declares nothing for an argument, a default applies (:func:`def
     argument                                    default
     ------------------------------------------  ---------------------------------------------
     ``enum``/``const``, boolean, object, array  the schema alone
-    required number, date, time, date-time      the user, earlier results, earlier calls
+    required number, date, time, date-time      the user, earlier results (under any key),
+                                                earlier calls
     required identifier                         earlier results (under its name or ``id``),
                                                 earlier calls, the user's tokens
     required plain string                       the schema alone (free text: a resolution, a
@@ -96,6 +97,8 @@ _MAX_TEXT: Final = 8192  # characters of the user's message read (a bound on the
 _WORD: Final = re.compile(r"[^\W_]{1,32}")
 # A token holding a digit: an identifier as people write one ("T-1001", "ORD_77", "a1b2").
 _TOKEN: Final = re.compile(r"[^\W_][\w\-./:#]{0,63}")
+# An e-mail address, whole ("ana@example.com"): a value people give to be used as written.
+_EMAIL: Final = re.compile(r"[\w.+-]{1,64}@[^\W_][\w-]*(?:\.[\w-]+)+")
 # Function words of the languages the number and month tables know: a plain string made of
 # them says nothing ("for a", "pour le"), and a 135M model picks them (the likeliest
 # tokens), so they are not offered as a grounded string's words. Data, one line a language.
@@ -186,8 +189,8 @@ _NUMBER: Final = re.compile(r"(?<![\w.,:/-])(-?\d{1,9}(?:[.,]\d{1,6})?)(?![\w:/]
 @dataclass(frozen=True, slots=True)
 class Said:
     """What the user's message states, read once: its words (as written and in lower case,
-    distinct), tokens holding a digit, numbers, times of day (``HH:MM``), dates
-    (``YYYY-MM-DD``). Numbers exclude the parts of times and dates."""
+    distinct), tokens (e-mail addresses, and words holding a digit), numbers, times of day
+    (``HH:MM``), dates (``YYYY-MM-DD``). Numbers exclude the parts of times and dates."""
 
     words: tuple[str, ...] = ()
     tokens: tuple[str, ...] = ()
@@ -213,6 +216,7 @@ def said_in(text: str) -> Said:
             if found:
                 dates[found] = None
         rest = pattern.sub(" ", rest)
+
     def named(day: int, month: int, year: int) -> Callable[[re.Match[str]], str]:
         def take(m: re.Match[str]) -> str:
             number = _MONTHS.get(m[month].lower()) or _month_prefix(m[month])
@@ -238,7 +242,9 @@ def said_in(text: str) -> Said:
             hour, minute = int(m["h24"]), int(m["m24"] or m["dotted"] or 0)
         times[f"{hour:02d}:{minute:02d}"] = None
     rest = _TIME.sub(" ", rest)
-    tokens = {
+    tokens = {m[0].rstrip("."): None for m in _EMAIL.finditer(rest)}
+    rest = _EMAIL.sub(" ", rest)
+    tokens |= {
         t.rstrip(".:/-#"): None
         for t in _TOKEN.findall(rest)
         if any(c.isdigit() for c in t) and not _NUMBER.fullmatch(t.rstrip(".:/-#"))
@@ -336,6 +342,8 @@ class Anything:
 
 
 Source = User | Results | Calls | Anything
+ANY_KEY: Final = "*"
+"""``Results(key=ANY_KEY)``: every scalar of the results, whatever its key."""
 _NAMED: Final[Mapping[str, Source]] = {
     "user": User(),
     "results": Results(),
@@ -357,6 +365,7 @@ def parse_sources(doc: object, *, where: str) -> tuple[Source, ...]:
                 raise ValueError(f"{where}: unknown source {item!r}; one of {', '.join(_NAMED)}")
             out.append(_NAMED[item])
         elif isinstance(item, Mapping) and set(item) in ({"results"}, {"results", "key"}):
+            # "key": "*" takes every scalar of the tool's results, whatever its key.
             out.append(Results(_name(item["results"], where), _opt(item.get("key"), where)))
         elif isinstance(item, Mapping) and set(item) in ({"calls"}, {"calls", "arg"}):
             out.append(Calls(_name(item["calls"], where), _opt(item.get("arg"), where)))
@@ -425,7 +434,10 @@ class Held:
                         self._args.setdefault(name, []).append((tool, value))
 
     def results_under(self, key: str) -> list[tuple[str, object]]:
-        """(tool, value) of every scalar stored under ``key`` in the results, in order."""
+        """(tool, value) of every scalar stored under ``key`` in the results, in order
+        (:data:`ANY_KEY`: under any key)."""
+        if key == ANY_KEY:
+            return [pair for pairs in self._results.values() for pair in pairs]
         return self._results.get(key, [])
 
     def args_named(self, name: str) -> list[tuple[str, object]]:
@@ -506,7 +518,8 @@ def default_sources(
     if not required:
         return (Results(), Calls())
     if kind in ("integer", "number", "date", "time", "date-time"):
-        return (User(), Results(), Calls())
+        # Under any key: a refund's amount is the order's "total".
+        return (User(), Results(key=ANY_KEY), Calls())
     if kind == "id":
         return (Results(), Results(key="id"), Calls(), User())
     return ()
@@ -667,6 +680,8 @@ def _from_user(kind: Kind, prop: Mapping[str, Any], said: Said) -> Iterator[obje
                 yield from (f"{d}T{t}:00", f"{d}T{t}:00Z")
     elif kind == "id":
         yield from said.tokens
+    elif kind == "string":
+        yield from said.tokens  # as written: "T-1001", "ana@example.com" (words are the pattern)
 
 
 def _checker(tool: str, arg: str, prop: Mapping[str, Any]) -> Any:

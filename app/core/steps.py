@@ -99,6 +99,7 @@ class WorkflowNudges:
         "with one of them, or call {missing} first."
     )
     retry: str = "Answer by calling one of these functions: {tools}."
+    spent: str = "{tool} has made all its {max} calls. Call one of: {tools}."
     unknown: str = "There is no function named '{name}'. Call one of: {tools}."
 
 
@@ -192,6 +193,10 @@ class StepEnforcer:
         self.tracker.record(name)
         self._done.setdefault(name, []).append((args, data))
         self._values.clear()
+
+    def call_counts(self) -> dict[str, int]:
+        """Each tool's successful calls so far."""
+        return {tool: len(done) for tool, done in self._done.items()}
 
     def calls(self, tool: str) -> list[tuple[object, object]]:
         """The successful calls of ``tool`` so far: (arguments, result data)."""
@@ -323,7 +328,11 @@ class WorkflowPolicy:
         workflow = self._workflow
         narrowed = self._grounding.narrowed(self._steps.values) if workflow.narrow else {}
         constraint = compile_turn(
-            workflow, narrowed, self._schemas, succeeded=self._steps.completed_steps
+            workflow,
+            narrowed,
+            self._schemas,
+            succeeded=self._steps.completed_steps,
+            calls=self._steps.call_counts(),
         )
         return constraint.hints()
 
@@ -380,6 +389,14 @@ class WorkflowPolicy:
             return Refuse(name, ErrorCode.TOOL_NOT_FOUND, nudge)
         self._errors.reset_retries()  # a known tool: the model is calling again
         steps = self._steps
+        budget = self._workflow.max_calls.get(name)
+        if budget is not None and len(steps.calls(name)) >= budget:
+            others = [t for t in self._workflow.tools if t != name]
+            message = self._nudges.spent.format(tool=name, max=budget, tools=", ".join(others))
+            retried = self._retry()
+            fatal = retried if isinstance(retried, WorkflowError) else None
+            tier = 3 if fatal is not None else int(retried)  # type: ignore[arg-type]
+            return Refuse(name, ErrorCode.TOOL_CALL_LIMIT, Nudge("budget", tier, message), fatal)
         if steps.is_premature(name):
             tier = steps.premature()
             pending = steps.pending()

@@ -117,6 +117,9 @@ class _WorkflowDoc(BaseModel):
     max_iterations: Annotated[int, Field(ge=1, le=100)] = 10
     max_retries_per_step: Annotated[int, Field(ge=0, le=20)] = 3
     max_tool_errors: Annotated[int, Field(ge=0, le=20)] = 2
+    max_calls: dict[_NAME, Annotated[int, Field(ge=1, le=100)]] = Field(
+        default_factory=dict, max_length=64
+    )
     compaction: Literal["tiered", "sliding", "none"] = "tiered"
     keep_recent: Annotated[int, Field(ge=0, le=100)] = 2
     budget_tokens: Annotated[int, Field(ge=256)] | None = None
@@ -162,6 +165,9 @@ class WorkflowDef:
     max_iterations: int = 10
     max_retries_per_step: int = 3
     max_tool_errors: int = 2
+    # tool -> successful calls it may make (a step meant to be repeated: one report per
+    # supplier); without one, a step already done leaves the choice once the end is open.
+    max_calls: Mapping[str, int] = field(default_factory=dict)
     compaction: str = "tiered"
     keep_recent: int = 2
     budget_tokens: int | None = None
@@ -196,6 +202,7 @@ class WorkflowDef:
             "max_iterations": self.max_iterations,
             "max_retries_per_step": self.max_retries_per_step,
             "max_tool_errors": self.max_tool_errors,
+            "max_calls": dict(self.max_calls),
             "compaction": self.compaction,
             "keep_recent": self.keep_recent,
             "budget_tokens": self.budget_tokens,
@@ -204,7 +211,8 @@ class WorkflowDef:
             "grounded": {tool: list(args) for tool, args in self.grounded.items()},
             "provenance": {
                 tool: {
-                    arg: [source_doc(s) for s in sources] if len(sources) > 1
+                    arg: [source_doc(s) for s in sources]
+                    if len(sources) > 1
                     else source_doc(sources[0])
                     for arg, sources in args.items()
                 }
@@ -314,6 +322,9 @@ def parse_workflow(
                 raise _invalid(source, f"{name}: {tool!r} cannot be its own prerequisite")
             prereqs.append(prereq)
         prerequisites[tool] = tuple(prereqs)
+    for tool in parsed.max_calls:
+        if tool not in listed:
+            raise _invalid(source, f"{name}: max_calls names {tool!r}, which is not in 'tools'")
     for tool in parsed.grounded:
         if tool not in listed:
             raise _invalid(source, f"{name}: grounded names {tool!r}, which is not in 'tools'")
@@ -349,6 +360,7 @@ def parse_workflow(
         max_iterations=parsed.max_iterations,
         max_retries_per_step=parsed.max_retries_per_step,
         max_tool_errors=parsed.max_tool_errors,
+        max_calls=dict(parsed.max_calls),
         compaction=parsed.compaction,
         keep_recent=parsed.keep_recent,
         budget_tokens=parsed.budget_tokens,

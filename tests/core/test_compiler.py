@@ -13,6 +13,7 @@ from jsonschema import Draft202012Validator
 from tests.core.gbnf_matcher import parse
 from toolforge.core.chat import ChatRequest
 from toolforge.core.compiler import compile_turn
+from toolforge.core.decisions import Refuse, Run
 from toolforge.core.engine.modes import NativeMode
 from toolforge.core.events import FrameKind
 from toolforge.core.gbnf import FrameGrammar, TurnIds
@@ -178,3 +179,37 @@ def test_native_mode_sends_the_legal_tools_narrowed_and_names_the_one_to_call() 
     # Without hints (a plain stream), the plan's tools go as they are.
     plain = NativeMode().turn_request(base, [], seen_ids=set(), tools_left=True)
     assert plain.extra == base.extra
+
+
+def test_a_budget_keeps_a_done_step_a_choice_until_it_is_spent() -> None:
+    schemas = {"report": _obj(supplier={"type": "string"}), "audit": _obj(worst={"type": "string"})}
+    wf = parse_workflow(
+        {
+            "name": "audit",
+            "tools": list(schemas),
+            "required_steps": ["report"],
+            "terminal_tools": ["audit"],
+            "max_calls": {"report": 2},
+            "provenance": {"report": {"supplier": "user"}},
+        },
+        known_tools=list(schemas),
+    )
+    assert list(compile_turn(wf, {}, schemas, succeeded=()).tools) == ["report"]
+    after_one = compile_turn(wf, {}, schemas, succeeded=("report",), calls={"report": 1})
+    assert list(after_one.tools) == ["report", "audit"]
+    spent = compile_turn(wf, {}, schemas, succeeded=("report",), calls={"report": 2})
+    assert list(spent.tools) == ["audit"]
+    # The policy refuses a call past the budget with a nudge, and spends the words a
+    # repeated call used, so the next report is of another supplier.
+    p = WorkflowPolicy(wf, schemas=schemas)
+    p.begin_turn([{"role": "user", "content": "Audit Northwind and Contoso"}])
+    for supplier in ("Northwind", "Contoso"):
+        assert isinstance(p.check_call("report", {"supplier": supplier}), Run)
+        p.record("report", {"supplier": supplier}, {"ok": True, "data": {"defects": 1}})
+        p.end_batch()
+        if supplier == "Northwind":
+            pattern = p.hints().narrowed["report"]["properties"]["supplier"]["pattern"]
+            assert "Contoso" in pattern and "Northwind" not in pattern
+    refused = p.check_call("report", {"supplier": "Northwind"})
+    assert isinstance(refused, Refuse) and refused.nudge.kind == "budget"
+    assert "report" in p.hints().narrowed and p.hints().narrowed["report"] is None

@@ -80,6 +80,10 @@ BASIC_2STEP: Final = Scenario(
         ("get_weather", {"city": "Madrid"}),
         ("report_weather", {"city": "Madrid", "condition": "sunny", "temp_c": 24}),
     ),
+    provenance={
+        "get_weather": {"city": "user"},
+        "report_weather": {"city": ["calls", "user"], "condition": "results"},
+    },
     grade=lambda a, _c: _eq(a.get("city"), "Madrid") and a.get("temp_c") == 24,
 )
 
@@ -149,6 +153,9 @@ SEQUENTIAL_3STEP: Final = Scenario(
             {"ticket_id": "T-1001", "category": "billing", "resolution": "refund issued"},
         ),
     ),
+    provenance={
+        "close_ticket": {"category": {"calls": "classify_ticket", "arg": "category"}},
+    },
     grade=lambda a, _c: _eq(a.get("ticket_id"), "T-1001") and _eq(a.get("category"), "billing"),
 )
 
@@ -216,6 +223,7 @@ COMPACTION_STRESS: Final = Scenario(
         ("summarize_errors", {"service": "checkout", "error_code": "E-4417"}),
         ("file_incident", {"service": "checkout", "error_code": "E-4417"}),
     ),
+    provenance={"fetch_log": {"service": "user"}},
     grade=lambda a, _c: _eq(a.get("error_code"), "E-4417"),
     budget_tokens=2048,
     keep_recent=1,
@@ -356,6 +364,14 @@ TOOL_SELECTION: Final = Scenario(
         ("book_flight", {"flight": "DL0045", "passenger": "Ana Lima"}),
         ("send_confirmation", {"booking_ref": "BK-DL0045", "email": "ana@example.com"}),
     ),
+    provenance={
+        "search_flights": {"origin": "user", "destination": "user"},
+        "book_flight": {
+            "flight": {"results": "search_flights", "key": "flight"},
+            "passenger": "user",
+        },
+        "send_confirmation": {"email": "user"},
+    },
     grade=lambda a, c: (
         _eq(a.get("booking_ref"), "BK-DL0045")
         and _eq(a.get("email"), "ana@example.com")
@@ -422,6 +438,10 @@ ARGUMENT_FIDELITY: Final = Scenario(
         ("get_entity_details", {"entity_id": 42}),
         ("submit_report", {"entity_id": 42, "status": "suspended"}),
     ),
+    provenance={
+        "find_entity": {"name": "user"},
+        "submit_report": {"status": {"results": "get_entity_details", "key": "status"}},
+    },
     grade=lambda a, _c: a.get("entity_id") == 42 and _eq(a.get("status"), "suspended"),
 )
 
@@ -494,6 +514,10 @@ SEQUENTIAL_REASONING: Final = Scenario(
         ("get_manager", {"manager_id": "M-310"}),
         ("send_email", {"to": "tberg@corp.io", "subject": "Maria Garcia's leave is approved"}),
     ),
+    provenance={
+        "get_employee": {"name": "user"},
+        "send_email": {"to": {"results": "get_manager", "key": "email"}},
+    },
     grade=lambda a, _c: _eq(a.get("to"), "tberg@corp.io"),
 )
 
@@ -574,6 +598,16 @@ CONDITIONAL_ROUTING: Final = Scenario(
         ("check_oncall", {"team": "pay-core"}),
         ("page_oncall", {"person": "j.okafor", "incident": "INC-88"}),
     ),
+    provenance={
+        "get_incident": {"incident": "user"},
+        "get_service_owner": {"service": {"results": "get_incident", "key": "service"}},
+        "check_oncall": {"team": {"results": "get_service_owner", "key": "team"}},
+        "page_oncall": {
+            "person": {"results": "check_oncall", "key": "oncall"},
+            "incident": ["calls", "user"],
+        },
+        "open_ticket": {"team": "results", "incident": ["calls", "user"]},
+    },
     grade=lambda a, c: bool(c) and c[-1].name == "page_oncall" and _eq(a.get("person"), "j.okafor"),
 )
 
@@ -661,6 +695,7 @@ DATA_GAP_RECOVERY: Final = Scenario(
         ("get_orders", {"customer_id": 7}),
         ("issue_credit", {"customer_id": 7, "amount": 35.0, "order_id": "ORD-5512"}),
     ),
+    provenance={"search_customer": {"name": "user"}},
     grade=lambda a, _c: a.get("customer_id") == 7 and a.get("amount") == 35.0,
 )
 
@@ -728,6 +763,11 @@ PHASE2_COMPACTION: Final = Scenario(
         *(("get_supplier_report", {"supplier": s}) for s in SUPPLIERS),
         ("submit_audit", {"worst_supplier": "Fabrikam"}),
     ),
+    max_calls={"get_supplier_report": 5},
+    provenance={
+        "get_supplier_report": {"supplier": "user"},
+        "submit_audit": {"worst_supplier": {"calls": "get_supplier_report", "arg": "supplier"}},
+    },
     grade=lambda a, _c: _eq(a.get("worst_supplier"), "Fabrikam"),
     # A bare tool-calling library's 925 tokens is less than the gateway's own opening (its system
     # prompt and the tools: ~1,000). Scanned with the perfect model (sentinel, native): phase 2 is

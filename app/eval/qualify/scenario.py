@@ -143,6 +143,7 @@ class Scenario:
     keep_recent: int | None = None  # the workflow's (2 when None): iterations never compacted
     # tool -> argument -> where its value comes from (docs/workflows.md, provenance)
     provenance: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    max_calls: Mapping[str, int] = field(default_factory=dict)  # the workflow's per-tool budgets
 
     @property
     def ideal_iterations(self) -> int:
@@ -166,6 +167,8 @@ class Scenario:
             body["budget_tokens"] = self.budget_tokens
         if self.keep_recent is not None:
             body["keep_recent"] = self.keep_recent
+        if self.max_calls:
+            body["max_calls"] = dict(self.max_calls)
         if self.provenance:
             body["provenance"] = {k: dict(v) for k, v in self.provenance.items()}
         return body
