@@ -496,8 +496,12 @@ def kind_of(name: str, prop: Mapping[str, Any]) -> Kind:
     if kind != "string":
         return "other"
     fmt = prop.get("format")
-    if fmt in ("date", "time", "date-time"):
-        return fmt  # type: ignore[return-value]
+    if fmt == "date":
+        return "date"
+    if fmt == "time":
+        return "time"
+    if fmt == "date-time":
+        return "date-time"
     if fmt == "uuid" or _ID_NAME.search(name):
         return "id"
     return "string"

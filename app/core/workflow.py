@@ -329,26 +329,26 @@ def parse_workflow(
         if tool not in listed:
             raise _invalid(source, f"{name}: grounded names {tool!r}, which is not in 'tools'")
     provenance: dict[str, dict[str, tuple[Source, ...]]] = {}
-    for tool, args in parsed.provenance.items():
+    for tool, declared in parsed.provenance.items():
         if tool not in listed:
             raise _invalid(source, f"{name}: provenance names {tool!r}, which is not in 'tools'")
-        for arg, doc in args.items():
+        for arg, doc in declared.items():
             try:
                 sources = parse_sources(doc, where=f"provenance.{tool}.{arg}")
             except ValueError as exc:
                 raise _invalid(source, f"{name}: {exc}") from None
-            for item in sources:
-                if isinstance(item, Results | Calls) and item.tool is not None:
-                    if item.tool not in listed:
-                        raise _invalid(
-                            source,
-                            f"{name}: provenance.{tool}.{arg} takes values from "
-                            f"{item.tool!r}, which is not in 'tools'",
-                        )
+            for source_item in sources:
+                of = source_item.tool if isinstance(source_item, Results | Calls) else None
+                if of is not None and of not in listed:
+                    raise _invalid(
+                        source,
+                        f"{name}: provenance.{tool}.{arg} takes values from "
+                        f"{of!r}, which is not in 'tools'",
+                    )
             provenance.setdefault(tool, {})[arg] = sources
     # ``grounded`` is the older spelling of provenance "user".
-    for tool, args in parsed.grounded.items():
-        for arg in args:
+    for tool, grounded_args in parsed.grounded.items():
+        for arg in grounded_args:
             provenance.setdefault(tool, {}).setdefault(arg, (User(),))
     return WorkflowDef(
         name=parsed.name,

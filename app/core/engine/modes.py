@@ -399,7 +399,10 @@ def _native_constraint(extra: Mapping[str, Any], hints: TurnHints) -> dict[str, 
     for tool in extra["tools"]:
         fn = tool.get("function") if isinstance(tool, Mapping) else None
         wire = fn.get("name") if isinstance(fn, Mapping) else None
-        name = from_openai_name(wire) if isinstance(wire, str) else None
+        if not isinstance(fn, Mapping) or not isinstance(wire, str):
+            tools.append(tool)
+            continue
+        name = from_openai_name(wire)
         if name not in hints.narrowed:
             tools.append(tool)
             continue
