@@ -37,6 +37,7 @@ import socket
 import subprocess
 import tempfile
 import time
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -141,6 +142,29 @@ async def b2(targets: dict[str, Target], procs: dict[str, Proc], n: int, rounds:
 BENCH_KEY = "bench-key-0123456789abcdef"  # --auth: the work gateway's one API key
 
 
+def _package_shim(checkout: Path) -> Path:
+    """A folder that holds ``checkout``'s code as the ``toolforge`` package, for
+    ``PYTHONPATH``: links laid out as its pyproject's ``package-dir`` maps the folders
+    (``toolforge`` = ``app/``, ``toolforge.tools`` = ``tools/``, ...). Without it a gateway
+    started in another checkout imports this one's ``toolforge`` (the editable install's
+    finder maps the package to this checkout by absolute path), and base and work would
+    run the same code."""
+    config = tomllib.loads((checkout / "pyproject.toml").read_text(encoding="utf-8"))
+    folders: dict[str, str] = config["tool"]["setuptools"]["package-dir"]
+    root = checkout / ".ab-import"
+    package = root / "toolforge"
+    package.mkdir(parents=True, exist_ok=True)
+    for entry in (checkout / folders["toolforge"]).iterdir():
+        link = package / entry.name
+        if not link.exists():
+            link.symlink_to(entry)
+    for name, folder in folders.items():
+        parts = name.split(".")
+        if len(parts) == 2 and not (package / parts[1]).exists():
+            (package / parts[1]).symlink_to(checkout / folder)
+    return root
+
+
 async def compare(
     base: Path, args: argparse.Namespace, redis_url: str | None = None, auth: bool = False
 ) -> list[str]:
@@ -155,8 +179,11 @@ async def compare(
             env["REDIS_URL"] = redis_url
         if auth:
             env["API_KEYS"] = BENCH_KEY
+        # Another checkout's code must be imported from that checkout: the editable install
+        # maps ``toolforge`` to this one's folders by absolute path (_package_shim).
+        base_env = None if base == ROOT else {"PYTHONPATH": str(_package_shim(base))}
         gateways = {
-            "base": spawn_gateway(url, artifacts, cwd=base),
+            "base": spawn_gateway(url, artifacts, env=base_env, cwd=base),
             "work": spawn_gateway(url, artifacts, env=env or None),
         }
         procs += gateways.values()
