@@ -97,6 +97,13 @@ EXTERNAL_VARIABLES: Final[dict[str, str]] = {
     "TOOLFORGE_API_KEY": "the key `toolforge demo` and `toolforge eval` send to a gateway",
 }
 
+# The page that explains a section of the settings whose header in app/settings.py names none.
+_SECTION_PAGES: Final[dict[str, list[str]]] = {
+    "upstream": ["servers.md", "proxy.md"],
+    "streaming": ["protocol.md", "tools.md"],
+    "storage and ops": ["protocol.md", "deployment.md", "observability.md"],
+}
+
 _SECTION = re.compile(r"^\s*# -- (.+?) -+\s*$")
 _FIELD = re.compile(r"^    (\w+): [^=]+= Field\(")
 
@@ -110,7 +117,7 @@ def _comments() -> Iterator[tuple[str, str, str]]:
     for line in lines:
         stripped = line.strip()
         if m := _SECTION.match(line):
-            section, block = m.group(1).split(" (")[0], []
+            section, block = m.group(1), []
         elif stripped.startswith("#"):
             block.append(stripped.lstrip("#").strip())
         elif m := _FIELD.match(line):
@@ -176,21 +183,19 @@ def render_configuration() -> str:
         "",
         "The gateway reads one `Settings` object (`app/settings.py`), from the environment first;",
         "`toolforge serve`'s flags (`--host`, `--port`, `--upstream`, `--model`) override it.",
-        "An empty variable counts as unset. The pages named in each section explain the",
-        "settings in context ([README.md](README.md) lists them).",
-        "",
+        "An empty variable counts as unset. The page named under a section explains its",
+        "settings in context ([README.md](README.md) lists every page).",
     ]
     section = None
     for sect, names, default, text in settings_rows():
         if sect != section:
             section = sect
-            out += [
-                "",
-                f"## {sect[0].upper()}{sect[1:]}",
-                "",
-                "| variable | default | |",
-                "|---|---|---|",
-            ]
+            title = sect.split(" (")[0]
+            out += ["", f"## {title[0].upper()}{title[1:]}", ""]
+            pages = re.findall(r"docs/([\w-]+\.md)", sect) or _SECTION_PAGES.get(title, [])
+            if pages:
+                out += ["Explained in " + ", ".join(f"[{p}]({p})" for p in pages) + ".", ""]
+            out += ["| variable | default | |", "|---|---|---|"]
         shown = " (or ".join(f"`{n}`" for n in names) + (")" if len(names) > 1 else "")
         out.append(f"| {shown} | {_cell(default)} | {_cell(text)} |")
     out += [
