@@ -15,6 +15,7 @@ runs the stream) and carries on from the frame after the call.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import orjson
@@ -185,10 +186,13 @@ async def run_agent(request: Request, gw: GatewayDep) -> Response:
                     tools_template=gw.proxy_tools_template,
                     nudges=gw.proxy_nudges,
                 )
-            own(built, key)
-            built.prompt_record = {**built.prompt_record, "api": "agui"}
-            if built.approval_tools:  # the run may end at an interrupt: the stream waits
-                built.on_disconnect = "continue"
+            built = own(built, key)
+            built = dataclasses.replace(
+                built,
+                prompt_record={**built.prompt_record, "api": "agui"},
+                # the run may stop at an approval: the stream waits for the next request
+                on_disconnect="continue" if built.approval_tools else built.on_disconnect,
+            )
             return built
 
         slot = await StreamSlot.take(request.app, key)  # one of the key's streams

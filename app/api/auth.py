@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hashlib
 import hmac
 import ipaddress
@@ -486,16 +487,19 @@ def check_workflow(key: ApiKey | None, workflow: WorkflowDef) -> WorkflowDef:
     return workflow
 
 
-def own(plan: StreamPlan, key: ApiKey | None) -> None:
-    """Record ``key`` as the owner of ``plan``'s stream: on the plan (follow-up calls) and
-    in its prompt record, so ``prompt.json`` says whose run it is (``GET /v1/runs``). The
-    request's stream slot, if it took one, is the stream's from now on."""
-    if key is not None:
-        plan.owner = key.name
-        plan.prompt_record = {**plan.prompt_record, "owner": key.name}
-        slot = _REQUEST_SLOT.get()
-        if slot is not None and slot.key is key and slot.stream_id is None:
-            slot.stream_id = plan.stream_id  # the stream holds the request's slot
+def own(plan: StreamPlan, key: ApiKey | None) -> StreamPlan:
+    """``plan`` owned by ``key`` (a new plan: plans are frozen): the owner on the plan
+    (follow-up calls) and in its prompt record, so ``prompt.json`` says whose run it is
+    (``GET /v1/runs``). The request's stream slot, if it took one, is the stream's from
+    now on."""
+    if key is None:
+        return plan
+    slot = _REQUEST_SLOT.get()
+    if slot is not None and slot.key is key and slot.stream_id is None:
+        slot.stream_id = plan.stream_id  # the stream holds the request's slot
+    return dataclasses.replace(
+        plan, owner=key.name, prompt_record={**plan.prompt_record, "owner": key.name}
+    )
 
 
 def check_owner(key: ApiKey | None, owner: str | None, stream_id: str) -> None:

@@ -134,7 +134,7 @@ async def complete(
                     tools_template=gw.proxy_tools_template,
                     nudges=gw.proxy_nudges,
                 )
-            own(built, key)
+            built = own(built, key)
             return built
 
         # The same start as every stream's: resumable on any replica, with Redis.

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
 from typing import Annotated, Any, Final, Literal
 
@@ -182,8 +183,10 @@ async def create_response(request: Request, gw: GatewayDep) -> Response:
                     tools_template=gw.proxy_tools_template,
                     nudges=gw.proxy_nudges,
                 )
-            own(built, key)
-            built.prompt_record = {**built.prompt_record, "api": "responses"}
+            built = own(built, key)
+            built = dataclasses.replace(
+                built, prompt_record={**built.prompt_record, "api": "responses"}
+            )
             if req.store:  # readable (in progress) before its first frame
                 record["input_items"] = [
                     {"id": f"in_{stream_id[2:]}_{i}", **item} for i, item in enumerate(items)

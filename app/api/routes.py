@@ -116,8 +116,7 @@ async def _plan(
     if key is not None and idempotency_key is not None:
         idempotency_key = f"{key.name}:{idempotency_key}"
     plan = await gw.planner.plan(req, stream_id, idempotency_key, workflow=workflow)
-    own(plan, key)
-    return plan
+    return own(plan, key)
 
 
 @router.get("/v1/streams/{stream_id}", summary="Resume a stream after Last-Event-ID")

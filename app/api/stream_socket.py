@@ -181,7 +181,7 @@ class _Socket:
 
         async def plan(stream_id: str) -> StreamPlan:
             built = await gw.planner.plan(req, stream_id, None, workflow=workflow)
-            own(built, key)
+            built = own(built, key)
             return built
 
         slot = await StreamSlot.take(self._ws.app, key)  # one of the key's streams

@@ -11,6 +11,7 @@ decision to the waiting stream and goes on with the same message from the call o
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Annotated, Any
 
 import orjson
@@ -139,10 +140,13 @@ async def ui_chat(request: Request, gw: GatewayDep) -> Response:
                     tools_template=gw.proxy_tools_template,
                     nudges=gw.proxy_nudges,
                 )
-            own(built, key)
-            built.prompt_record = {**built.prompt_record, "api": "ui-message-stream"}
-            if built.approval_tools:  # the message may stop at an approval: the stream waits
-                built.on_disconnect = "continue"
+            built = own(built, key)
+            built = dataclasses.replace(
+                built,
+                prompt_record={**built.prompt_record, "api": "ui-message-stream"},
+                # the run may stop at an approval: the stream waits for the next request
+                on_disconnect="continue" if built.approval_tools else built.on_disconnect,
+            )
             return built
 
         slot = await StreamSlot.take(request.app, key)  # one of the key's streams

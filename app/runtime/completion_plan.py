@@ -447,20 +447,22 @@ async def plan_workflow_completion(
         workflow=workflow.name,
         messages=_messages(req.messages),
     )
-    plan = await planner.plan(ask, stream_id, None, workflow=workflow)
-    extra = _forwarded(req)
-    if extra:
-        plan.chat = dataclasses.replace(plan.chat, extra={**plan.chat.extra, **extra})
     _, guard_record = _guards(switches)
-    plan.prompt_record = {
-        **plan.prompt_record,
-        "api": "chat.completions",
-        "guardrails": dict(guard_record),
-        "request_extra": extra,
-        "user": req.user,
-        "metadata": req.metadata,
-    }
-    return plan
+    extra = _forwarded(req)
+    return await planner.plan(
+        ask,
+        stream_id,
+        None,
+        workflow=workflow,
+        extra=extra,
+        record={
+            "api": "chat.completions",
+            "guardrails": dict(guard_record),
+            "request_extra": extra,
+            "user": req.user,
+            "metadata": req.metadata,
+        },
+    )
 
 
 def _narrowed(

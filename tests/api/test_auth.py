@@ -15,7 +15,7 @@ from typing import Any
 import openai
 import orjson
 import pytest
-from fastapi.routing import APIRoute
+from fastapi.routing import APIRoute, APIWebSocketRoute
 from httpx_sse import aconnect_sse
 from openai import AsyncOpenAI
 from starlette.routing import BaseRoute, Mount, Route
@@ -72,6 +72,8 @@ def every_route(gw: Harness) -> list[tuple[str, str]]:
                 walk(included.routes, prefix + route.include_context.prefix)  # type: ignore[attr-defined]
             elif isinstance(route, APIRoute | Route) and route.methods:
                 out.extend((m, prefix + route.path) for m in sorted(route.methods - {"HEAD"}))
+            elif isinstance(route, APIWebSocketRoute):  # its handshake is an HTTP GET
+                out.append(("GET", prefix + route.path))
             elif isinstance(route, Mount):  # static files (the web UI): one file under it
                 out.append(("GET", f"{prefix}{route.path}/index.html"))
             else:
