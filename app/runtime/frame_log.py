@@ -36,7 +36,7 @@ from typing import Any
 import orjson
 
 from toolforge.core.protocol.frames import Frame, decode, encode_frame
-from toolforge.core.protocol.sse_blocks import parse_block
+from toolforge.core.protocol.sse_blocks import event_data
 
 __all__ = ["FrameLog", "decode_events", "decode_frames"]
 
@@ -211,7 +211,7 @@ def decode_events(encoded: Iterable[bytes]) -> Iterator[tuple[str, dict[str, Any
     """Each frame's event name and JSON object, as sent (``encode_frame``'s output read
     back): what the artifacts record."""
     for raw in encoded:
-        _, event, data = parse_block(raw)
+        event, data = event_data(raw)
         yield event.decode(), orjson.loads(data)
 
 

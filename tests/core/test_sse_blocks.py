@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from toolforge.core.protocol.frames import Done, DoneMetrics, Error, TextDelta, encode_frame
-from toolforge.core.protocol.sse_blocks import block_events, parse_block, split_blocks
+from toolforge.core.protocol.sse_blocks import END, event_data, split_blocks
 from toolforge.errors import ErrorCode
 
 TRICKY = ["plain", "two\n\nlines", "data: fake\n\nid: 9", "\r\n\r", "\x00\x1f\u2028", "é😀"]
@@ -28,10 +28,12 @@ def test_a_run_of_blocks_splits_back_into_its_frames(chunks: list[str]) -> None:
     blocks = _frames(chunks)
     assert split_blocks(b"".join(blocks)) == blocks
     for seq, block in enumerate(blocks, 1):
-        got_id, _, data = parse_block(block)
-        assert got_id == seq
-        assert data == orjson.dumps(orjson.loads(data))  # one whole JSON value
-    events = list(block_events(b"".join(blocks)))
+        assert block.startswith(b"id: %d\n" % seq)
+        _, data = event_data(block)
+        assert data.endswith(END) and b"\n" not in data[: -len(END)]  # one whole line
+    # A batch split on the blank line, as the proxy's encoder reads one: bare JSON.
+    events = [event_data(b) for b in b"".join(blocks).split(END) if b]
+    assert all(data == orjson.dumps(orjson.loads(data)) for _, data in events)
     assert [e for e, _ in events[: len(chunks)]] == [b"text.delta"] * len(chunks)
     assert [orjson.loads(d)["chunk"] for _, d in events[: len(chunks)]] == chunks
     assert [e for e, _ in events[-2:]] == [b"error", b"done"]
@@ -41,7 +43,7 @@ def test_the_tricky_texts_stay_inside_their_block() -> None:
     blocks = _frames(TRICKY)
     whole = b"".join(blocks)
     assert len(split_blocks(whole)) == len(TRICKY) + 2
-    assert [orjson.loads(parse_block(b)[2]).get("chunk") for b in blocks[: len(TRICKY)]] == TRICKY
+    assert [orjson.loads(event_data(b)[1]).get("chunk") for b in blocks[: len(TRICKY)]] == TRICKY
 
 
 def test_a_partial_block_at_the_end_is_never_read_as_a_frame() -> None:

@@ -46,7 +46,7 @@ from toolforge.core.protocol.frames import (
     TOOL_CALL,
     TOOL_RESULT,
 )
-from toolforge.core.protocol.sse_blocks import block_events
+from toolforge.core.protocol.sse_blocks import END, event_data
 from toolforge.core.workflow import RESPOND
 
 __all__ = ["DONE_LINE", "ChunkWriter", "CompletionBuilder", "error_body", "finish_reason"]
@@ -208,7 +208,10 @@ class ChunkWriter:
         """The chunks for one batch of encoded frames (several ``id/event/data`` blocks)."""
         out: list[bytes] = []
         text = self._answer is None  # a workflow's text between calls is not the answer
-        for event, data in block_events(encoded):
+        for block in encoded.split(END):
+            if not block:
+                continue
+            event, data = event_data(block)
             if event == b"text.delta":  # the per-token path: {"chunk":"..."} spliced in
                 if text:
                     out.append(self._text_head + data[9:-1] + self._text_tail)
