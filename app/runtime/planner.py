@@ -23,7 +23,14 @@ from typing import Any, Final, Literal, Protocol
 import httpx
 
 from toolforge.core.context import ContextPolicy, workflow_context
-from toolforge.core.engine import ConstrainedMode, Mode, NativeMode, mode_named
+from toolforge.core.engine import (
+    ConstrainedMode,
+    ConversationConfig,
+    Mode,
+    NativeMode,
+    ReaderLimits,
+    mode_named,
+)
 from toolforge.core.gbnf import FrameGrammar, decoding_gaps
 from toolforge.core.native_tools import to_openai_tools
 from toolforge.core.prompt import build_messages, render_system_prompt, render_workflow_prompt
@@ -122,6 +129,36 @@ class StreamPlan:
     # Measure (and compact) the first turn's prompt too (ConversationConfig.fit_first_turn):
     # the Python runner's initial_messages.
     fit_first_turn: bool = False
+
+    def engine_config(
+        self, limits: SessionLimits, *, runs_tools: bool, repair_template: str
+    ) -> ConversationConfig:
+        """The turn engine's configuration for this plan, under a session's ``limits``:
+        built here, next to the fields it reads, so a field the engine needs is added to
+        the plan and its engine configuration together."""
+        return ConversationConfig(
+            stream_id=self.stream_id,
+            request=self.chat,
+            mode=self.mode,
+            schemas=self.schemas,
+            result_schema=self.result_schema,
+            registered=self.registered,
+            max_tool_calls=self.max_tool_calls,
+            runs_tools=runs_tools,
+            approval_tools=self.approval_tools,
+            confirmations=self.confirmations,
+            budget_tokens=self.budget["budget_tokens"] if self.budget else None,
+            limits=ReaderLimits(limits.max_frame_bytes, limits.max_json_depth),
+            frame_timeout_s=limits.frame_timeout_s,
+            repair_retries=limits.repair_retries,
+            repair_template=repair_template,
+            client_tools=self.client_tools,
+            awaited_tools=self.awaited_tools,
+            context=self.context,
+            fit_first_turn=self.fit_first_turn,
+            # A workflow's policy (None: a plain stream); compaction's step hint is its too.
+            workflow=self.workflow,
+        )
 
 
 @dataclass(frozen=True, slots=True)

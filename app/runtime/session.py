@@ -37,12 +37,10 @@ from toolforge.core.engine import (
     AskModel,
     CallModel,
     Conversation,
-    ConversationConfig,
     CountTokens,
     Emit,
     Finish,
     ModelReply,
-    ReaderLimits,
     ReadModel,
     RefuseTool,
     RepairBody,
@@ -124,28 +122,8 @@ class StreamSession:
         self._executor = executor
         self._clock = clock
         self.conversation = Conversation(
-            ConversationConfig(
-                stream_id=plan.stream_id,
-                request=plan.chat,
-                mode=plan.mode,
-                schemas=plan.schemas,
-                result_schema=plan.result_schema,
-                registered=plan.registered,
-                max_tool_calls=plan.max_tool_calls,
-                runs_tools=executor is not None,
-                approval_tools=plan.approval_tools,
-                confirmations=plan.confirmations,
-                budget_tokens=plan.budget["budget_tokens"] if plan.budget else None,
-                limits=ReaderLimits(limits.max_frame_bytes, limits.max_json_depth),
-                frame_timeout_s=limits.frame_timeout_s,
-                repair_retries=limits.repair_retries,
-                repair_template=repair_template,
-                client_tools=plan.client_tools,
-                awaited_tools=plan.awaited_tools,
-                context=plan.context,
-                fit_first_turn=plan.fit_first_turn,
-                # A workflow's policy (None: a plain stream); compaction's step hint is its too.
-                workflow=plan.workflow,
+            plan.engine_config(
+                limits, runs_tools=executor is not None, repair_template=repair_template
             )
         )
         # Measures the prompt for compaction (docs/context.md): only streams with a budget use it.
