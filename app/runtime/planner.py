@@ -41,7 +41,7 @@ from toolforge.core.schemas import (
     compile_schema,
     is_compiled,
 )
-from toolforge.core.steps import WorkflowNudges, WorkflowPolicy
+from toolforge.core.steps import Compactor, WorkflowNudges, WorkflowPolicy
 from toolforge.core.tools import ToolRegistry, ToolSpec
 from toolforge.core.workflow import (
     RESPOND,
@@ -317,12 +317,20 @@ class StreamPlanner:
         workflow: WorkflowDef | None = None,
         extra: Mapping[str, Any] | None = None,
         record: Mapping[str, Any] | None = None,
+        compactor: Compactor | None = None,
+        fit_first_turn: bool = False,
     ) -> StreamPlan:
         """The plan of one stream: its mode decided, then everything else. ``workflow``:
         the request's workflow, resolved already (:meth:`workflow_for`) by a caller that
         checked or changed it; by default ``req.workflow`` is resolved here. ``extra``:
         request fields every turn forwards (a front door's own parameters); ``record``:
-        what that front door adds to the plan's record (``prompt.json``)."""
+        what that front door adds to the plan's record (``prompt.json``); ``compactor``: the
+        Python runner's own compaction hook for the workflow's policy; ``fit_first_turn``:
+        the first turn's prompt may be over the budget already (a conversation brought in).
+
+        Every front door plans here: ``POST /v1/stream``, the proxy's workflow runs (and
+        the other wire formats' workflow runs, through them) and the Python runner
+        (:class:`toolforge.runtime.workflow_runner.WorkflowRunner`)."""
         if workflow is None:
             workflow = self.workflow_for(req.workflow)
         await compile_off_loop(
@@ -396,6 +404,7 @@ class StreamPlanner:
                 workflow,
                 schemas={t["name"]: t["input_schema"] for t in shape.tool_dicts},
                 nudges=self.workflow_nudges,
+                compactor=compactor,
             )
         if record:
             prompt_record.update(record)
@@ -417,6 +426,7 @@ class StreamPlanner:
             awaited_tools=shape.client_schemas,
             context=context,
             workflow=policy,
+            fit_first_turn=fit_first_turn,
         )
 
     def workflow_for(self, asked: str | Mapping[str, Any] | None) -> WorkflowDef | None:

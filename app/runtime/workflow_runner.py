@@ -35,27 +35,28 @@ import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib.resources import files
-from typing import Any
+from typing import Any, Final
 
+import httpx
 from jsonschema import Draft202012Validator
 from pydantic import BaseModel, ConfigDict, model_validator
 
-from toolforge.core.chat import ChatRequest
-from toolforge.core.context import ContextPolicy, strategy_named, workflow_context
+from toolforge.core.context import ContextPolicy, strategy_named
 from toolforge.core.decisions import WorkflowSummary
-from toolforge.core.engine import ConstrainedMode, Mode, mode_named
-from toolforge.core.gbnf import FrameGrammar
-from toolforge.core.native_tools import to_openai_tools
-from toolforge.core.prompt import build_messages, render_system_prompt, render_workflow_prompt
 from toolforge.core.protocol.frames import Frame
 from toolforge.core.schemas import builtin_registry
 from toolforge.core.steps import Compactor, WorkflowNudges, WorkflowPolicy
 from toolforge.core.tools import PermanentToolError, ToolError, ToolRegistry, ToolSpec
-from toolforge.core.workflow import RESPOND, RESPOND_TOOL, WorkflowDef, parse_workflow
+from toolforge.core.workflow import RESPOND, WorkflowDef, parse_workflow
 from toolforge.errors import ErrorCode, ToolForgeError, WorkflowError, workflow_error
 from toolforge.runtime.executor import ToolExecutor
 from toolforge.runtime.frame_log import decode_frames
-from toolforge.runtime.planner import DEFAULT_MAX_TOOL_CALLS, SessionLimits, StreamPlan
+from toolforge.runtime.planner import (
+    DEFAULT_MAX_TOOL_CALLS,
+    PlannerConfig,
+    SessionLimits,
+    StreamPlanner,
+)
 from toolforge.runtime.session import StreamSession
 from toolforge.upstream.base import Upstream
 
@@ -156,6 +157,8 @@ class Workflow:
         compaction: str = "tiered",
         keep_recent: int = 2,
         budget_tokens: int | None = None,
+        provenance: Mapping[str, Mapping[str, Any]] | None = None,
+        max_calls: Mapping[str, int] | None = None,
     ) -> None:
         self.tools = {tool.name: tool for tool in tools}
         terminals = [terminal_tools] if isinstance(terminal_tools, str) else list(terminal_tools)
@@ -180,6 +183,8 @@ class Workflow:
             "keep_recent": keep_recent,
             "budget_tokens": budget_tokens,
             "grounded": {t.name: list(t.grounded) for t in tools if t.grounded},
+            "provenance": {tool: dict(args) for tool, args in (provenance or {}).items()},
+            "max_calls": dict(max_calls or {}),
             "instructions": instructions,
         }
         self.definition: WorkflowDef = parse_workflow(doc, known_tools=self.tools, source="python")
@@ -266,7 +271,7 @@ class WorkflowRunner:
             conversation.append({"role": "user", "content": user_message})
         if not conversation:
             raise ValueError("give a user_message, initial_messages or both")
-        session, policy = self._session(workflow, conversation, bool(initial_messages))
+        session, policy = await self._session(workflow, conversation, bool(initial_messages))
         frames: list[Frame] = []
         seen = len(conversation) + 1  # our system prompt, then the caller's messages
         watcher = asyncio.create_task(_cancel_on(cancel_event, session)) if cancel_event else None
@@ -300,65 +305,50 @@ class WorkflowRunner:
                 await session.wait()
         return _outcome(workflow, session, policy.summary(), frames)
 
-    def _session(
+    def _planner(self, workflow: Workflow) -> StreamPlanner:
+        """The gateway's planner over this workflow's tools: the runner plans its streams
+        as ``POST /v1/stream`` does (one planner for every front door). The mode is always
+        asked for by name, so the planner never probes the upstream over HTTP."""
+        return StreamPlanner(
+            config=PlannerConfig(
+                model_id=self.model,
+                # constrained mode is asked for on an upstream the caller says takes grammars
+                upstream_kind="llama_server" if self.mode == "constrained" else "openai",
+            ),
+            client=_NO_PROBES,
+            schemas=builtin_registry(),
+            tools=ToolRegistry(tool.spec() for tool in workflow.tools.values()),
+            system_template=self._system,
+            context=None
+            if self.budget_tokens is None
+            else ContextPolicy(strategy_named("none"), self.budget_tokens, "manual"),
+            workflow_nudges=self._nudges,
+            workflow_template=self._workflow_prompt,
+        )
+
+    async def _session(
         self, workflow: Workflow, conversation: list[dict[str, Any]], history: bool
     ) -> tuple[StreamSession, WorkflowPolicy]:
         definition = workflow.definition
-        registry = ToolRegistry(tool.spec() for tool in workflow.tools.values())
-        tool_dicts = [spec.to_dict() for spec in registry]
-        if definition.uses_respond:
-            tool_dicts.append(dict(RESPOND_TOOL))
-        reply = builtin_registry().get("AssistantReply").schema
-        system = render_system_prompt(
-            self._system,
-            result_schema="AssistantReply",
-            tools=[{k: t[k] for k in ("name", "description", "input_schema")} for t in tool_dicts],
-        ) + render_workflow_prompt(self._workflow_prompt, definition)
-        extra: dict[str, Any] = {}
-        if self.mode == "native":
-            extra = {"tools": to_openai_tools(tool_dicts), "tool_choice": "auto"}
-        chat = ChatRequest(
+        planner = self._planner(workflow)
+        ask = _RunnerAsk(
+            mode=self.mode,
             model=self.model,
-            messages=build_messages(system, conversation),
-            extra=extra,
-            **self.sampling,
+            sampling=_Sampling(self.sampling),
+            max_tool_calls=DEFAULT_MAX_TOOL_CALLS,
+            messages=conversation,
         )
-        mode: Mode = (
-            mode_named(self.mode)
-            if self.mode != "constrained"
-            else ConstrainedMode(
-                FrameGrammar(
-                    tools={t["name"]: t["input_schema"] for t in tool_dicts},
-                    result=("AssistantReply", reply),
-                    max_tokens=chat.max_tokens,
-                )
-            )
-        )
-        policy = WorkflowPolicy(
-            definition,
-            schemas={t["name"]: t["input_schema"] for t in tool_dicts},
-            nudges=self._nudges,
+        plan = await planner.plan(
+            ask,
+            f"wf_{uuid.uuid4().hex[:20]}",
+            None,
+            workflow=definition,
             compactor=self.compactor,
-        )
-        plan = StreamPlan(
-            stream_id=f"wf_{uuid.uuid4().hex[:20]}",
-            chat=chat,
-            mode=mode,
-            tools_allow=tuple(registry.names()),
-            max_tool_calls=definition.tool_call_limit(DEFAULT_MAX_TOOL_CALLS),
-            workflow=policy,
-            context=workflow_context(
-                None
-                if self.budget_tokens is None
-                else ContextPolicy(strategy_named("none"), self.budget_tokens, "manual"),
-                strategy=definition.compaction,
-                keep_recent=definition.keep_recent,
-                budget_tokens=definition.budget_tokens,
-            ),
             # A conversation brought in (initial_messages) may be over the budget already.
             fit_first_turn=history,
         )
-        executor = ToolExecutor(registry, default_timeout_s=self.tool_timeout_s)
+        assert plan.workflow is not None  # a workflow's plan carries its policy
+        executor = ToolExecutor(planner.tools, default_timeout_s=self.tool_timeout_s)
         session = StreamSession(
             plan,
             upstream=self.upstream,
@@ -367,7 +357,42 @@ class WorkflowRunner:
             executor=executor,
             repair_template=self._repair,
         )
-        return session, policy
+        return session, plan.workflow
+
+
+@dataclass(frozen=True, slots=True)
+class _Sampling:
+    fields: Mapping[str, Any]
+
+    def model_dump(self, *, exclude_none: bool = False) -> dict[str, Any]:
+        return {k: v for k, v in self.fields.items() if v is not None or not exclude_none}
+
+
+@dataclass(frozen=True, slots=True)
+class _RunnerAsk:
+    """A runner's run as the planner reads a ``POST /v1/stream`` body: the workflow names
+    the tools; the caller's messages as they are."""
+
+    mode: str
+    model: str
+    sampling: _Sampling
+    max_tool_calls: int
+    messages: list[dict[str, Any]]
+    tools: Sequence[str] | None = None
+    result_schema: str = "AssistantReply"
+    object_schemas: Sequence[str] = ()
+    client_tools: Sequence[Any] = ()
+    profile: str | None = None
+    on_disconnect: Any = "cancel"
+    workflow: str | None = None
+
+    def chat_messages(self) -> list[dict[str, Any]]:
+        return self.messages
+
+
+# The planner's HTTP client is for mode probes, which a runner never makes (its mode is
+# asked for by name): a client with no transport to speak of.
+_NO_PROBES: Final = httpx.AsyncClient(transport=httpx.MockTransport(lambda _r: httpx.Response(404)))
 
 
 def _nudges() -> WorkflowNudges:
