@@ -280,7 +280,73 @@ async def compile_off_loop(schemas: Sequence[tuple[object, str, bool]]) -> None:
 _COMPILER: Final = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="schemas")
 
 
-_CONSTRAINTS: Final = {"constrained": "gbnf", "native": "tool_choice", "sentinel": "validation"}
+@dataclass(frozen=True, slots=True)
+class TurnShaping:
+    """How one mode shapes a stream's turns, as the planner asks it (the planner has no
+    ``if mode == ...``): the request fields every turn carries, the engine's strategy
+    (with constrained mode's grammar), and what holds the model to a legal turn before
+    validation (``prompt.json``'s ``constraint``, docs/workflows.md)."""
+
+    name: str
+    constraint: str
+    # The upstream's own function calling: the tools go in the request (native mode).
+    sends_tools: bool = False
+    # A grammar holds the frames: the schemas' decoding gaps are recorded (constrained).
+    grammar: bool = False
+
+    def extra(self, tool_dicts: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        """The request fields every turn of a stream with these tools carries."""
+        if self.sends_tools and tool_dicts:
+            return {"tools": to_openai_tools(tool_dicts), "tool_choice": "auto"}
+        return {}
+
+    def engine_mode(
+        self,
+        *,
+        tools: Mapping[str, Mapping[str, Any]],
+        result: tuple[str, Mapping[str, Any]],
+        objects: Mapping[str, Mapping[str, Any]],
+        max_depth: int,
+        max_tokens: int | None,
+    ) -> Mode:
+        """The turn engine's strategy; constrained mode's grammar (docs/protocol.md) holds
+        the frames the model is shown, sized to the turn's ``max_tokens`` so a looping
+        model still closes its frame in time."""
+        if not self.grammar:
+            return mode_named(self.name)
+        return ConstrainedMode(
+            FrameGrammar(
+                tools=tools,
+                result=result,
+                objects=objects,
+                max_depth=max_depth,
+                max_tokens=max_tokens,
+            )
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class _OllamaNative(TurnShaping):
+    """Native mode on Ollama, which has no ``tool_choice``: a workflow's compiled turn goes
+    as the call's JSON Schema in ``format``."""
+
+    def engine_mode(self, **_: Any) -> Mode:
+        return NativeMode(schema_format=True)
+
+
+_SHAPINGS: Final[Mapping[str, TurnShaping]] = {
+    "sentinel": TurnShaping("sentinel", "validation"),
+    "constrained": TurnShaping("constrained", "gbnf", grammar=True),
+    "native": TurnShaping("native", "tool_choice", sends_tools=True),
+}
+_OLLAMA_NATIVE: Final = _OllamaNative("native", "format", sends_tools=True)
+
+
+def turn_shaping(mode: str, upstream_kind: str) -> TurnShaping:
+    """The :class:`TurnShaping` of ``mode`` on an upstream of ``upstream_kind``."""
+    if mode == "native" and upstream_kind == "ollama":
+        return _OLLAMA_NATIVE
+    return _SHAPINGS[mode]
 
 
 @dataclass(slots=True)
@@ -343,7 +409,8 @@ class StreamPlanner:
         )
         decision = await self.decide_mode(req)
         mode = decision.mode
-        shape = self._shape(req, mode, workflow)
+        shaping = turn_shaping(mode, self.config.upstream_kind)
+        shape = self._shape(req, shaping, workflow)
         messages = build_messages(shape.system, req.chat_messages())
         chat = ChatRequest(
             model=req.model or self.config.model_id,
@@ -378,13 +445,11 @@ class StreamPlanner:
                 ]
                 if (found := decoding_gaps(schema))
             }
-            if mode == "constrained"
+            if shaping.grammar
             else {},
             "max_tool_calls": req.max_tool_calls,
             # What holds the model to a legal turn before validation (docs/workflows.md).
-            "constraint": _CONSTRAINTS[mode]
-            if not (mode == "native" and self.config.upstream_kind == "ollama")
-            else "format",
+            "constraint": shaping.constraint,
         }
         max_tool_calls = req.max_tool_calls
         policy: WorkflowPolicy | None = None
@@ -411,7 +476,7 @@ class StreamPlanner:
         return StreamPlan(
             stream_id=stream_id,
             chat=chat,
-            mode=self._mode(req, shape, mode, chat),
+            mode=self._mode(req, shape, shaping, chat),
             on_disconnect=req.on_disconnect,
             budget=self.budget,
             prompt_record=prompt_record,
@@ -520,30 +585,25 @@ class StreamPlanner:
         self.modes[model] = self.modes.pop(model)  # the most recently used now
         return await asyncio.shield(probe)
 
-    def _mode(self, req: StreamAsk, shape: PlanShape, mode: str, chat: ChatRequest) -> Mode:
-        """The engine's strategy for ``mode``; constrained mode's grammar (docs/protocol.md) holds
-        the frames the model is shown, sized to the turn's ``max_tokens`` so a looping model
-        still closes its frame in time."""
-        if mode == "native" and self.config.upstream_kind == "ollama":
-            # Ollama has no tool_choice; a workflow's compiled turn goes as its ``format``.
-            return NativeMode(schema_format=True)
-        if mode != "constrained":
-            return mode_named(mode)
+    def _mode(
+        self, req: StreamAsk, shape: PlanShape, shaping: TurnShaping, chat: ChatRequest
+    ) -> Mode:
+        """The engine's strategy, as the mode's shaping makes it."""
         objects = [item if isinstance(item, str) else item.name for item in req.object_schemas]
         schemas = shape.schemas
-        return ConstrainedMode(
-            FrameGrammar(
-                tools={t["name"]: t["input_schema"] for t in shape.tool_dicts},
-                result=(req.result_schema, schemas[req.result_schema].schema),
-                objects={name: schemas[name].schema for name in objects},
-                max_depth=self.config.max_json_depth,
-                max_tokens=chat.max_tokens,
-            )
+        return shaping.engine_mode(
+            tools={t["name"]: t["input_schema"] for t in shape.tool_dicts},
+            result=(req.result_schema, schemas[req.result_schema].schema),
+            objects={name: schemas[name].schema for name in objects},
+            max_depth=self.config.max_json_depth,
+            max_tokens=chat.max_tokens,
         )
 
     # -- the shape ------------------------------------------------------------------------
 
-    def _shape(self, req: StreamAsk, mode: str, workflow: WorkflowDef | None = None) -> PlanShape:
+    def _shape(
+        self, req: StreamAsk, shaping: TurnShaping, workflow: WorkflowDef | None = None
+    ) -> PlanShape:
         """The request's :class:`PlanShape`: cached unless it has inline schemas (those are
         the caller's own, checked and compiled per request). A workflow's tools are the
         ones shown, ``respond`` included, and its instructions follow the system prompt."""
@@ -554,7 +614,7 @@ class StreamPlanner:
         if not req.client_tools and all(isinstance(item, str) for item in req.object_schemas):
             tools_named = tuple(asked_tools) if asked_tools is not None else None
             named = None if workflow is None else workflow.name
-            key = (req.result_schema, tuple(req.object_schemas), tools_named, mode, named)
+            key = (req.result_schema, tuple(req.object_schemas), tools_named, shaping, named)
             if workflow is not None and workflow.source == "request":
                 key = None  # an inline definition: the caller's own, shaped per request
         if key is not None:
@@ -599,9 +659,8 @@ class StreamPlanner:
                     "executor": "client",
                 }
             )
-        extra: dict[str, Any] = {}
-        if mode == "native" and visible:  # the upstream's own function calling (docs/protocol.md)
-            extra = {"tools": to_openai_tools(tool_dicts), "tool_choice": "auto"}
+        # The upstream's own function calling, in native mode (docs/protocol.md).
+        extra = shaping.extra(tool_dicts) if visible else {}
         system = render_system_prompt(
             self.system_template,
             result_schema=req.result_schema,
