@@ -183,7 +183,14 @@ _NAMED_DATE: Final = re.compile(
 _MONTH_FIRST: Final = re.compile(
     r"\b([^\W\d_]{3,12})\.?\s+(\d{1,2})(?:st|nd|rd|th)?,?\s+(\d{4})(?!\d)"
 )
-_NUMBER: Final = re.compile(r"(?<![\w.,:/-])(-?\d{1,9}(?:[.,]\d{1,6})?)(?![\w:/]|[.,]\d)")
+# A number: digits with one decimal separator ("2.5", "2,5"), or groups of three digits
+# ("10,000", "10.000", "1 000 000" with narrow or no-break spaces), an exponent ("1e-3"),
+# a percent sign ("5%").
+_NUMBER: Final = re.compile(
+    r"(?<![\w.,:/-])(-?(?:\d{1,3}(?:(?P<sep>[,.\u202f\u00a0])\d{3})(?:(?P=sep)\d{3})*"
+    r"(?:[.,]\d{1,6})?|\d{1,12}(?:[.,]\d{1,6})?)(?:[eE][-+]?\d{1,3})?)(?P<pct>\s?%)?"
+    r"(?![\w:/]|[.,]\d)"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -251,9 +258,8 @@ def said_in(text: str) -> Said:
     }
     numbers: dict[int | float, None] = {}
     for m in _NUMBER.finditer(rest):
-        raw = m[1].replace(",", ".")
-        value = float(raw) if "." in raw else int(raw)
-        numbers[int(value) if isinstance(value, float) and value.is_integer() else value] = None
+        for value in _readings(m[1], m["sep"], percent=bool(m["pct"])):
+            numbers[value] = None
     for word in _WORD.findall(rest):
         if (n := _NUMBER_WORDS.get(word.lower())) is not None:
             numbers[n] = None
@@ -264,6 +270,28 @@ def said_in(text: str) -> Said:
         times=tuple(times)[:_MAX_VALUES],
         dates=tuple(dates)[:_MAX_VALUES],
     )
+
+
+def _readings(raw: str, sep: str | None, *, percent: bool) -> list[int | float]:
+    """The values a written number may mean: "10,000" is ten thousand in English and ten
+    in German, so both; "5%" is 5 and 0.05 (a rate)."""
+    texts = [raw]
+    if sep is not None:
+        texts = [raw.replace(sep, "")]  # grouped thousands
+        if sep in ",." and raw.count(sep) == 1:
+            texts.append(raw.replace(",", "."))  # or one decimal separator
+    out: list[int | float] = []
+    for text in texts:
+        text = text.replace(",", ".")
+        try:
+            value = float(text)
+        except ValueError:
+            continue
+        if value != value or value in (float("inf"), float("-inf")):
+            continue
+        for v in (value, value / 100) if percent else (value,):
+            out.append(int(v) if v.is_integer() and abs(v) < 2**53 else round(v, 12))
+    return out
 
 
 def _month_prefix(word: str) -> int | None:

@@ -60,6 +60,9 @@ DECLARED = {"date": USER, "time": USER, "party_size": USER}
         ("at noon, midi, Mittag", (), ("12:00",), ()),
         ("6 people at 19:00, 3 kids, 0700", (6, 3, 700), ("19:00",), ()),
         ("2,5 km und 3.5 miles, ticket T-1001", (2.5, 3.5), (), ()),
+        # Grouped thousands read both ways, a percent as itself and as a rate.
+        ("$10,000 at 5% for 10 years", (10000, 10, 5, 0.05), (), ()),
+        ("10.000 Euro, 1e-3, 1\u202f000\u202f000", (10000, 10, 0.001, 1000000), (), ()),
         ("at 13pm or 25:00 on 2026-02-30", (), (), ()),  # no such time or date
     ],
 )
