@@ -65,7 +65,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, cast
 
 from toolforge.core.schemas import compile_schema
 from toolforge.errors import RequestError
@@ -456,16 +456,20 @@ class Held:
         for tool, args, data in self.calls:
             for key, value in _scalars(data):
                 self._results.setdefault(key, []).append((tool, value))
+                if not isinstance(value, str):  # numbers, under any key, in call order
+                    self._results.setdefault(ANY_KEY, []).append((tool, value))
             if isinstance(args, Mapping):
                 for name, value in args.items():
                     if isinstance(name, str) and value is not None:
                         self._args.setdefault(name, []).append((tool, value))
 
+    def user_values(self, kind: Kind, prop: Mapping[str, Any]) -> list[object]:
+        """The user's values for an argument of ``kind`` (:func:`_from_user`)."""
+        return list(_from_user(kind, prop, self.said))
+
     def results_under(self, key: str) -> list[tuple[str, object]]:
         """(tool, value) of every scalar stored under ``key`` in the results, in order
         (:data:`ANY_KEY`: under any key)."""
-        if key == ANY_KEY:
-            return [pair for pairs in self._results.values() for pair in pairs]
         return self._results.get(key, [])
 
     def args_named(self, name: str) -> list[tuple[str, object]]:
@@ -589,7 +593,13 @@ def narrow_properties(
         if sources is None:
             if not defaults:
                 continue
-            sources = default_sources(arg, _non_null(prop), required=arg in must, plain=plain)
+            key = ("defaults", id(prop), arg in must, plain)
+            cached = None if memo is None else memo.get(key)
+            if cached is None:
+                cached = default_sources(arg, _non_null(prop), required=arg in must, plain=plain)
+                if memo is not None:
+                    memo[key] = cached
+            sources = cached
         if not sources or any(isinstance(s, Anything) for s in sources):
             continue
         narrowed = _narrow(tool, arg, prop, sources, held, {} if memo is None else memo)
@@ -629,50 +639,56 @@ def _narrow(
 ) -> Mapping[str, Any] | bool | None:
     """The argument's schema this turn: an ``enum`` of its values (and, for a plain string
     from the user, their words), DROPPED when its sources hold nothing, None to keep it."""
-    found = memo.get(id(prop))
-    if found is None:
+    entry = memo.get(id(prop))
+    if entry is None:
         own = _non_null(prop)
         kind = kind_of(arg, own)
-        found = memo[id(prop)] = (own, kind, None if kind == "other" else _checker(tool, arg, own))
-    own, kind, check = found
+        entry = memo[id(prop)] = (own, kind, None if kind == "other" else _checker(tool, arg, own))
+    own, kind, check = entry
     if check is None:
         return None
     words: str | None = None
-    candidates: list[object] = []
+    enum: dict[tuple[type, object], object] = {}
     for source in sources:
         match source:
             case User():
-                candidates.extend(_from_user(kind, own, held.said))
+                found: Sequence[object] = held.user_values(kind, own)
                 if kind == "string" and "pattern" not in own and "format" not in own:
                     words = words_pattern(content_words(held.said, held.spent))
-            case Results(tool=of, key=key):
+            case Results(key=key):
                 found = held.results_under(key or arg)
-                candidates.extend(v for name, v in found if of is None or name == of)
-            case Calls(tool=of, arg=name_of):
+            case Calls(arg=name_of):
                 found = held.args_named(name_of or arg)
-                candidates.extend(v for name, v in found if of is None or name == of)
             case Anything():
                 return None
-    # Distinct values in order, typed, each checked once a run (the memo): a run's held
-    # values repeat turn after turn.
-    enum: list[object] = []
-    typed = candidates if kind not in _RETYPED else [_typed(kind, v) for v in candidates]
-    for value in dict.fromkeys((type(v), v) for v in typed):
-        ok = memo.get((id(prop), value))
-        if ok is None:
-            ok = memo[id(prop), value] = check(value[1])
-        if ok:
-            enum.append(value[1])
-            if len(enum) >= _MAX_VALUES:
-                break
+        # Each source's values are append-only over a run (the user's message is read
+        # once, calls only add): only the values new since the last turn are typed and
+        # checked, and what passed is kept (the memo).
+        key_of = (id(prop), source)
+        done, accepted = memo.get(key_of, (0, ()))
+        if done < len(found):
+            fresh = list(accepted)
+            for item in found[done:]:
+                if isinstance(source, Results | Calls):
+                    name, item = cast(tuple[str, object], item)
+                    if source.tool is not None and name != source.tool:
+                        continue
+                value = _typed(kind, item)
+                if len(fresh) < _MAX_VALUES and check(value):
+                    fresh.append(value)
+            accepted = tuple(fresh)
+            memo[key_of] = (len(found), accepted)
+        for value in accepted:
+            enum.setdefault((type(value), value), value)
+    values = list(enum.values())[:_MAX_VALUES]
     if words is not None:
         pattern = {"type": "string", "pattern": words}
         if "maxLength" in own:
             pattern["maxLength"] = own["maxLength"]
-        return {"anyOf": [{"enum": enum}, pattern]} if enum else pattern
-    if not enum:
+        return {"anyOf": [{"enum": values}, pattern]} if values else pattern
+    if not values:
         return DROPPED
-    return {"enum": enum}
+    return {"enum": values}
 
 
 _RETYPED: Final = frozenset({"integer", "number", "id", "string", "date", "time", "date-time"})
