@@ -188,7 +188,8 @@ bench-bfcl: $(STAMP) corpora
 # its nginx: keys, the demo stream, a resume after `docker stop` of a replica, `down`
 # (docker/compose_test.py; docs/docker.md has the last run). Installs Docker from Debian's
 # packages when it is missing (as root), and builds base images with debootstrap when no
-# registry answers. Not part of `make test`: a first run compiles llama-server (~20 min).
+# registry answers. Not part of `make test`: a first run compiles llama-server (about half an
+# hour on 2 busy cores); later runs take a few minutes.
 .PHONY: compose-test
 compose-test:
 	$(PYTHON) docker/compose_test.py $(COMPOSE_TEST_ARGS)
