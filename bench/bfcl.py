@@ -89,7 +89,7 @@ MAX_TOKENS: Final = 256  # a call is under 100 tokens; prose stops here (bounds 
 TIMEOUT_S: Final = 300.0  # one request, a nudge included, on a loaded 2-core machine
 READY_S: Final = 900.0  # the first start builds llama-server and fetches the model
 ARMS: Final = ("proxy", "alone")
-TARGETS: Final = {"parsed": 0.98, "accurate": 0.50}  # the targets for the proxy
+TARGETS: Final = {"parsed": 0.98, "accurate": 0.50}  # what the proxy aims for on this model
 PYTHON_HINT: Final = " Note that the provided function is in Python 3 syntax."
 
 # bfcl-eval's GORILLA_TO_OPENAPI: BFCL's type names in JSON Schema's words.
