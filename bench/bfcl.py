@@ -205,6 +205,11 @@ def request_body(case: Case, model: str) -> dict[str, Any]:
     }
 
 
+# ``--guardrail NAME=off``: the proxy arm's body switches these guardrails off
+# (``toolforge.guardrails``, docs/proxy.md), e.g. provenance=off for its ablation.
+GUARDRAILS_OFF: dict[str, bool] = {}
+
+
 # -- the scores -------------------------------------------------------------------------
 
 
@@ -408,10 +413,13 @@ async def ask(client: httpx.AsyncClient, url: str, arm: str, case: Case, model: 
     started = time.perf_counter()
     status: int | None = None
     try:
+        body = request_body(case, model)
+        if arm == "proxy" and GUARDRAILS_OFF:
+            body["toolforge"] = {"guardrails": dict(GUARDRAILS_OFF)}
         try:
-            response = await client.post(url, json=request_body(case, model))
+            response = await client.post(url, json=body)
         except httpx.RemoteProtocolError:  # a kept-alive connection closed just then: again
-            response = await client.post(url, json=request_body(case, model))
+            response = await client.post(url, json=body)
         status = response.status_code
         reply = response.json()
     except (httpx.HTTPError, ValueError) as exc:
@@ -665,7 +673,19 @@ def main() -> None:
     parser.add_argument(
         "--resume", type=Path, help="go on with this raw results file (an interrupted run's)"
     )
+    parser.add_argument(
+        "--guardrail",
+        action="append",
+        default=[],
+        metavar="NAME=off",
+        help="switch a guardrail off on the proxy arm (an ablation: provenance=off)",
+    )
     args = parser.parse_args()
+    for item in args.guardrail:
+        name, _, value = item.partition("=")
+        if value != "off" or not name:
+            parser.error(f"--guardrail takes NAME=off, not {item!r}")
+        GUARDRAILS_OFF[name] = False
     if args.report is not None:
         results = rescore(args.report)
         lines = report(
