@@ -45,9 +45,9 @@ Where a workflow declares nothing for an argument, a default applies (:func:`def
                                                 only; with nothing there it is left out
 
 A request with no workflow (the OpenAI-compatible proxy's plain requests, switched off by
-its ``provenance`` guardrail) gets the same defaults, except that an optional number, date,
-time or identifier may also come from the user, and an optional plain string keeps its
-schema.
+its ``provenance`` guardrail) gets the same defaults, except that an optional plain string
+keeps its schema. (An optional number the user wrote is not offered: "height 150" is no
+gravity, and a small model fills an optional argument with any number it is offered.)
 
 A declared source that holds nothing leaves the tool out of the turn while the argument is
 required (its values do not exist yet: call what produces them first), unless the user is
@@ -544,13 +544,12 @@ def default_sources(
 ) -> tuple[Source, ...]:
     """The sources of an argument a workflow declares nothing for (the module docstring's
     table); ``()``: the schema alone. ``plain``: a request with no workflow, whose optional
-    numbers, dates, times and identifiers may also come from the user, and whose optional
     plain strings keep their schema."""
     kind = kind_of(name, prop)
     if kind == "other":
         return ()
     if not required and plain:
-        return () if kind == "string" else (User(), Results(), Calls())
+        return () if kind == "string" else (Results(), Calls())
     if not required:
         return (Results(), Calls())
     if kind in ("integer", "number", "date", "time", "date-time"):

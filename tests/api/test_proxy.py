@@ -678,6 +678,7 @@ async def test_provenance_holds_the_numbers_to_what_the_user_wrote(
     assert grammar.accepts(call('{"base": 5, "height": 10, "unit": "cm"}'))  # strings free
     assert not grammar.accepts(call('{"base": 12, "height": 5}'))  # nobody wrote 12
     assert not grammar.accepts(call('{"base": 10, "height": 5, "precision": 3}'))
+    assert not grammar.accepts(call('{"base": 10, "height": 5, "precision": 10}'))  # optional
     # Switched off, the function's own schema: any integer.
     await sdk(gw).chat.completions.create(
         model="m",

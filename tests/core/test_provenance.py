@@ -171,7 +171,7 @@ def test_declared_sources_results_calls_and_the_schema() -> None:
     assert props["free"] == {"type": "string"}
 
 
-def test_plain_requests_may_take_optional_numbers_from_the_user() -> None:
+def test_plain_requests_hold_required_numbers_to_the_users_and_leave_optional_ones_out() -> None:
     area = {
         "type": "object",
         "properties": {
@@ -189,7 +189,7 @@ def test_plain_requests_may_take_optional_numbers_from_the_user() -> None:
     assert props["base"] == {"enum": [10]}  # 5.5 is no integer
     assert props["height"] == {"enum": [10, 5.5]}
     assert props["unit"] == {"type": "string"}  # an optional plain string keeps its schema
-    assert props["precision"] == {"enum": [10]}
+    assert props["precision"] is False  # the user's numbers are the required ones
 
 
 @pytest.mark.parametrize(
