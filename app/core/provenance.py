@@ -189,7 +189,7 @@ _MONTH_FIRST: Final = re.compile(
 _NUMBER: Final = re.compile(
     r"(?<![\w.,:/-])(-?(?:\d{1,3}(?:(?P<sep>[,.\u202f\u00a0])\d{3})(?:(?P=sep)\d{3})*"
     r"(?:[.,]\d{1,6})?|\d{1,12}(?:[.,]\d{1,6})?)(?:[eE][-+]?\d{1,3})?)(?P<pct>\s?%)?"
-    r"(?![\w:/]|[.,]\d)"
+    r"(?![\d_:/]|[.,]\d)"  # a unit may follow: "5C", "10kg", "3m"
 )
 
 
