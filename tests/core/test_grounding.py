@@ -130,7 +130,7 @@ def test_user_words_come_from_the_first_user_message_text_parts_too() -> None:
         ("table for two at 7:30 p.m. or 21:00", ("19:30", "21:00"), (2,)),
         ("12am, 12 PM, noon and midnight", ("00:00", "12:00"), ()),
         ("6 people at 19:00, 3 kids, 0700", ("19:00",), (6, 3, 700)),
-        ("at 13pm or 25:00", (), ()),  # no such times, and no numbers either
+        ("at 13pm or 25:00", (), (13,)),  # no such times: "13pm" is a number with a unit
         ("ONE table, Eleven guests", (), (1, 11)),
         ("nothing here", (), ()),
     ],

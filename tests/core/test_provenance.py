@@ -63,7 +63,7 @@ DECLARED = {"date": USER, "time": USER, "party_size": USER}
         # Grouped thousands read both ways, a percent as itself and as a rate.
         ("$10,000 at 5% for 10 years", (10000, 10, 5, 0.05), (), ()),
         ("10.000 Euro, 1e-3, 1\u202f000\u202f000", (10000, 10, 0.001, 1000000), (), ()),
-        ("at 13pm or 25:00 on 2026-02-30", (), (), ()),  # no such time or date
+        ("at 13pm or 25:00 on 2026-02-30", (13,), (), ()),  # no such time or date: 13 a number
     ],
 )
 def test_what_the_user_said_is_read_the_same_in_every_language(
