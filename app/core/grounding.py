@@ -196,13 +196,19 @@ class Grounding:
     def failed(self, name: str, args: object, envelope: Mapping[str, object], calls: Calls) -> None:
         """A call that failed for good on an argument-matched value (the booking of a
         place that is closed or full): that value is not offered again, so the next try
-        names another. Argument errors and retryable failures say nothing of the value."""
+        names another; the user's words it used are spent too. Argument errors and
+        retryable failures say nothing of the value."""
         errors = envelope.get("errors")
         first = errors[0] if isinstance(errors, list | tuple) and errors else None
         if not isinstance(first, Mapping) or not isinstance(args, Mapping):
             return
         if first.get("retryable") or first.get("code") in _NOT_THE_VALUE:
             return
+        # The user's words that made a call fail for good ("no log for 'errors'") are not
+        # offered again: the next try takes other words of the user's.
+        grounded = self._user_args(name)
+        if grounded:
+            self._spend(args, grounded)
         for prereq in self._workflow.prerequisites.get(name, ()):
             if prereq.match_arg is not None and prereq.match_arg in args:
                 failed = self._failed_values.setdefault((name, prereq.match_arg), set())

@@ -276,3 +276,21 @@ def test_a_search_whose_every_place_failed_spends_its_words() -> None:
     assert patterns[0] is None
     query = patterns[1]["properties"]["query"]
     assert query["pattern"] == words_pattern(["Find", "find", "pizza"])
+
+
+def test_words_whose_call_failed_for_good_are_not_offered_again() -> None:
+    p = policy(grounded={"places.search": ["query"]})
+    said(p, "Find pizza near me")
+    failed = {"ok": False, "data": None, "errors": [{"code": "TOOL_FAILED", "retryable": False}]}
+    p.record("places.search", {"query": "near"}, failed)
+    p.end_batch()
+    assert query_pattern(p) == words_pattern(["Find", "find", "pizza"])
+    # A bad argument or a retryable failure says nothing of the words: nothing spent.
+    for harmless in (
+        {"ok": False, "errors": [{"code": "TOOL_ARGS_INVALID", "retryable": False}]},
+        {"ok": False, "errors": [{"code": "TOOL_TIMEOUT", "retryable": True}]},
+    ):
+        p.begin_turn([])
+        p.record("places.search", {"query": "pizza"}, harmless)
+        p.end_batch()
+        assert query_pattern(p) == words_pattern(["Find", "find", "pizza"])
