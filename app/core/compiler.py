@@ -18,9 +18,11 @@ A tool is legal now when:
 
 * it is the first required step not done yet (the steps go in order);
 * it is a terminal tool and every required step is done;
-* it is a required step already done, or another tool already called, and no terminal
-  tool can be called yet (the values the end needs must come from somewhere);
-* it is another tool not called yet;
+* it is a required step already done, and no terminal tool can be called yet (the values
+  the end needs must come from somewhere);
+* it is another tool not called yet (a tool other than a step or an end is called once,
+  unless ``max_calls`` gives it more, or no step is left and no end can be called yet: a
+  small model loops on side tools);
 * its prerequisites by name have succeeded, and each argument whose values must come from
   somewhere (an argument-matched prerequisite, a declared provenance,
   :mod:`toolforge.core.provenance`) has a value to take.
@@ -146,8 +148,11 @@ def compile_turn(
                 continue  # in order: only the first step not done
             if not pending and terminal_callable and budget is None:
                 continue  # done, and the end is open: the step leaves the choice
-        elif terminal_callable and tool in succeeded and budget is None:
-            continue  # a small model repeats its last call once it could finish
+        elif tool in succeeded and budget is None and (pending or terminal_callable):
+            # Called once already: a small model loops on side tools while a step waits,
+            # and repeats its last call once it could finish. (With no step left and no
+            # end callable, it may be what makes the end's values: it comes back.)
+            continue
         if not named_prereqs_met(tool):
             continue
         legal[tool] = schema

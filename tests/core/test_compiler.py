@@ -57,7 +57,8 @@ TICKETS = parse_workflow(
         # In order: only the first required step; the terminal waits; notify needs the kb.
         ((), ["read_ticket", "lookup_kb"]),
         (("read_ticket",), ["classify_ticket", "lookup_kb"]),
-        (("lookup_kb",), ["read_ticket", "lookup_kb", "notify"]),
+        # A side tool is called once (a small model loops on it while a step waits).
+        (("lookup_kb",), ["read_ticket", "notify"]),
         # Every step done: the end is open, and what was done leaves the choice.
         (("read_ticket", "classify_ticket"), ["close_ticket", "lookup_kb"]),
         (("read_ticket", "classify_ticket", "lookup_kb"), ["close_ticket", "notify"]),
