@@ -46,8 +46,9 @@ Where a workflow declares nothing for an argument, a default applies (:func:`def
 
 A request with no workflow (the OpenAI-compatible proxy's plain requests, switched off by
 its ``provenance`` guardrail) gets the same defaults, except that an optional plain string
-keeps its schema. (An optional number the user wrote is not offered: "height 150" is no
-gravity, and a small model fills an optional argument with any number it is offered.)
+keeps its schema, and an optional number may take the user's numbers only when the user
+wrote more numbers than the tool's required number arguments take ("height 150" is no
+gravity; "10 m/s for 5 s at 9.8" has a number for the optional acceleration).
 
 A declared source that holds nothing leaves the tool out of the turn while the argument is
 required (its values do not exist yet: call what produces them first), unless the user is
@@ -540,16 +541,26 @@ def kind_of(name: str, prop: Mapping[str, Any]) -> Kind:
 
 
 def default_sources(
-    name: str, prop: Mapping[str, Any], *, required: bool, plain: bool = False
+    name: str,
+    prop: Mapping[str, Any],
+    *,
+    required: bool,
+    plain: bool = False,
+    spare: bool = False,
 ) -> tuple[Source, ...]:
     """The sources of an argument a workflow declares nothing for (the module docstring's
     table); ``()``: the schema alone. ``plain``: a request with no workflow, whose optional
-    plain strings keep their schema."""
+    plain strings keep their schema; ``spare``: the user wrote more numbers than the tool
+    has required number arguments, so an optional one may take the user's numbers too."""
     kind = kind_of(name, prop)
     if kind == "other":
         return ()
     if not required and plain:
-        return () if kind == "string" else (Results(), Calls())
+        if kind == "string":
+            return ()
+        if spare and kind in ("integer", "number"):
+            return (User(), Results(), Calls())  # the numbers the required ones leave
+        return (Results(), Calls())
     if not required:
         return (Results(), Calls())
     if kind in ("integer", "number", "date", "time", "date-time"):
@@ -583,6 +594,7 @@ def narrow_properties(
         return schema
     required = schema.get("required")
     must = set(required) if isinstance(required, list) else set()
+    spare = plain and _spare_numbers(props, must, held.said)
     changed: dict[str, Any] = {}
     for arg, prop in props.items():
         if not isinstance(prop, Mapping):
@@ -592,10 +604,12 @@ def narrow_properties(
         if sources is None:
             if not defaults:
                 continue
-            key = ("defaults", id(prop), arg in must, plain)
+            key = ("defaults", id(prop), arg in must, plain, spare)
             cached = None if memo is None else memo.get(key)
             if cached is None:
-                cached = default_sources(arg, _non_null(prop), required=arg in must, plain=plain)
+                cached = default_sources(
+                    arg, _non_null(prop), required=arg in must, plain=plain, spare=spare
+                )
                 if memo is not None:
                     memo[key] = cached
             sources = cached
@@ -615,6 +629,18 @@ def narrow_properties(
     if not changed:
         return schema
     return {**schema, "properties": {**props, **changed}}
+
+
+def _spare_numbers(props: Mapping[str, Any], must: set[str], said: Said) -> bool:
+    """Whether the user wrote more numbers than the required number arguments take: the
+    user's numbers go to those first, and only the rest may fill an optional one."""
+    needed = sum(
+        1
+        for arg in must
+        if isinstance(props.get(arg), Mapping)
+        and kind_of(arg, _non_null(props[arg])) in ("integer", "number")
+    )
+    return len(said.numbers) > needed
 
 
 def _non_null(prop: Mapping[str, Any]) -> Mapping[str, Any]:

@@ -190,6 +190,10 @@ def test_plain_requests_hold_required_numbers_to_the_users_and_leave_optional_on
     assert props["height"] == {"enum": [10, 5.5]}
     assert props["unit"] == {"type": "string"}  # an optional plain string keeps its schema
     assert props["precision"] is False  # the user's numbers are the required ones
+    # One more number than the required ones take: an optional number may take it.
+    more = Held(said_in("base 10, height 5, precision 3"))
+    narrowed = narrow_properties("area", area, {}, more, defaults=True, plain=True)
+    assert narrowed is not None and narrowed["properties"]["precision"] == {"enum": [10, 5, 3]}
 
 
 @pytest.mark.parametrize(
