@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any, Final
 
 import orjson
@@ -92,6 +94,52 @@ def _parse(body: bytes, max_depth: int) -> ChatCompletionRequest:
         ) from exc
 
 
+def chat_planner(
+    gw: Gateway,
+    req: ChatCompletionRequest,
+    key: ApiKey | None,
+    *,
+    api: str | None = None,
+    waits_at_approval: bool = False,
+) -> Callable[[str], Awaitable[StreamPlan]]:
+    """How a Chat Completions-shaped request is planned, for every front door that speaks
+    one (the proxy, AG-UI, the UI message stream): ``key``'s tool allowlist and workflow
+    checked now (a 403 before any stream starts), then, per stream id, the proxy's plan
+    (the workflow's run when it names one), owned by ``key``. ``api`` labels the plan's
+    record (``prompt.json``); ``waits_at_approval``: a run that may stop at an approval
+    keeps its stream for the next request (``on_disconnect: continue``)."""
+    if key is not None and req.toolforge.server_tools:
+        allowed_tools(key, req.toolforge.server_tools, ())
+    workflow = req.toolforge.workflow
+    run = None if workflow is None else check_workflow(key, gw.planner.resolve_workflow(workflow))
+
+    async def plan(stream_id: str) -> StreamPlan:
+        if run is not None:  # the gateway runs it; the answer is its result
+            built = await plan_workflow_completion(gw.planner, req, stream_id, run)
+        else:
+            built = await plan_completion(
+                gw.planner,
+                req,
+                stream_id,
+                tools_template=gw.proxy_tools_template,
+                nudges=gw.proxy_nudges,
+            )
+        built = own(built, key)
+        if api is None and not waits_at_approval:
+            return built
+        return dataclasses.replace(
+            built,
+            prompt_record={**built.prompt_record, "api": api}
+            if api is not None
+            else built.prompt_record,
+            on_disconnect="continue"
+            if waits_at_approval and built.approval_tools
+            else built.on_disconnect,
+        )
+
+    return plan
+
+
 @router.post(
     "/v1/chat/completions",
     summary="OpenAI-compatible chat completions, with the small-model guardrails",
@@ -116,27 +164,7 @@ async def complete(
     try:
         body = await read_body(receive, declared, gw.settings.max_body_bytes)
         req = _parse(body, gw.settings.max_request_depth)
-        if key is not None and req.toolforge.server_tools:
-            allowed_tools(key, req.toolforge.server_tools, ())
-        workflow = req.toolforge.workflow
-        run = (
-            None if workflow is None else check_workflow(key, gw.planner.resolve_workflow(workflow))
-        )
-
-        async def plan(stream_id: str) -> StreamPlan:
-            if run is not None:  # the gateway runs it; the answer is its result
-                built = await plan_workflow_completion(gw.planner, req, stream_id, run)
-            else:
-                built = await plan_completion(
-                    gw.planner,
-                    req,
-                    stream_id,
-                    tools_template=gw.proxy_tools_template,
-                    nudges=gw.proxy_nudges,
-                )
-            built = own(built, key)
-            return built
-
+        plan = chat_planner(gw, req, key)
         # The same start as every stream's: resumable on any replica, with Redis.
         opened = await gw.streams.open(
             plan, owner=None if key is None else key.name, primary=req.stream

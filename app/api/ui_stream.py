@@ -11,7 +11,6 @@ decision to the waiting stream and goes on with the same message from the call o
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Annotated, Any
 
 import orjson
@@ -19,11 +18,12 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from toolforge.api.auth import ApiKey, allowed_tools, check_workflow, own, request_key
+from toolforge.api.auth import ApiKey, request_key
 from toolforge.api.body import ClientGone, read_body
 from toolforge.api.deps import Gateway, GatewayDep
 from toolforge.api.json_depth import check_depth
 from toolforge.api.models import ChatCompletionRequest, ToolForgeExtension
+from toolforge.api.proxy import chat_planner
 from toolforge.api.run_stream import RunStreamResponse
 from toolforge.api.stream_slot import SlotHeld, StreamSlot
 from toolforge.core.protocol.ai_sdk_ui import (
@@ -34,8 +34,6 @@ from toolforge.core.protocol.ai_sdk_ui import (
 )
 from toolforge.errors import ErrorCode, RequestError, ToolForgeError
 from toolforge.runtime.commands import Approve
-from toolforge.runtime.completion_plan import plan_completion, plan_workflow_completion
-from toolforge.runtime.planner import StreamPlan
 from toolforge.runtime.stream_service import Started
 
 __all__ = ["UIChatRequest", "router"]
@@ -121,33 +119,8 @@ async def ui_chat(request: Request, gw: GatewayDep) -> Response:
         if answer is not None:
             return await _go_on(gw, answer, key)
         req = _request(gw, ui)
-        if key is not None and req.toolforge.server_tools:
-            allowed_tools(key, req.toolforge.server_tools, ())
-
-        workflow = req.toolforge.workflow
-        flow = (
-            None if workflow is None else check_workflow(key, gw.planner.resolve_workflow(workflow))
-        )
-
-        async def plan(stream_id: str) -> StreamPlan:
-            if flow is not None:  # the gateway runs it; the answer is its result
-                built = await plan_workflow_completion(gw.planner, req, stream_id, flow)
-            else:
-                built = await plan_completion(
-                    gw.planner,
-                    req,
-                    stream_id,
-                    tools_template=gw.proxy_tools_template,
-                    nudges=gw.proxy_nudges,
-                )
-            built = own(built, key)
-            built = dataclasses.replace(
-                built,
-                prompt_record={**built.prompt_record, "api": "ui-message-stream"},
-                # the run may stop at an approval: the stream waits for the next request
-                on_disconnect="continue" if built.approval_tools else built.on_disconnect,
-            )
-            return built
+        # The run may stop at an approval: its stream waits for the next request.
+        plan = chat_planner(gw, req, key, api="ui-message-stream", waits_at_approval=True)
 
         slot = await StreamSlot.take(request.app, key)  # one of the key's streams
         try:
