@@ -35,6 +35,7 @@ from toolforge.core.provenance import (
     Held,
     Said,
     Source,
+    User,
     narrow_properties,
     said_in,
     values_under,
@@ -220,7 +221,7 @@ class Grounding:
         return [
             arg
             for arg, sources in self._workflow.provenance.get(tool, {}).items()
-            if any(type(s).__name__ == "User" for s in sources)
+            if any(isinstance(s, User) for s in sources)
         ]
 
     def _spend_exhausted(self, prereq: Prerequisite, failed: set[str], calls: Calls) -> None:
