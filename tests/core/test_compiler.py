@@ -21,6 +21,7 @@ from toolforge.core.native_tools import to_openai_tools
 from toolforge.core.protocol import sentinels
 from toolforge.core.steps import WorkflowPolicy
 from toolforge.core.workflow import parse_workflow
+from toolforge.errors import RequestError
 
 
 def _obj(**props: Any) -> dict[str, Any]:
@@ -214,3 +215,14 @@ def test_a_budget_keeps_a_done_step_a_choice_until_it_is_spent() -> None:
     refused = p.check_call("report", {"supplier": "Northwind"})
     assert isinstance(refused, Refuse) and refused.nudge.kind == "budget"
     assert "report" in p.hints().narrowed and p.hints().narrowed["report"] is None
+
+
+def test_a_bad_budget_is_refused_by_name() -> None:
+    base = {"name": "w", "tools": ["report", "audit"], "terminal_tools": ["audit"]}
+    for budget, says in (
+        ({"nope": 2}, "max_calls names 'nope'"),
+        ({"report": 0}, "max_calls.report"),
+        ({"report": 101}, "max_calls.report"),
+    ):
+        with pytest.raises(RequestError, match=says):
+            parse_workflow({**base, "max_calls": budget}, known_tools=["report", "audit"])
