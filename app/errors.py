@@ -21,7 +21,7 @@ the boundary where they occur (``raise Ours(...) from exc``), so callers only ev
     │   ├── ToolExecutionError      the tools kept failing, and it did not recover
     │   ├── MaxIterationsError      it ran out of turns
     │   └── WorkflowCancelledError  the run was cancelled
-    ├── ToolError                   a call gave no result; the model reads why (core.tools)
+    ├── ToolError                   a call gave no result; the model reads why (core.tool_specs)
     │   ├── ToolArgumentsError      the arguments were refused before the tool ran
     │   ├── TransientToolError      a tool's failure that may pass: retried
     │   └── PermanentToolError      a tool's failure that will not: never retried

@@ -158,7 +158,7 @@ _NO_TOOLS_TURN = (
 def _tool_script(request: dict[str, Any]) -> Any:
     """``tools2``: the two-tool conversation, one turn per upstream request (the turn is
     the number of tool results already in the messages). ``tools0``: the same text in
-    one turn, with OBJECT frames where the tool calls were (bench.tools' baseline)."""
+    one turn, with OBJECT frames where the tool calls were (bench.tool_roundtrip's baseline)."""
     from toolforge.eval.scripted_upstream import Script
 
     if request["model"] == "tools0":

@@ -21,7 +21,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from bench._results import load_average, write_section
-from toolforge.core.tools import ToolRegistry
+from toolforge.core.tool_specs import ToolRegistry
 from toolforge.log import configure_logging
 from toolforge.runtime.executor import ToolExecutor
 from toolforge.tools.task_analysis import DependencyEdge, DependencyReport, task_analysis_specs

@@ -4,7 +4,7 @@ A *pack* is a module ``toolforge.tools.<name>`` (a file ``tools/<name>.py``, or 
 ``tools/<name>/``) with one function, ``pack_tools(settings: Settings) -> list[ToolSpec]``,
 returning its tools built from the settings (a pack may return fewer tools, or none, when
 what they need is not configured; a pack whose tools ask the gateway's own model takes it
-too: ``pack_tools(settings, *, model)``, see :data:`toolforge.core.tools.ModelQuery`).
+too: ``pack_tools(settings, *, model)``, see :data:`toolforge.core.tool_specs.ModelQuery`).
 ``TOOL_PACKS`` (comma-separated, default ``demo``) says which packs the gateway serves;
 :func:`load_packs` builds the registry from them, stamping each tool's ``source`` as
 ``pack:<name>``, and checks the tool rules of docs/tools.md (a redaction allowlist, the JSON Schema
@@ -29,7 +29,7 @@ import pkgutil
 from typing import Any
 
 from toolforge.core.tool_rules import ToolConfigError, check_registry
-from toolforge.core.tools import ModelQuery, ToolRegistry, ToolSpec
+from toolforge.core.tool_specs import ModelQuery, ToolRegistry, ToolSpec
 from toolforge.settings import Settings
 
 __all__ = ["available_packs", "default_registry", "load_packs", "pack_names"]

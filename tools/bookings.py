@@ -25,7 +25,7 @@ from typing import Annotated, Final
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
-from toolforge.core.tools import PermanentToolError, ToolSpec
+from toolforge.core.tool_specs import PermanentToolError, ToolSpec
 from toolforge.errors import ErrorCode
 from toolforge.tools.places import FIXTURES, Place, is_open, load_places, minutes
 

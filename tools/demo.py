@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from toolforge.core.tools import ToolSpec
+from toolforge.core.tool_specs import ToolSpec
 from toolforge.settings import Settings
 from toolforge.tools.bookings import BookingBook, bookings_create_spec, load_full_slots
 from toolforge.tools.places import load_places, places_search_spec

@@ -34,7 +34,7 @@ from toolforge.core.protocol.schema import (
     frame_schema,
     stream_event_definitions,
 )
-from toolforge.core.tools import ToolRegistry
+from toolforge.core.tool_specs import ToolRegistry
 from toolforge.tools import default_registry
 
 __all__ = ["EXPORTED_DIRS", "SCHEMAS_DIR", "check", "main", "render", "write"]

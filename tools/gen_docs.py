@@ -215,7 +215,7 @@ _TARGET = re.compile(r"^- (?P<what>.+?): \*\*(?P<verdict>MET|MISSED)\*\*\s*$")
 # The sections whose latest run the README shows, by their heading in RESULTS.md.
 _PERF_SECTIONS: Final = (
     "Gateway (bench/gateway.py)",
-    "Tool round trip (bench/tools.py)",
+    "Tool round trip (bench/tool_roundtrip.py)",
     "llama-server (bench/llama.py)",
 )
 

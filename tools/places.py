@@ -24,7 +24,7 @@ from typing import Annotated, Final
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
-from toolforge.core.tools import ToolSpec
+from toolforge.core.tool_specs import ToolSpec
 
 __all__ = [
     "FIXTURES",

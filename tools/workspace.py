@@ -45,7 +45,7 @@ from typing import Annotated, Any, Final, Literal
 import orjson
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-from toolforge.core.tools import PermanentToolError, ToolSpec
+from toolforge.core.tool_specs import PermanentToolError, ToolSpec
 from toolforge.errors import ErrorCode
 from toolforge.settings import Settings
 

@@ -44,7 +44,7 @@ from toolforge.core.engine.completion import Nudges
 from toolforge.core.redact import redact, remember_secrets, url_credentials
 from toolforge.core.schemas import SchemaRegistry, builtin_registry
 from toolforge.core.steps import WorkflowNudges
-from toolforge.core.tools import ModelQuery, ToolRegistry
+from toolforge.core.tool_specs import ModelQuery, ToolRegistry
 from toolforge.core.workflow import WorkflowCaps
 from toolforge.errors import ErrorCode, RequestError, ServerError, ToolForgeError
 from toolforge.log import BACKEND_SETUP, configure_logging, get_logger

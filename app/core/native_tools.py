@@ -8,7 +8,7 @@ Two halves, both sans-IO:
 * :func:`to_openai_tools`, :func:`assistant_tool_call_message` and
   :func:`tool_result_message` build the OpenAI wire shapes: the ``tools`` offered, and the
   two messages that continue the conversation after the calls ran (docs/tools.md: wire formats
-  are adapters over :class:`toolforge.core.tools.ToolSpec`).
+  are adapters over :class:`toolforge.core.tool_specs.ToolSpec`).
 
 Theory of operation of the assembler. OpenAI streams each call as pieces that share an
 ``index``: the first carries ``id`` and ``function.name``, the rest argument fragments to
@@ -49,7 +49,7 @@ from typing import Any, Final
 
 import orjson
 
-from toolforge.core.tools import MAX_ARGS_BYTES
+from toolforge.core.tool_specs import MAX_ARGS_BYTES
 from toolforge.errors import ErrorCode, ModelBehaviorError
 
 __all__ = [
@@ -97,7 +97,7 @@ class AssembledCall:
     ``name`` is the wire name as the model wrote it (``places__search``); :attr:`tool_name`
     is ours (``places.search``). ``arguments_text`` is the raw JSON text, unchecked
     (``"{}"`` when the model sent none or only whitespace, as models do for tools without
-    parameters): validate it with :func:`toolforge.core.tools.parse_args`.
+    parameters): validate it with :func:`toolforge.core.tool_specs.parse_args`.
     """
 
     index: int
@@ -333,7 +333,7 @@ def from_openai_name(wire: str) -> str:
 
 def to_openai_tools(specs: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Our tool descriptions (``{name, description, input_schema}``, as
-    :meth:`ToolSpec.to_dict <toolforge.core.tools.ToolSpec.to_dict>` writes them; other keys
+    :meth:`ToolSpec.to_dict <toolforge.core.tool_specs.ToolSpec.to_dict>` writes them; other keys
     are ignored) as the OpenAI ``tools`` list:
     ``{"type": "function", "function": {name, description, parameters}}``.
 
@@ -385,7 +385,7 @@ def assistant_tool_call_message(
 
 def tool_result_message(call_id: str, content: object) -> dict[str, Any]:
     """The ``tool`` message answering call ``call_id``. ``content`` is sent as is when it
-    is a string, else as compact JSON (e.g. a :class:`~toolforge.core.tools.ToolEnvelope`'s
+    is a string, else as compact JSON (e.g. a :class:`~toolforge.core.tool_specs.ToolEnvelope`'s
     ``to_dict()``)."""
     text = content if isinstance(content, str) else orjson.dumps(content, default=_plain).decode()
     return {"role": "tool", "tool_call_id": call_id, "content": text}

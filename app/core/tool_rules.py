@@ -24,7 +24,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, Final
 
 from toolforge.core.native_tools import to_openai_name
-from toolforge.core.tools import ToolRegistry, ToolSpec
+from toolforge.core.tool_specs import ToolRegistry, ToolSpec
 from toolforge.errors import ErrorCode, ToolForgeError
 
 __all__ = [

@@ -28,7 +28,7 @@ from httpx_sse import aconnect_sse
 from toolforge.api.app import create_app
 from toolforge.api.deps import Gateway
 from toolforge.api.serve import GatewayServer
-from toolforge.core.tools import ToolRegistry
+from toolforge.core.tool_specs import ToolRegistry
 from toolforge.eval.scripted_upstream import ScriptedUpstream, ScriptLike
 from toolforge.settings import Settings
 

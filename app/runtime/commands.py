@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, assert_never
 
-from toolforge.core.tools import ToolError
+from toolforge.core.tool_specs import ToolError
 from toolforge.errors import ErrorCode, RequestError
 from toolforge.runtime.session import ClientAnswer, StreamSession
 

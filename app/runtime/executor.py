@@ -6,10 +6,10 @@ only cancellation propagates):
 1. **May it run?** ``registry.check_allowed`` with the request's allow/deny lists, the
    same rule as what the model was shown.
 2. **Arguments**: size (32 KB), strict JSON, then the tool's pydantic model
-   (:func:`toolforge.core.tools.validate_args`). A rejected call never reaches the tool.
+   (:func:`toolforge.core.tool_specs.validate_args`). A rejected call never reaches the tool.
 3. **Idempotency**: with an ``Idempotency-Key``, the call's derived key
-   (:func:`toolforge.core.tools.derive_call_key`) looks up a bounded LRU of successful results; a
-   hit is returned with ``cached=True`` and the tool does not run. A second call with the
+   (:func:`toolforge.core.tool_specs.derive_call_key`) looks up a bounded LRU of successful
+   results; a hit is returned with ``cached=True`` and the tool does not run. A second call with the
    same key while the first is running waits for it instead of running the tool twice.
 4. **Approval** (``needs_approval``): wait for the approval callable, up to
    ``approval_timeout_s``; denied or timed out is an envelope. This happens *before* a
@@ -17,7 +17,7 @@ only cancellation propagates):
 5. **Concurrency**: a global FIFO gate of ``concurrency`` slots (default 10,
    docs/tools.md). Queue depth, high-water and wait are attributes and logged.
 6. **Attempts**: each under ``asyncio.timeout(timeout_s)`` (``TOOL_TIMEOUT_MS``).
-   :class:`~toolforge.core.tools.TransientToolError` and timeouts are retried ``spec.retries``
+   :class:`~toolforge.core.tool_specs.TransientToolError` and timeouts are retried ``spec.retries``
    times after a fixed ``spec.retry_delay_s`` (2 and 2 s, docs/tools.md); any other
    exception is permanent and not retried. Every attempt is logged with redacted
    arguments. The slot is held through the retry delay: retries are rare, and giving the
@@ -54,7 +54,7 @@ from toolforge.core.protocol import frames
 from toolforge.core.protocol.sentinels import CLOSE, ESCAPES, OPEN
 from toolforge.core.redact import redact
 from toolforge.core.tool_rules import apply_allowlist
-from toolforge.core.tools import (
+from toolforge.core.tool_specs import (
     MAX_ARGS_BYTES,
     MAX_RESULT_BYTES,
     ToolEnvelope,

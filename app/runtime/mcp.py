@@ -58,7 +58,7 @@ from toolforge.core.mcp import (
     tool_name,
 )
 from toolforge.core.tool_rules import ToolConfigError, check_registry
-from toolforge.core.tools import (
+from toolforge.core.tool_specs import (
     JsonArgs,
     PermanentToolError,
     ToolOutput,

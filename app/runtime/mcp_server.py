@@ -21,7 +21,7 @@ from mcp.server.caching import CacheHint
 from mcp.server.stdio import stdio_server
 
 from toolforge import __version__
-from toolforge.core.tools import dump_json
+from toolforge.core.tool_specs import dump_json
 from toolforge.runtime.executor import ToolExecutor
 
 __all__ = ["build_mcp_server", "serve_stdio"]

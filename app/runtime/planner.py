@@ -42,7 +42,7 @@ from toolforge.core.schemas import (
     is_compiled,
 )
 from toolforge.core.steps import Compactor, WorkflowNudges, WorkflowPolicy
-from toolforge.core.tools import ToolRegistry, ToolSpec
+from toolforge.core.tool_specs import ToolRegistry, ToolSpec
 from toolforge.core.workflow import (
     RESPOND,
     RESPOND_TOOL,

@@ -50,7 +50,7 @@ from toolforge.core.engine import (
 )
 from toolforge.core.guarantee import Degraded, Outcome, Repaired, finish_frame
 from toolforge.core.protocol.frames import Error, Frame, JsonEnd, ResultEnd
-from toolforge.core.tools import MAX_RESULT_BYTES, ToolError
+from toolforge.core.tool_specs import MAX_RESULT_BYTES, ToolError
 from toolforge.errors import ErrorCode, ToolForgeError, UpstreamError
 from toolforge.log import (
     CLIENT_DISCONNECTED,

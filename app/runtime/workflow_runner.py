@@ -46,7 +46,7 @@ from toolforge.core.decisions import WorkflowSummary
 from toolforge.core.protocol.frames import Frame
 from toolforge.core.schemas import builtin_registry
 from toolforge.core.steps import Compactor, WorkflowNudges, WorkflowPolicy
-from toolforge.core.tools import PermanentToolError, ToolError, ToolRegistry, ToolSpec
+from toolforge.core.tool_specs import PermanentToolError, ToolError, ToolRegistry, ToolSpec
 from toolforge.core.workflow import RESPOND, WorkflowDef, parse_workflow
 from toolforge.errors import ErrorCode, ToolForgeError, WorkflowError, workflow_error
 from toolforge.runtime.executor import ToolExecutor

@@ -17,7 +17,7 @@ from openai import AsyncOpenAI
 
 from toolforge.core.events import FrameKind
 from toolforge.core.protocol import sentinels
-from toolforge.core.tools import ToolRegistry
+from toolforge.core.tool_specs import ToolRegistry
 from toolforge.eval.loopback import Event, Harness, frames, open_raw_stream, serve, start_gateway
 from toolforge.eval.scripted_upstream import ScriptLike
 

@@ -16,7 +16,7 @@ from pydantic import BaseModel, Field, TypeAdapter
 from tests.api.conftest import Harness, HarnessFactory
 from tests.api.test_proxy import USAGE, native_call
 from tests.api.test_proxy_workflows import call
-from toolforge.core.tools import ToolRegistry, ToolSpec
+from toolforge.core.tool_specs import ToolRegistry, ToolSpec
 from toolforge.eval.scripted_upstream import Script
 
 EVENT: TypeAdapter[Any] = TypeAdapter(Event)

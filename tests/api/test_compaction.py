@@ -29,7 +29,7 @@ from toolforge.core.context import (
 from toolforge.core.events import FrameKind
 from toolforge.core.messages import Message, MessageMeta, MessageType, as_messages
 from toolforge.core.protocol import sentinels
-from toolforge.core.tools import ToolRegistry, ToolSpec
+from toolforge.core.tool_specs import ToolRegistry, ToolSpec
 from toolforge.eval.scripted_upstream import Script
 
 KEEP_RECENT = 1

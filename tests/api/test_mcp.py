@@ -24,7 +24,7 @@ from toolforge.core.events import FrameKind
 from toolforge.core.mcp import parse_mcp_servers
 from toolforge.core.protocol import sentinels
 from toolforge.core.tool_rules import ToolConfigError
-from toolforge.core.tools import PermanentToolError
+from toolforge.core.tool_specs import PermanentToolError
 from toolforge.eval.scripted_upstream import Script
 from toolforge.runtime.mcp import McpServerSource, McpSources
 from toolforge.settings import Settings

@@ -18,7 +18,7 @@ from tests.api.conftest import (
 )
 from toolforge.core.events import FrameKind
 from toolforge.core.protocol import sentinels
-from toolforge.core.tools import ToolRegistry, ToolSpec
+from toolforge.core.tool_specs import ToolRegistry, ToolSpec
 from toolforge.eval.scripted_upstream import Script, Step
 
 

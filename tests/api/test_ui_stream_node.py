@@ -18,7 +18,7 @@ from pydantic import BaseModel
 from tests.api.conftest import HarnessFactory
 from tests.api.test_agui import approval_registry
 from tests.api.test_proxy import native_call
-from toolforge.core.tools import ToolSpec
+from toolforge.core.tool_specs import ToolSpec
 from toolforge.eval.scripted_upstream import Script
 
 NODE_DIR = Path(__file__).resolve().parents[1] / "node"

@@ -20,7 +20,7 @@ import orjson
 
 from toolforge.core.events import FrameKind
 from toolforge.core.protocol import sentinels
-from toolforge.core.tools import ToolRegistry
+from toolforge.core.tool_specs import ToolRegistry
 from toolforge.eval.loopback import Harness, start_gateway
 from toolforge.eval.scripted_upstream import Script, ScriptedUpstream, ScriptLike, Step
 from toolforge.tools import default_registry

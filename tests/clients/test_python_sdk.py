@@ -22,7 +22,7 @@ from pydantic import BaseModel, Field
 
 from tests.api.conftest import HarnessFactory, sentinel_reply
 from tests.clients.conftest import DEMO_INPUT, DropProxy, call, demo_scripts, tokens
-from toolforge.core.tools import ToolRegistry, ToolSpec
+from toolforge.core.tool_specs import ToolRegistry, ToolSpec
 from toolforge.eval.scripted_upstream import Script
 from toolforge_client import (
     APIConnectionError,

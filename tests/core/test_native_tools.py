@@ -31,7 +31,7 @@ from toolforge.core.native_tools import (
     to_openai_tools,
     tool_result_message,
 )
-from toolforge.core.tools import MAX_ARGS_BYTES
+from toolforge.core.tool_specs import MAX_ARGS_BYTES
 from toolforge.errors import ErrorCode, ModelBehaviorError
 from toolforge.tools import default_registry
 from toolforge.upstream import base

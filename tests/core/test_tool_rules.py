@@ -14,7 +14,7 @@ from toolforge.core.tool_rules import (
     check_registry,
     schema_violations,
 )
-from toolforge.core.tools import (
+from toolforge.core.tool_specs import (
     JsonArgs,
     ToolArgumentsError,
     ToolInvocationRecord,

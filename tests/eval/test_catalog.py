@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from toolforge.core.tools import ToolError, ToolSpec, validate_args
+from toolforge.core.tool_specs import ToolError, ToolSpec, validate_args
 from toolforge.eval.qualify.catalog import (
     ALL_SCENARIOS,
     COMPACTION_CHAIN,

@@ -17,7 +17,7 @@ import yaml
 
 from toolforge.core.events import FrameKind
 from toolforge.core.protocol import sentinels
-from toolforge.core.tools import JsonArgs, PermanentToolError, ToolSpec
+from toolforge.core.tool_specs import JsonArgs, PermanentToolError, ToolSpec
 from toolforge.eval.qualify.scenario import Call
 from toolforge.eval.qualify.scenario_file import (
     FileScenario,

@@ -18,7 +18,7 @@ from pydantic import BaseModel
 
 from toolforge.api.app import create_app
 from toolforge.api.serve import run
-from toolforge.core.tools import ToolRegistry, ToolSpec
+from toolforge.core.tool_specs import ToolRegistry, ToolSpec
 from toolforge.settings import Settings
 
 __all__ = ["registry"]

@@ -18,7 +18,7 @@ from structlog.testing import capture_logs
 
 from toolforge.core.events import FrameKind
 from toolforge.core.protocol import sentinels
-from toolforge.core.tools import (
+from toolforge.core.tool_specs import (
     PermanentToolError,
     ToolRegistry,
     ToolSpec,

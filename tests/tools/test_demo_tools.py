@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from toolforge.core.tools import ToolRegistry
+from toolforge.core.tool_specs import ToolRegistry
 from toolforge.runtime.executor import ToolExecutor, ToolResult
 from toolforge.tools import default_registry
 from toolforge.tools.bookings import BookingBook, BookingsCreateArgs, load_full_slots

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
-from toolforge.core.tools import ToolRegistry, ToolSpec
+from toolforge.core.tool_specs import ToolRegistry, ToolSpec
 from toolforge.errors import ErrorCode
 from toolforge.runtime.executor import ToolExecutor
 from toolforge.runtime.local_backend import cache_root

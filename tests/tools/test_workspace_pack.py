@@ -26,7 +26,7 @@ from tests.api.conftest import (
 )
 from tests.api.test_tools import call, named, tokens
 from toolforge.core.tool_rules import ToolConfigError, check_registry
-from toolforge.core.tools import PermanentToolError, ToolRegistry, ToolSpec
+from toolforge.core.tool_specs import PermanentToolError, ToolRegistry, ToolSpec
 from toolforge.errors import ErrorCode
 from toolforge.runtime.executor import ToolExecutor, ToolResult
 from toolforge.settings import Settings

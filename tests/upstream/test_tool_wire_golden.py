@@ -27,7 +27,7 @@ from toolforge.core.native_tools import (
     to_openai_tools,
     tool_result_message,
 )
-from toolforge.core.tools import JsonArgs, ToolEnvelope, ToolSpec
+from toolforge.core.tool_specs import JsonArgs, ToolEnvelope, ToolSpec
 from toolforge.tools.places import places_search_spec
 from toolforge.upstream.ollama_wire import ChatLineParser, chat_body
 from toolforge.upstream.openai_compat import OpenAICompatUpstream, _parse_chunk

@@ -29,7 +29,7 @@ from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from toolforge.core.tools import ModelQuery, PermanentToolError, ToolSpec, TransientToolError
+from toolforge.core.tool_specs import ModelQuery, PermanentToolError, ToolSpec, TransientToolError
 from toolforge.settings import Settings
 from toolforge.tools.task_analysis.cluster import cluster
 from toolforge.tools.task_analysis.store import (

@@ -51,7 +51,7 @@ from toolforge.core.protocol.frames import EVENTS
 from toolforge.core.protocol.schema import frame_schema
 from toolforge.core.redact import redact
 from toolforge.core.schemas import SchemaRegistry, builtin_registry
-from toolforge.core.tools import ToolRegistry
+from toolforge.core.tool_specs import ToolRegistry
 from toolforge.errors import ToolForgeError
 from toolforge.eval.conformance.case import Case
 from toolforge.eval.conformance.match import json_type, matches

@@ -20,7 +20,7 @@ from typing import Any, Final
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from toolforge.core.tools import PermanentToolError, ToolRegistry, ToolSpec, TransientToolError
+from toolforge.core.tool_specs import PermanentToolError, ToolRegistry, ToolSpec, TransientToolError
 from toolforge.tools import default_registry
 
 __all__ = ["CONFORMANCE_TOOLS", "conformance_registry", "conformance_tools"]

@@ -13,7 +13,7 @@ from typing import Any, Final
 
 from pydantic import Field
 
-from toolforge.core.tools import PermanentToolError, ToolSpec
+from toolforge.core.tool_specs import PermanentToolError, ToolSpec
 from toolforge.eval.qualify.scenario import Call, Scenario, StrictArgs, gated, tool
 
 __all__ = ["ALL_SCENARIOS", "CORE", "by_name", "select"]

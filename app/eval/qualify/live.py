@@ -33,7 +33,7 @@ import orjson
 from httpx_sse import aconnect_sse
 
 from toolforge.api.app import create_app
-from toolforge.core.tools import ToolRegistry
+from toolforge.core.tool_specs import ToolRegistry
 from toolforge.eval.loopback import serve
 from toolforge.eval.qualify.batch import Job, RunFn
 from toolforge.eval.qualify.metrics import RunResult

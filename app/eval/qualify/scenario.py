@@ -1,7 +1,7 @@
 """What one eval scenario is: a workflow, deterministic tools, a prompt and a grader.
 
 A scenario is data plus a few Python callables (docs/eval.md: "scenarios in Python for fast
-iteration"). Tools are the project's canonical :class:`~toolforge.core.tools.ToolSpec`, so
+iteration"). Tools are the project's canonical :class:`~toolforge.core.tool_specs.ToolSpec`, so
 the same definitions run through the gateway's executor or the in-process runner alike.
 ``build_tools`` makes fresh tools (and fresh state) for every run: a run never sees what
 an earlier run did.
@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
-from toolforge.core.tools import PermanentToolError, ToolSpec
+from toolforge.core.tool_specs import PermanentToolError, ToolSpec
 
 __all__ = [
     "Call",

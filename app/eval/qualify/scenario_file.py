@@ -5,10 +5,10 @@ A file lets a user qualify a model on their own workflow without writing Python.
 scenario in it is mapped onto the catalog's :class:`~.scenario.Scenario`, so the runner,
 the ablations, the metrics and the reports treat it exactly like a built-in one:
 
-* each tool is a JSON-Schema tool (:class:`~toolforge.core.tools.JsonArgs`, as an MCP
+* each tool is a JSON-Schema tool (:class:`~toolforge.core.tool_specs.JsonArgs`, as an MCP
   server's) whose result is a fixture: the first ``results`` entry whose ``when`` matches
   the arguments (every listed key equal, as JSON), else ``default``; an ``error`` entry is
-  a :class:`~toolforge.core.tools.PermanentToolError` the model has to deal with;
+  a :class:`~toolforge.core.tool_specs.PermanentToolError` the model has to deal with;
 * the workflow is the inline workflow document of docs/workflows.md, checked by the
   gateway's own :func:`~toolforge.core.workflow.parse_workflow` with the caps an eval run's
   gateway applies to inline workflows, so a file that loads is one the gateway accepts;
@@ -31,7 +31,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from toolforge.core.schemas import CompiledSchema, compile_schema
-from toolforge.core.tools import JsonArgs, PermanentToolError, ToolSpec
+from toolforge.core.tool_specs import JsonArgs, PermanentToolError, ToolSpec
 from toolforge.core.workflow import WorkflowCaps, WorkflowDef, parse_workflow
 from toolforge.errors import RequestError
 from toolforge.eval.qualify.scenario import Call, Scenario

@@ -1,6 +1,6 @@
 """Tool round trip: a two-tool stream beside the same text without tools, in one run.
 
-Run with ``python -m bench.tools`` (``make bench`` runs it too). The scripted upstream and
+Run with ``python -m bench.tool_roundtrip`` (``make bench`` runs it too). The scripted upstream and
 the gateway run in their own processes (``bench._procs``). ``tools2`` is a three-turn
 conversation: a ``places.search`` call, a ``bookings.create`` call, then the RESULT; each
 tool call pauses the model, runs the tool and resumes it with a new upstream request.
@@ -73,7 +73,9 @@ def main() -> None:
     def q(values: list[float], p: float) -> float:
         return statistics.quantiles(values, n=100)[int(p) - 1]
 
-    print(f"`python -m bench.tools --runs {args.runs}` — alternating pairs after 5 warm-ups")
+    print(
+        f"`python -m bench.tool_roundtrip --runs {args.runs}` — alternating pairs after 5 warm-ups"
+    )
     print()
     rows = [
         ("tools0: same text, no tools (1 upstream request)", plain),

@@ -1,4 +1,5 @@
-"""toolforge.core.tools: canonical types, allow/deny, argument validation, sizes, escaping, keys."""
+"""toolforge.core.tool_specs: canonical types, allow/deny, argument validation, sizes,
+escaping, keys."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from tests.strategies import json_values
 from toolforge.core.protocol import sentinels
-from toolforge.core.tools import (
+from toolforge.core.tool_specs import (
     MAX_ARGS_BYTES,
     PermanentToolError,
     ToolArgumentsError,
