@@ -5,7 +5,8 @@ text between calls is not the answer (it stays in the artifacts), and the last
 ``result.end`` — the gateway's, for the terminal tool that ended the run — is, as a
 ``respond`` call's ``content`` words or as JSON. The formats hold the text back while the
 run goes on and write this answer at its ``done`` (docs/responses.md, docs/agui.md,
-docs/ui-stream.md).
+docs/ui-stream.md). :func:`answer_text` is that rule, once; :class:`WorkflowAnswer` applies it
+to a stream's frames for the Chat Completions, Responses, AG-UI and UI-stream writers alike.
 """
 
 from __future__ import annotations
@@ -18,10 +19,19 @@ import orjson
 from toolforge.core.protocol.frames import RESULT_BEGIN, RESULT_END, TEXT_DELTA
 from toolforge.core.workflow import RESPOND
 
-__all__ = ["HELD", "WorkflowAnswer"]
+__all__ = ["HELD", "WorkflowAnswer", "answer_text"]
 
 # The frames a workflow run's writer holds back (and gives to WorkflowAnswer.frame).
 HELD: Final = frozenset({TEXT_DELTA, RESULT_BEGIN, RESULT_END})
+
+
+def answer_text(schema: str | None, value: object) -> str:
+    """The answer a ``result.end`` of ``schema`` carrying ``value`` gives: a ``respond``
+    call's ``content`` words, else the value as JSON text."""
+    said = value.get("content") if isinstance(value, dict) else None
+    if schema == RESPOND and isinstance(said, str):
+        return said
+    return orjson.dumps(value).decode()
 
 
 class WorkflowAnswer:
@@ -38,9 +48,4 @@ class WorkflowAnswer:
         if event == RESULT_BEGIN:
             self._schemas[data["id"]] = data["schema"]
         elif event == RESULT_END:
-            value = data["value"]
-            said = value.get("content") if isinstance(value, dict) else None
-            if self._schemas.get(data["id"]) == RESPOND and isinstance(said, str):
-                self.text = said
-            else:
-                self.text = orjson.dumps(value).decode()
+            self.text = answer_text(self._schemas.get(data["id"]), data["value"])

@@ -36,18 +36,17 @@ from typing import Any, Final
 
 import orjson
 
+from toolforge.core.protocol.answer import HELD, WorkflowAnswer
 from toolforge.core.protocol.frames import (
     DONE,
     ERROR,
     REASONING_DELTA,
-    RESULT_BEGIN,
     RESULT_END,
     TEXT_DELTA,
     TOOL_CALL,
     TOOL_RESULT,
 )
 from toolforge.core.protocol.sse_blocks import END, event_data
-from toolforge.core.workflow import RESPOND
 
 __all__ = ["DONE_LINE", "ChunkWriter", "CompletionBuilder", "error_body", "finish_reason"]
 
@@ -134,27 +133,6 @@ class _Trace:
                 self.ext["workflow"] = data["workflow"]
 
 
-class _WorkflowAnswer:
-    """A workflow run's answer (see the module docstring): the last ``result.end``."""
-
-    __slots__ = ("_schemas", "text")
-
-    def __init__(self) -> None:
-        self._schemas: dict[str, str] = {}
-        self.text: str | None = None
-
-    def frame(self, event: str, data: Mapping[str, Any]) -> None:
-        if event == RESULT_BEGIN:
-            self._schemas[data["id"]] = data["schema"]
-        elif event == RESULT_END:
-            value = data["value"]
-            said = value.get("content") if isinstance(value, dict) else None
-            if self._schemas.get(data["id"]) == RESPOND and isinstance(said, str):
-                self.text = said
-            else:
-                self.text = orjson.dumps(value).decode()
-
-
 class ChunkWriter:
     """The streaming response: each batch of encoded frames from the frame log (SSE
     bytes, ``encode_frame``'s) in, ``chat.completion.chunk`` SSE lines out."""
@@ -172,7 +150,7 @@ class ChunkWriter:
     ) -> None:
         self._include_usage = include_usage
         self._trace = _Trace(stream_id, mode)
-        self._answer = _WorkflowAnswer() if workflow else None
+        self._answer = WorkflowAnswer() if workflow else None
         self._calls = 0
         head = orjson.dumps(
             {"id": completion_id, "object": "chat.completion.chunk", "created": created}
@@ -290,7 +268,7 @@ class CompletionBuilder:
             "model": model,
         }
         self._trace = _Trace(stream_id, mode)
-        self._answer = _WorkflowAnswer() if workflow else None
+        self._answer = WorkflowAnswer() if workflow else None
         self._content: list[str] = []
         self._reasoning: list[str] = []
         self._calls: list[dict[str, Any]] = []
@@ -300,7 +278,7 @@ class CompletionBuilder:
     def feed(self, events: Iterable[tuple[str, Mapping[str, Any]]]) -> None:
         for event, data in events:
             self._trace.frame(event, data)
-            if self._answer is not None and event in (TEXT_DELTA, RESULT_BEGIN, RESULT_END):
+            if self._answer is not None and event in HELD:
                 self._answer.frame(event, data)
                 continue
             if event == TEXT_DELTA:
