@@ -295,7 +295,8 @@ class Clients:
     async def map(self, fn: Any, specs: list[Any]) -> list[Any]:
         loop = asyncio.get_running_loop()
         futures = [
-            loop.run_in_executor(pool, fn, spec) for pool, spec in zip(self.pools, specs, strict=True)
+            loop.run_in_executor(pool, fn, spec)
+            for pool, spec in zip(self.pools, specs, strict=True)
         ]
         return list(await asyncio.gather(*futures))
 
@@ -330,9 +331,7 @@ class PacedArm:
     rss_peak_kb: int = 0
 
 
-async def paced_arm(
-    clients: Clients, t: Target, n: int, tokens: int, gw: Proc | None
-) -> PacedArm:
+async def paced_arm(clients: Clients, t: Target, n: int, tokens: int, gw: Proc | None) -> PacedArm:
     """``n`` streams of ``tokens`` tokens at 10 tokens/s; with ``gw``, its CPU and RSS."""
     model = f"steady:{tokens}:{B5_DELAY_MS:g}"
     ramp_s = max(1.0, n / 1000)
@@ -460,7 +459,9 @@ async def b5(
     for n, limit in ((2000, 10.0), (1000, 5.0)):
         if n in sizes:
             add99 = rep.facts[f"b5_{n}_add99"]
-            rep.target(f"B5 added gap p99 at N = {n}: {add99:+.2f} ms ≤ {limit:g} ms", add99 <= limit)
+            rep.target(
+                f"B5 added gap p99 at N = {n}: {add99:+.2f} ms ≤ {limit:g} ms", add99 <= limit
+            )
     cpu = max(rep.facts[f"b5_{n}_cpu"] for n in sizes)
     rep.target(f"B5 gateway CPU per paced token (worst N) {cpu:.1f} µs ≤ 25 µs", cpu <= 25)
     rss = max(rep.facts[f"b5_{n}_rss"] for n in sizes)
@@ -553,11 +554,7 @@ async def b6(
                 f"{pct(a.ttft_ms, 99):.2f} | {add} | {fails} | {a.late_p99_ms:.2f} | {cpu} |"
             )
         g = got["gateway"]
-        ok = (
-            added["gateway"] <= B6_ADDED_P99_MS
-            and not g.failures
-            and g.reached >= 0.95 * rate
-        )
+        ok = added["gateway"] <= B6_ADDED_P99_MS and not g.failures and g.reached >= 0.95 * rate
         if ok:
             best = max(best, rate)
             over = 0
