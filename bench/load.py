@@ -38,6 +38,7 @@ import argparse
 import asyncio
 import concurrent.futures
 import contextlib
+import itertools
 import multiprocessing
 import random
 import resource
@@ -59,7 +60,6 @@ from bench._procs import (
 )
 from bench._results import load_average, write_section
 from bench.gateway import (
-    MS,
     Client,
     Counter,
     Report,
@@ -164,7 +164,7 @@ async def _paced(spec: PacedSpec) -> PacedResult:
         if sink.error:
             error(f"error frame {sink.error}")
         times = sink.token_times(tokens)
-        out.gaps_us.extend((b - a) // 1000 for a, b in zip(times, times[1:], strict=False))
+        out.gaps_us.extend((b - a) // 1000 for a, b in itertools.pairwise(times))
         if sink.first_ts is not None:
             out.spans.append((sink.first_ts, end or time.perf_counter_ns()))
         if len(times) == len(tokens) and end:
