@@ -16,6 +16,7 @@ import httpx
 from httpx_sse import EventSource, ServerSentEvent, aconnect_sse
 
 from toolforge_client._base import ClientBase, StreamBase
+from toolforge_client._socket import AsyncSocket, SocketFrame
 from toolforge_client._state import (
     DEFAULT_TOOL_TIMEOUT_S,
     Callback,
@@ -24,6 +25,7 @@ from toolforge_client._state import (
     StreamOptions,
     StreamResult,
     StreamState,
+    Transport,
     backoff_s,
     plan,
 )
@@ -75,7 +77,9 @@ class AsyncToolForge(ClientBase):
     ) -> AsyncStream:
         """``POST /v1/stream`` (see ``ToolForge.stream``): ``async for event in stream``."""
         p = plan(self.max_resumes, input, options)
-        stream = AsyncStream(self, StreamState(), p.tools, p.callbacks, p.timeout, p.tool_timeout)
+        stream = AsyncStream(
+            self, StreamState(), p.tools, p.callbacks, p.timeout, p.tool_timeout, p.transport
+        )
         await stream._start("POST", "/v1/stream", json=p.body, headers=p.headers)
         return stream
 
@@ -149,11 +153,13 @@ class AsyncStream(StreamBase[AsyncToolForge], AbstractAsyncContextManager["Async
         callbacks: Callbacks,
         timeout: float | None,
         tool_timeout: float | None,
+        transport: Transport = "sse",
     ) -> None:
-        super().__init__(client, state, tools, callbacks, timeout, tool_timeout)
+        super().__init__(client, state, tools, callbacks, timeout, tool_timeout, transport)
         self._connection: AbstractAsyncContextManager[EventSource] | None = None
         self._response: httpx.Response | None = None
-        self._sse: AsyncIterator[ServerSentEvent] | None = None
+        self._sse: AsyncIterator[ServerSentEvent | SocketFrame] | None = None
+        self._socket: AsyncSocket | None = None
         self._iterator = self._events()
         self._watchdog: asyncio.Task[None] | None = None
 
@@ -179,13 +185,17 @@ class AsyncStream(StreamBase[AsyncToolForge], AbstractAsyncContextManager["Async
 
     async def cancel(self) -> dict[str, Any]:
         self._cancelled = True
+        if self._socket is not None:
+            return await self._socket.command({"type": "cancel"})
         return await self._client.cancel(self._require_id())
 
     async def approve(self, call_id: str, approve: bool = True) -> dict[str, Any]:
+        if self._socket is not None:
+            return await self._socket.command(self._approve_message(call_id, approve))
         return await self._client.approve(self._require_id(), call_id, approve)
 
     async def deny(self, call_id: str) -> dict[str, Any]:
-        return await self._client.approve(self._require_id(), call_id, False)
+        return await self.approve(call_id, False)
 
     async def submit_tool_result(
         self,
@@ -195,6 +205,9 @@ class AsyncStream(StreamBase[AsyncToolForge], AbstractAsyncContextManager["Async
         error: str | None = None,
         code: str = "CLIENT_TOOL_FAILED",
     ) -> dict[str, Any]:
+        if self._socket is not None:
+            body = self._client._tool_result_body(result, error, code)
+            return await self._socket.command(self._tool_result_message(call_id, body))
         return await self._client.submit_tool_result(
             self._require_id(), call_id, result, error=error, code=code
         )
@@ -211,6 +224,9 @@ class AsyncStream(StreamBase[AsyncToolForge], AbstractAsyncContextManager["Async
             self._watchdog = asyncio.create_task(self._expire(self._timeout))
 
     async def _open(self, method: str, path: str, **kwargs: Any) -> None:
+        if self._transport == "ws":
+            await self._open_socket(kwargs.get("json"))
+            return
         client = self._client
         headers = {**client._headers, **kwargs.pop("headers", {})}
         connection = aconnect_sse(
@@ -230,7 +246,24 @@ class AsyncStream(StreamBase[AsyncToolForge], AbstractAsyncContextManager["Async
         self._connection, self._response = connection, response
         self._sse = source.aiter_sse()
 
+    async def _open_socket(self, body: dict[str, Any] | None) -> None:
+        """As ``Stream._open_socket``."""
+        client = self._client
+        open_timeout = client._http.timeout.connect or 5.0
+        socket = await AsyncSocket.connect(client.base_url, client._headers, open_timeout)
+        try:
+            first = await socket.open(self._socket_opening(body))
+        except BaseException:
+            await socket.close()
+            raise
+        if self._state.result.stream_id is None and first.event == "stream.begin":
+            self._state.result.stream_id = first.data.get("stream_id")
+        self._socket, self._sse = socket, socket.frames()
+
     async def _disconnect(self) -> None:
+        socket, self._socket = self._socket, None
+        if socket is not None:
+            await socket.close()
         connection, sse = self._connection, self._sse
         self._connection, self._sse = None, None
         if sse is not None and hasattr(sse, "aclose"):
@@ -281,7 +314,14 @@ class AsyncStream(StreamBase[AsyncToolForge], AbstractAsyncContextManager["Async
 
     async def _post_result(self, call: ToolCall, body: dict[str, Any]) -> None:
         """As ``Stream._post_result``."""
-        for attempt in itertools.count(1):
+        first = 1
+        if self._socket is not None:
+            try:
+                await self._socket.command(self._tool_result_message(call.id, body))
+                return
+            except APIConnectionError:
+                first = 2  # it may have arrived: a 409 now is that
+        for attempt in itertools.count(first):
             try:
                 await self._client._post(self._tool_result_path(call), body)
                 return
@@ -320,6 +360,8 @@ class AsyncStream(StreamBase[AsyncToolForge], AbstractAsyncContextManager["Async
             response = self._response
             if response is not None:
                 await response.aclose()
+            if self._socket is not None:
+                await self._socket.close()
 
     async def _finish(self) -> None:
         watchdog, self._watchdog = self._watchdog, None

@@ -7,7 +7,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any, Generic, TypeVar
 
-from toolforge_client._state import Callbacks, StreamResult, StreamState, build_body
+from toolforge_client._state import (
+    Callbacks,
+    StreamResult,
+    StreamState,
+    Transport,
+    build_body,
+)
 from toolforge_client.errors import APIConnectionError, APITimeoutError, RequestTimeoutError
 from toolforge_client.frames import ToolCall
 from toolforge_client.tools import ClientTool, ToolFunction
@@ -60,8 +66,10 @@ class StreamBase(Generic[C]):
         callbacks: Callbacks,
         timeout: float | None,
         tool_timeout: float | None,
+        transport: Transport = "sse",
     ) -> None:
         self._client = client
+        self._transport = transport
         self._state = state
         self._tools = tools
         self._callbacks = callbacks
@@ -91,6 +99,23 @@ class StreamBase(Generic[C]):
 
     def _tool_result_path(self, call: ToolCall) -> str:
         return f"/v1/streams/{self._require_id()}/tool_results/{call.id}"
+
+    @staticmethod
+    def _tool_result_message(call_id: str, body: dict[str, Any]) -> dict[str, Any]:
+        """A tool result as the socket's command (the HTTP body, with its type and call)."""
+        return {"type": "tool_result", "call_id": call_id, **body}
+
+    @staticmethod
+    def _approve_message(call_id: str, approve: bool) -> dict[str, Any]:
+        return {"type": "approve", "call_id": call_id, "approved": approve}
+
+    def _socket_opening(self, body: dict[str, Any] | None) -> dict[str, Any]:
+        """The socket's first message: ``start`` with ``body``, else ``resume`` after the
+        last frame received."""
+        if body is not None:
+            return {"type": "start", "request": body}
+        result = self._state.result
+        return {"type": "resume", "stream_id": self._require_id(), "after": result.last_event_id}
 
     def _client_tool(self, call: ToolCall) -> tuple[ClientTool, float] | None:
         """The function to run for ``call`` and its timeout, if the SDK runs it."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final, TypedDict
+from typing import Any, Final, Literal, TypedDict
 
 from pydantic import ValidationError
 
@@ -34,10 +34,14 @@ __all__ = [
     "StreamOptions",
     "StreamResult",
     "StreamState",
+    "Transport",
     "backoff_s",
     "build_body",
     "plan",
 ]
+
+# How a stream travels: SSE responses and HTTP posts, or one WebSocket for both ways.
+Transport = Literal["sse", "ws"]
 
 DEFAULT_TOOL_TIMEOUT_S: Final = 60.0  # under the gateway's CLIENT_TOOL_TIMEOUT_MS (120 s)
 
@@ -105,7 +109,9 @@ class StreamState:
     def finished(self) -> bool:
         return self.result.done is not None
 
-    def accept(self, event: str, sse_id: str, data: str) -> Event | None:
+    def accept(self, event: str, sse_id: str, data: str | Any) -> Event | None:
+        """One frame: ``data`` the SSE data line, or its value already parsed (the
+        WebSocket's frames)."""
         if event == "ping" or not sse_id.isdigit():
             return None
         seq = int(sse_id)
@@ -113,7 +119,9 @@ class StreamState:
             return None
         cls = FRAME_TYPES.get(event, Frame_)
         try:
-            frame = cls.model_validate(json.loads(data) if data else {})
+            if isinstance(data, str):
+                data = json.loads(data) if data else {}
+            frame = cls.model_validate(data)
         except (ValueError, ValidationError) as exc:
             raise APIError(
                 f"the gateway sent a malformed {event!r} frame (id {seq}): {exc}"
@@ -234,6 +242,7 @@ class StreamOptions(TypedDict, total=False):
     extra_body: Mapping[str, Any]
     timeout: float
     tool_timeout: float
+    transport: Transport
     on_event: Callback
     on_text: Callback
     on_json: Callback
@@ -244,7 +253,15 @@ class StreamOptions(TypedDict, total=False):
 
 
 _SDK_OPTIONS: Final = frozenset(
-    {"client_tools", "on_disconnect", "idempotency_key", "extra_body", "timeout", "tool_timeout"}
+    {
+        "client_tools",
+        "on_disconnect",
+        "idempotency_key",
+        "extra_body",
+        "timeout",
+        "tool_timeout",
+        "transport",
+    }
 )
 _REQUEST_FIELDS: Final = (
     frozenset(StreamOptions.__annotations__)
@@ -263,6 +280,7 @@ class Plan:
     callbacks: Callbacks
     timeout: float | None
     tool_timeout: float | None
+    transport: Transport = "sse"
 
 
 def plan(max_resumes: int, input: str | None, options: StreamOptions) -> Plan:
@@ -288,6 +306,11 @@ def plan(max_resumes: int, input: str | None, options: StreamOptions) -> Plan:
         extra=extra,
     )
     key = options.get("idempotency_key")
+    transport = options.get("transport", "sse")
+    if transport not in ("sse", "ws"):
+        raise ValueError(f"transport={transport!r}: 'sse' or 'ws'")
+    if transport == "ws" and key:
+        raise ValueError("idempotency_key= needs transport='sse': a socket's start has none")
     callbacks = Callbacks(
         **{k: v for k, v in options.items() if k in Callbacks.__dataclass_fields__}  # type: ignore[arg-type]
     )
@@ -298,4 +321,5 @@ def plan(max_resumes: int, input: str | None, options: StreamOptions) -> Plan:
         callbacks,
         options.get("timeout"),
         options.get("tool_timeout"),
+        transport,
     )

@@ -14,6 +14,7 @@ import httpx
 from httpx_sse import EventSource, ServerSentEvent, connect_sse
 
 from toolforge_client._base import ClientBase, StreamBase
+from toolforge_client._socket import SocketFrame, SyncSocket
 from toolforge_client._state import (
     DEFAULT_TOOL_TIMEOUT_S,
     Callback,
@@ -22,6 +23,7 @@ from toolforge_client._state import (
     StreamOptions,
     StreamResult,
     StreamState,
+    Transport,
     backoff_s,
     plan,
 )
@@ -92,10 +94,14 @@ class ToolForge(ClientBase):
         error raises here), to be iterated (``for event in stream``) or drained
         (``stream.until_done()``). ``options``: :class:`StreamOptions` (the request
         fields of docs/protocol.md §5, callbacks, ``timeout`` for the whole request,
-        ``tool_timeout`` for each client tool). Leaving a stream early cancels it.
+        ``tool_timeout`` for each client tool, ``transport="ws"`` for one WebSocket
+        instead of SSE and HTTP posts: docs/websocket.md). Leaving a stream early cancels
+        it.
         """
         p = plan(self.max_resumes, input, options)
-        stream = Stream(self, StreamState(), p.tools, p.callbacks, p.timeout, p.tool_timeout)
+        stream = Stream(
+            self, StreamState(), p.tools, p.callbacks, p.timeout, p.tool_timeout, p.transport
+        )
         stream._start("POST", "/v1/stream", json=p.body, headers=p.headers)
         return stream
 
@@ -169,11 +175,13 @@ class Stream(StreamBase[ToolForge], AbstractContextManager["Stream"]):
         callbacks: Callbacks,
         timeout: float | None,
         tool_timeout: float | None,
+        transport: Transport = "sse",
     ) -> None:
-        super().__init__(client, state, tools, callbacks, timeout, tool_timeout)
+        super().__init__(client, state, tools, callbacks, timeout, tool_timeout, transport)
         self._connection: AbstractContextManager[EventSource] | None = None
         self._response: httpx.Response | None = None
-        self._sse: Iterator[ServerSentEvent] | None = None
+        self._sse: Iterator[ServerSentEvent | SocketFrame] | None = None
+        self._socket: SyncSocket | None = None
         self._iterator = self._events()
         self._timer: threading.Timer | None = None
 
@@ -201,13 +209,17 @@ class Stream(StreamBase[ToolForge], AbstractContextManager["Stream"]):
     def cancel(self) -> dict[str, Any]:
         """Stop the stream on the gateway; iterating goes on to its ``done`` (cancelled)."""
         self._cancelled = True
+        if self._socket is not None:
+            return self._socket.command({"type": "cancel"})
         return self._client.cancel(self._require_id())
 
     def approve(self, call_id: str, approve: bool = True) -> dict[str, Any]:
+        if self._socket is not None:
+            return self._socket.command(self._approve_message(call_id, approve))
         return self._client.approve(self._require_id(), call_id, approve)
 
     def deny(self, call_id: str) -> dict[str, Any]:
-        return self._client.approve(self._require_id(), call_id, False)
+        return self.approve(call_id, False)
 
     def submit_tool_result(
         self,
@@ -217,6 +229,9 @@ class Stream(StreamBase[ToolForge], AbstractContextManager["Stream"]):
         error: str | None = None,
         code: str = "CLIENT_TOOL_FAILED",
     ) -> dict[str, Any]:
+        if self._socket is not None:
+            body = self._client._tool_result_body(result, error, code)
+            return self._socket.command(self._tool_result_message(call_id, body))
         return self._client.submit_tool_result(
             self._require_id(), call_id, result, error=error, code=code
         )
@@ -236,6 +251,9 @@ class Stream(StreamBase[ToolForge], AbstractContextManager["Stream"]):
             self._timer.start()
 
     def _open(self, method: str, path: str, **kwargs: Any) -> None:
+        if self._transport == "ws":
+            self._open_socket(kwargs.get("json"))
+            return
         client = self._client
         headers = {**client._headers, **kwargs.pop("headers", {})}
         connection = connect_sse(
@@ -254,7 +272,23 @@ class Stream(StreamBase[ToolForge], AbstractContextManager["Stream"]):
             self._state.result.stream_id = response.headers.get("x-stream-id")
         self._connection, self._response, self._sse = connection, response, source.iter_sse()
 
+    def _open_socket(self, body: dict[str, Any] | None) -> None:
+        """A socket that starts the stream (``body``) or resumes it after the last frame."""
+        client = self._client
+        socket = SyncSocket(client.base_url, client._headers, client._http.timeout.connect or 5.0)
+        try:
+            first = socket.open(self._socket_opening(body))
+        except BaseException:
+            socket.close()
+            raise
+        if self._state.result.stream_id is None and first.event == "stream.begin":
+            self._state.result.stream_id = first.data.get("stream_id")
+        self._socket, self._sse = socket, socket.frames()
+
     def _disconnect(self) -> None:
+        socket, self._socket = self._socket, None
+        if socket is not None:
+            socket.close()
         connection, self._connection, self._sse = self._connection, None, None
         if connection is not None:
             try:
@@ -303,8 +337,15 @@ class Stream(StreamBase[ToolForge], AbstractContextManager["Stream"]):
 
     def _post_result(self, call: ToolCall, body: dict[str, Any]) -> None:
         """Post a tool's result, again after a failed connection (a 409 then means the
-        first one arrived)."""
-        for attempt in itertools.count(1):
+        first one arrived). On a socket it goes over the socket; if that drops, over HTTP."""
+        first = 1
+        if self._socket is not None:
+            try:
+                self._socket.command(self._tool_result_message(call.id, body))
+                return
+            except APIConnectionError:
+                first = 2  # it may have arrived: a 409 now is that
+        for attempt in itertools.count(first):
             try:
                 self._client._post(self._tool_result_path(call), body)
                 return
@@ -344,6 +385,8 @@ class Stream(StreamBase[ToolForge], AbstractContextManager["Stream"]):
             response = self._response
             if response is not None:
                 response.close()
+            if self._socket is not None:
+                self._socket.close()
 
     def _finish(self) -> None:
         if self._timer is not None:

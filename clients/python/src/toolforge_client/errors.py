@@ -36,6 +36,7 @@ __all__ = [
     "StreamError",
     "ToolForgeError",
     "UpstreamError",
+    "socket_error",
     "status_error",
 ]
 
@@ -195,3 +196,48 @@ def status_error(response: httpx.Response) -> APIStatusError:
     status = response.status_code
     cls = _BY_STATUS.get(status, InternalServerError if status >= 500 else APIStatusError)
     return cls(message, status_code=status, code=code, details=details, body=body)
+
+
+# A refusal on the WebSocket carries the gateway's code but no HTTP status: the status of
+# the HTTP route that refuses the same way (docs/protocol.md's error codes).
+_STATUS_BY_CODE: dict[str, int] = {
+    "BAD_REQUEST": 400,
+    "INVALID_SCHEMA": 422,
+    "UNKNOWN_SCHEMA": 422,
+    "UNAUTHORIZED": 401,
+    "FORBIDDEN": 403,
+    "TOOL_NOT_ALLOWED": 403,
+    "NOT_FOUND": 404,
+    "CONFLICT": 409,
+    "IDEMPOTENCY_IN_FLIGHT": 409,
+    "IDEMPOTENCY_KEY_REUSED": 409,
+    "BODY_TOO_LARGE": 413,
+    "RATE_LIMITED": 429,
+    "INTERNAL": 500,
+    "STREAM_LOST": 500,
+    "REDIS_UNAVAILABLE": 503,
+}
+
+
+def socket_error(
+    error: dict[str, Any], *, status: int | None = None, prefix: str | None = None
+) -> APIStatusError:
+    """The typed error for a refusal on the WebSocket (``{"code", "message", ...}``), or
+    for a socket the gateway refused to open (``status``: the handshake's HTTP status)."""
+    code = error.get("code")
+    message = str(error.get("message") or "refused")
+    if prefix is not None:
+        message = f"{prefix}: {message}"
+    details = error.get("details")
+    if status is None:
+        status = _STATUS_BY_CODE.get(str(code), 400)
+        if details:  # a body that fails validation: 422 over HTTP
+            status = 422
+    cls = _BY_STATUS.get(status, InternalServerError if status >= 500 else APIStatusError)
+    return cls(
+        message,
+        status_code=status,
+        code=code,
+        details=details if isinstance(details, list) else None,
+        body={"error": error},
+    )
