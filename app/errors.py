@@ -12,7 +12,8 @@ the boundary where they occur (``raise Ours(...) from exc``), so callers only ev
     │   ├── SentinelError           framing: END without BEGIN, nesting, bad attributes, ...
     │   └── JSONError               strict RFC 8259 syntax, depth and size limits
     ├── UpstreamError               the upstream is unreachable, slow or speaks bad SSE
-    │   └── OllamaModelNotFound     Ollama has no model by that name (upstream.ollama_wire)
+    │   ├── OllamaModelNotFound     Ollama has no model by that name (upstream.ollama_wire)
+    │   └── AdmissionRefused        no upstream slot within ADMISSION_TIMEOUT_MS (runtime.admission)
     ├── ServerError                 a managed model server could not be built, started or kept up
     ├── WorkflowError               a workflow ran out of a budget, with its context
     │   ├── StepEnforcementError    it kept calling a terminal tool before the required steps

@@ -54,6 +54,20 @@ class Settings(BaseSettings):
     # A spare connection when the upstream closed the last idle one, so the next stream's
     # request goes out at once (llama-server closes after every streamed response).
     upstream_preconnect: bool = Field(True, validation_alias="UPSTREAM_PRECONNECT")
+    # Streams admitted at once, one upstream connection each (held for the stream's life;
+    # the pool keeps 4 more for readiness checks and probes): as many as MAX_CONNECTIONS.
+    upstream_max_connections: int = Field(
+        1000, ge=1, le=100_000, validation_alias="UPSTREAM_MAX_CONNECTIONS"
+    )
+    # Idle connections kept for the next request (httpx's default ratio of 1 in 10).
+    upstream_max_keepalive: int = Field(
+        100, ge=0, le=100_000, validation_alias="UPSTREAM_MAX_KEEPALIVE"
+    )
+    # A request waits this long for an upstream slot, then gets 503 with Retry-After before
+    # its stream starts (never an error frame after a 200): the connect timeout's 5 s.
+    admission_timeout_ms: int = Field(
+        5000, ge=0, le=600_000, validation_alias="ADMISSION_TIMEOUT_MS"
+    )
 
     # -- streaming --------------------------------------------------------------------
     # 15 s: below the 30-60 s idle cut of common proxies and load balancers.

@@ -29,6 +29,7 @@ from toolforge.api.deps import Gateway, GatewayDep
 from toolforge.api.json_depth import check_depth
 from toolforge.api.models import ChatCompletionRequest, ToolForgeExtension
 from toolforge.api.proxy import chat_planner
+from toolforge.api.retry_after import retry_headers
 from toolforge.api.run_stream import RunStreamResponse
 from toolforge.api.stream_slot import SlotHeld, StreamSlot
 from toolforge.core.protocol.agui import RunWriter, parse_interrupt_id
@@ -176,7 +177,9 @@ async def run_agent(request: Request, gw: GatewayDep) -> Response:
             await slot.release()
             raise
     except ToolForgeError as exc:
-        return JSONResponse({"error": exc.to_dict()}, status_code=exc.http_status)
+        return JSONResponse(
+            {"error": exc.to_dict()}, status_code=exc.http_status, headers=retry_headers(exc)
+        )
     except ClientGone:
         return Response(status_code=499)
     assert isinstance(opened, Started)

@@ -32,6 +32,7 @@ from toolforge.api.openapi import install_openapi
 from toolforge.api.proxy import router as proxy_router
 from toolforge.api.request_guard import RequestGuard
 from toolforge.api.responses import router as responses_router
+from toolforge.api.retry_after import retry_headers
 from toolforge.api.routes import router
 from toolforge.api.runs import router as runs_router
 from toolforge.api.server_limits import ServerLimits
@@ -48,6 +49,7 @@ from toolforge.core.tool_specs import ModelQuery, ToolRegistry
 from toolforge.core.workflow import WorkflowCaps
 from toolforge.errors import ErrorCode, RequestError, ServerError, ToolForgeError
 from toolforge.log import BACKEND_SETUP, configure_logging, get_logger
+from toolforge.runtime.admission import Admission
 from toolforge.runtime.artifacts import ArtifactStore
 from toolforge.runtime.backends import Backend, BackendConfig, start_embedded, start_ollama
 from toolforge.runtime.cluster import RedisCluster, RedisRateLimiter
@@ -71,7 +73,7 @@ from toolforge.upstream.anthropic import AnthropicUpstream
 from toolforge.upstream.base import Upstream
 from toolforge.upstream.llama_server import LlamaServerUpstream
 from toolforge.upstream.openai_compat import OpenAICompatUpstream
-from toolforge.upstream.transport import DEFAULT_LIMITS, LeanTransport, UpstreamClient
+from toolforge.upstream.transport import LeanTransport, UpstreamClient, pool_limits
 
 __all__ = ["PROMPTS_DIR", "create_app", "log_json"]
 
@@ -84,7 +86,9 @@ log = get_logger(__name__)
 
 def _error_response(exc: ToolForgeError) -> JSONResponse:
     # Redacted: a message may quote what an upstream or a tool said (docs/security.md).
-    return JSONResponse({"error": redact(exc.to_dict())}, status_code=exc.http_status)
+    return JSONResponse(
+        {"error": redact(exc.to_dict())}, status_code=exc.http_status, headers=retry_headers(exc)
+    )
 
 
 async def _start_backend(
@@ -408,7 +412,7 @@ async def _gateway(
     return Gateway(
         settings=effective,
         client=client,
-        streams=Streams(parts, registry, cluster),
+        streams=Streams(parts, registry, cluster, _admission(settings, metrics)),
         planner=_planner(settings, effective, client, schemas, executor, prompts, context, budget),
         schemas=schemas,
         metrics=metrics,
@@ -416,6 +420,15 @@ async def _gateway(
         proxy_nudges=prompts.proxy_nudges,
         servers=up.servers,
         backend=backend,
+    )
+
+
+def _admission(settings: Settings, metrics: GatewayMetrics) -> Admission:
+    """One upstream slot per stream, as many as the pool's connections (docs/deployment.md)."""
+    return Admission(
+        settings.upstream_max_connections,
+        settings.admission_timeout_ms / 1000,
+        metrics=metrics,
     )
 
 
@@ -511,7 +524,9 @@ def create_app(
         # read instead of one per HTTP chunk, and a fraction of httpcore's cost per
         # request (app/upstream/transport.py, bench/RESULTS.md). With preconnect, a spare
         # connection replaces one the upstream closed, ahead of the next request.
-        transport = LeanTransport(limits=DEFAULT_LIMITS, preconnect=settings.upstream_preconnect)
+        # Its pool holds UPSTREAM_MAX_CONNECTIONS connections, the streams admitted at once.
+        limits = pool_limits(settings.upstream_max_connections, settings.upstream_max_keepalive)
+        transport = LeanTransport(limits=limits, preconnect=settings.upstream_preconnect)
         async with UpstreamClient(
             timeout=_upstream_timeout(settings), transport=transport
         ) as client:

@@ -39,10 +39,11 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from toolforge.api.auth import SCOPE_KEY, Access, ApiKey, RateLimited
+from toolforge.api.auth import SCOPE_KEY, Access, ApiKey
 from toolforge.api.body import ClientGone, read_body
 from toolforge.api.proxy import complete, openai_error
 from toolforge.api.request_guard import RequestGuard
+from toolforge.api.retry_after import retry_headers
 from toolforge.api.routes import start_stream
 from toolforge.api.server_limits import ServerLimits
 from toolforge.errors import ErrorCode, ToolForgeError
@@ -83,8 +84,7 @@ def refusal(exc: ToolForgeError, path: str) -> Response:
     )
     if exc.http_status == 401:
         response.headers["WWW-Authenticate"] = "Bearer"
-    if isinstance(exc, RateLimited):
-        response.headers["Retry-After"] = str(exc.retry_after)
+    response.headers.update(retry_headers(exc) or {})
     return response
 
 
@@ -186,7 +186,9 @@ class GatewayApp(FastAPI):
             key: ApiKey | None = scope.get(SCOPE_KEY)
             response = await start_stream(gateway, body, idempotency, key)
         except ToolForgeError as exc:  # as toolforge.api.app's exception handler answers
-            response = JSONResponse({"error": exc.to_dict()}, status_code=exc.http_status)
+            response = JSONResponse(
+                {"error": exc.to_dict()}, status_code=exc.http_status, headers=retry_headers(exc)
+            )
         except ClientGone:
             response = Response(status_code=499)
         except Exception:  # a bug of ours: a typed 500, as FastAPI's error middleware would

@@ -28,6 +28,7 @@ from toolforge.api.body import read_body
 from toolforge.api.deps import Gateway, GatewayDep
 from toolforge.api.json_depth import check_depth
 from toolforge.api.models import ChatCompletionRequest
+from toolforge.api.retry_after import retry_headers
 from toolforge.api.sse import FrameStreamResponse
 from toolforge.core.protocol.openai import ChunkWriter, CompletionBuilder, error_body
 from toolforge.errors import ErrorCode, RequestError, ToolForgeError
@@ -66,7 +67,7 @@ def openai_error(exc: ToolForgeError, status: int | None = None) -> JSONResponse
     body = error_body(str(exc.code), exc.message, code)
     if exc.details:
         body["error"]["param"] = exc.details[0].get("field")
-    return JSONResponse(body, status_code=code)
+    return JSONResponse(body, status_code=code, headers=retry_headers(exc))
 
 
 def _parse(body: bytes, max_depth: int) -> ChatCompletionRequest:

@@ -121,6 +121,23 @@ class GatewayMetrics:
     """A tool call, 0.5 ms (the demo pack's in-process tools) to 2 min (a client-side tool,
     ``CLIENT_TOOL_TIMEOUT_MS``); 5 s is the soft target and 8 s the default timeout."""
 
+    ADMISSION_BUCKETS: ClassVar[tuple[float, ...]] = (
+        0.001,
+        0.005,
+        0.01,
+        0.05,
+        0.1,
+        0.25,
+        0.5,
+        1.0,
+        2.5,
+        5.0,
+        10.0,
+        30.0,
+    )
+    """A wait for an upstream slot, 1 ms (a slot freed at once) to 30 s (a long
+    ``ADMISSION_TIMEOUT_MS``); only requests that found every slot held are observed."""
+
     MAX_MODELS: ClassVar[int] = 32
     """Without known names: distinct model label values kept; later ones count as ``other``."""
 
@@ -225,6 +242,29 @@ class GatewayMetrics:
         )
         self.frame_queue_depth.set_function(lambda: 0.0)
         self.tool_queue_depth.set_function(lambda: 0.0)
+        # Admission (docs/deployment.md): requests waiting for an upstream slot, the slots
+        # held, and each wait's length, by whether it ended admitted or refused (503).
+        self.admission_queue_depth = Gauge(
+            "toolforge_admission_queue_depth",
+            "Requests waiting for an upstream slot now (UPSTREAM_MAX_CONNECTIONS).",
+            registry=registry,
+        )
+        self.admission_active = Gauge(
+            "toolforge_admission_slots_in_use",
+            "Upstream slots held now: streams admitted and not yet ended.",
+            registry=registry,
+        )
+        self.admission_queue_depth.set_function(lambda: 0.0)
+        self.admission_active.set_function(lambda: 0.0)
+        self.admission_wait = Histogram(
+            "toolforge_admission_wait_seconds",
+            "How long a request waited for an upstream slot, by outcome (admitted, refused).",
+            ["outcome"],
+            buckets=self.ADMISSION_BUCKETS,
+            registry=registry,
+        )
+        for outcome in ("admitted", "refused"):  # both series from the start
+            self.admission_wait.labels(outcome=outcome)
 
         self.guardrails = Counter(
             "toolforge_guardrail_actions",
@@ -250,6 +290,16 @@ class GatewayMetrics:
             self.frame_queue_depth.set_function(frames)
         if tools is not None:
             self.tool_queue_depth.set_function(tools)
+
+    def watch_admission(self, *, depth: Callable[[], float], active: Callable[[], float]) -> None:
+        """Where the admission gauges read from when scraped (the admission's queue)."""
+        self.admission_queue_depth.set_function(depth)
+        self.admission_active.set_function(active)
+
+    def admission_waited(self, wait_s: float, *, admitted: bool) -> None:
+        """A request that had to wait for an upstream slot got one, or was refused."""
+        outcome = "admitted" if admitted else "refused"
+        self.admission_wait.labels(outcome=outcome).observe(_amount(wait_s))
 
     def know_models(self, names: Iterable[str | None]) -> None:
         """Give ``names`` their own model label (the models this gateway serves)."""

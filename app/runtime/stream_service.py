@@ -8,6 +8,9 @@ Starting a stream (:meth:`Streams.open`) is always the same five steps:
    the stored stream (here, or from another replica's resume buffer); the same key with
    another body, or while its stream still runs, is refused;
 2. **plan**: the caller's own planning, given the new stream's id;
+   then **admission** (:mod:`toolforge.runtime.admission`): one of the upstream's slots,
+   waited for in a fair queue for at most ``ADMISSION_TIMEOUT_MS``, held until the
+   stream ends; refused (503, ``Retry-After``) before anything of the stream is sent;
 3. **claim**: the key is claimed in Redis, so two replicas given it at once start one
    stream;
 4. **session**: the session is built from the plan and started, with backpressure from
@@ -32,6 +35,7 @@ from typing import Any, Final
 import orjson
 
 from toolforge.errors import ErrorCode, RequestError
+from toolforge.runtime.admission import Admission
 from toolforge.runtime.artifacts import ArtifactStore
 from toolforge.runtime.cluster import RedisCluster, RemoteStream
 from toolforge.runtime.commands import Command, apply, check_caller, from_wire, to_wire
@@ -119,11 +123,16 @@ class Streams:
     """This replica's streams: the registry, and the other replicas when there are some."""
 
     def __init__(
-        self, parts: SessionParts, registry: StreamRegistry, cluster: RedisCluster | None = None
+        self,
+        parts: SessionParts,
+        registry: StreamRegistry,
+        cluster: RedisCluster | None = None,
+        admission: Admission | None = None,
     ) -> None:
         self.parts = parts
         self.registry = registry
         self.cluster = cluster
+        self.admission = admission  # None: streams are not counted (an embedder's choice)
 
     async def start(self) -> None:
         """Join the other replicas (with Redis): their commands for our streams come in."""
@@ -155,7 +164,8 @@ class Streams:
         it starts (backpressure from the first frame); False for a caller that waits for
         the end (a non-streaming completion). Refusals: ``BAD_REQUEST`` (a key over
         :data:`MAX_IDEMPOTENCY_KEY_CHARS`), ``IDEMPOTENCY_KEY_REUSED``,
-        ``IDEMPOTENCY_IN_FLIGHT``, ``REDIS_UNAVAILABLE``, and whatever ``plan`` raises.
+        ``IDEMPOTENCY_IN_FLIGHT``, ``REDIS_UNAVAILABLE``, ``AdmissionRefused`` (no
+        upstream slot within ``ADMISSION_TIMEOUT_MS``), and whatever ``plan`` raises.
         """
         key = idempotency_key
         if key is not None:
@@ -177,8 +187,30 @@ class Streams:
                     return Replayed(remote)
         stream_id = new_stream_id()
         built = await plan(stream_id)
+        admission = self.admission
+        if admission is None:
+            session = await self._start(built, key, owner, body_hash, primary)
+        else:
+            await admission.acquire()  # AdmissionRefused: nothing started, nothing held
+            try:
+                session = await self._start(built, key, owner, body_hash, primary)
+            except BaseException:
+                admission.release()
+                raise
+        if self.cluster is not None:
+            self.cluster.buffers.track(session, key)  # its resume buffer, in Redis
+        # One turn of the loop for the session before the caller goes on: it sends the
+        # upstream request first, so the model starts while the writer is set up (TTFT).
+        await asyncio.sleep(0)
+        return Started(session)
+
+    async def _start(
+        self, built: StreamPlan, key: str | None, owner: str | None, body_hash: str, primary: bool
+    ) -> StreamSession:
+        """Claim the key (Redis), then start the session; with admission, its task gives
+        the slot back when it ends."""
         if key is not None and self.cluster is not None:
-            claimed = await self.cluster.idempotency.claim(key, body_hash, stream_id, owner)
+            claimed = await self.cluster.idempotency.claim(key, body_hash, built.stream_id, owner)
             if claimed is not None:  # another replica started it since we looked
                 held_hash, holder = claimed
                 if held_hash != body_hash:
@@ -187,13 +219,11 @@ class Streams:
         session = self.parts.session(built)
         if primary:
             session.log.attach_primary()  # backpressure from the first frame on
-        self.registry.start(session, idempotency_key=key, body_hash=body_hash)
-        if self.cluster is not None:
-            self.cluster.buffers.track(session, key)  # its resume buffer, in Redis
-        # One turn of the loop for the session before the caller goes on: it sends the
-        # upstream request first, so the model starts while the writer is set up (TTFT).
-        await asyncio.sleep(0)
-        return Started(session)
+        task = self.registry.start(session, idempotency_key=key, body_hash=body_hash)
+        admission = self.admission
+        if admission is not None:
+            task.add_done_callback(lambda _: admission.release())
+        return session
 
     async def find(self, stream_id: str, caller: str | None) -> StreamSession | RemoteStream:
         """The stream to resume: run here, or known to Redis; ``NOT_FOUND`` otherwise,

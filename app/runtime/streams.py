@@ -125,7 +125,8 @@ class StreamRegistry:
         *,
         idempotency_key: str | None = None,
         body_hash: str = "",
-    ) -> None:
+    ) -> asyncio.Task[None]:
+        """Start ``session``'s task and keep it for resume (and its key): the task."""
         self.sweep()
         self._sessions[session.id] = session
         if idempotency_key is not None:
@@ -136,7 +137,9 @@ class StreamRegistry:
             self._ended.append(ended)
             _collect_young()
 
-        session.start().add_done_callback(end)
+        task = session.start()
+        task.add_done_callback(end)
+        return task
 
     def sweep(self) -> None:
         """Forget streams that ended more than the TTL ago (and their keys).

@@ -61,16 +61,40 @@ from toolforge.upstream.http11 import (
 __all__ = [
     "DEFAULT_LIMITS",
     "HIGH_WATER",
+    "KEEPALIVE_EXPIRY_S",
     "PRECONNECT_WINDOW_S",
+    "RESERVED_CONNECTIONS",
     "LeanTransport",
     "PostTemplate",
     "ResponseHead",
     "UpstreamClient",
+    "pool_limits",
 ]
 
-DEFAULT_LIMITS: Final = httpx.Limits(
-    max_connections=1000, max_keepalive_connections=100, keepalive_expiry=5.0
-)
+KEEPALIVE_EXPIRY_S: Final = 5.0
+"""An idle connection's life: llama-server closes one idle for 5 s itself."""
+
+
+RESERVED_CONNECTIONS: Final = 4
+"""Connections beyond the streams' own, for the gateway's short requests of its own (the
+readiness check, a mode probe): with every stream slot held, ``/readyz`` still answers."""
+
+
+def pool_limits(max_connections: int, max_keepalive: int) -> httpx.Limits:
+    """The pool's limits from ``UPSTREAM_MAX_CONNECTIONS`` (the streams admitted at once,
+    one connection each: :mod:`toolforge.runtime.admission`), plus
+    :data:`RESERVED_CONNECTIONS`, and ``UPSTREAM_MAX_KEEPALIVE``."""
+    total = max_connections + RESERVED_CONNECTIONS
+    return httpx.Limits(
+        max_connections=total,
+        max_keepalive_connections=min(max_keepalive, total),
+        keepalive_expiry=KEEPALIVE_EXPIRY_S,
+    )
+
+
+DEFAULT_LIMITS: Final = pool_limits(1000, 100)
+"""The settings' defaults, for a transport built without them (tests, embedders)."""
+
 _Timeouts: TypeAlias = dict[str, float | None]  # httpx's "timeout" extension
 _Trace: TypeAlias = Callable[[str, dict[str, Any]], Awaitable[None]]
 _PORTS: Final = {"http": 80, "https": 443}
