@@ -144,6 +144,7 @@ async def create_response(request: Request, gw: GatewayDep) -> Response:
         if key is not None and req.toolforge.server_tools:
             allowed_tools(key, req.toolforge.server_tools, ())
         context: list[dict[str, Any]] = []
+        earlier: list[dict[str, Any]] = []  # the conversation's items so far, with their ids
         if req.previous_response_id is not None:
             previous = await _stored(state, req.previous_response_id, key)
             if previous is None:
@@ -156,6 +157,7 @@ async def create_response(request: Request, gw: GatewayDep) -> Response:
                     http_status=409,
                 )
             context = list(previous["context"])
+            earlier = [*previous.get("input_items", ()), *previous["response"]["output"]]
         items = req.input_items()
         messages = chat_messages([*context, *items], req.instructions)
         if not any(m["role"] != "system" for m in messages):
@@ -189,7 +191,8 @@ async def create_response(request: Request, gw: GatewayDep) -> Response:
             )
             if req.store:  # readable (in progress) before its first frame
                 record["input_items"] = [
-                    {"id": f"in_{stream_id[2:]}_{i}", **item} for i, item in enumerate(items)
+                    *earlier,
+                    *({"id": f"in_{stream_id[2:]}_{i}", **item} for i, item in enumerate(items)),
                 ]
                 record["response"] = _writer(req, stream_id, built, created).resource()
                 await state.store.put(record["response"]["id"], record)

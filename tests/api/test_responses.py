@@ -235,28 +235,88 @@ async def test_a_client_call_answered_with_previous_response_id(
     }
 
 
+PIZZA = [
+    native_call("places__search", {"query": "pizza", "radius_km": 2}),
+    native_call("respond", {"content": "Trattoria Roma has pizza."}),
+]
+SERVER_TOOLS = {"toolforge": {"server_tools": ["places.search"]}}
+
+
+def assert_server_call_items(output: list[dict[str, Any]]) -> None:
+    """The server tool's call and its result as items, then the answer."""
+    assert [i["type"] for i in output] == ["function_call", "function_call_output", "message"]
+    call, result, message = output
+    assert call["name"] == "places.search" and call["status"] == "completed"
+    assert orjson.loads(call["arguments"]) == {"query": "pizza", "radius_km": 2}
+    assert result["call_id"] == call["call_id"] and result["status"] == "completed"
+    assert orjson.loads(result["output"])["places"][0]["name"] == "Trattoria Roma"
+    assert message["content"][0]["text"] == "Trattoria Roma has pizza."
+
+
 async def test_a_server_tool_runs_mid_response(make_gateway: HarnessFactory, sdk: SDK) -> None:
-    gw = await make_gateway(
-        [
-            native_call("places__search", {"query": "pizza", "radius_km": 2}),
-            native_call("respond", {"content": "Two pizzerias are open."}),
-        ]
-    )
+    gw = await make_gateway(PIZZA)
     stream = await sdk(gw).responses.create(
-        model="m",
-        input="Pizza near me?",
-        stream=True,
-        extra_body={"toolforge": {"server_tools": ["places.search"]}},
+        model="m", input="Pizza near me?", stream=True, extra_body=SERVER_TOOLS
     )
     events = valid_events([e async for e in stream])
     final = events[-1]["response"]
-    # the server tool's call is no function_call item: a client would try to run it
-    assert [i["type"] for i in final["output"]] == ["message"]
-    assert final["output"][0]["content"][0]["text"] == "Two pizzerias are open."
+    assert_server_call_items(final["output"])
+    # streamed as it happened: the call (its arguments whole), then its output, then the text
+    items = [
+        (e["type"], e.get("item", {}).get("type"))
+        for e in events
+        if e["type"].startswith(("response.output_item", "response.function_call"))
+    ]
+    assert items[:6] == [
+        ("response.output_item.added", "function_call"),
+        ("response.function_call_arguments.delta", None),
+        ("response.function_call_arguments.done", None),
+        ("response.output_item.done", "function_call"),
+        ("response.output_item.added", "function_call_output"),
+        ("response.output_item.done", "function_call_output"),
+    ]
+    done = [e["item"] for e in events if e["type"] == "response.output_item.done"]
+    assert done == final["output"]
     trace = final["toolforge"]["server_tools"]
     assert trace[0]["name"] == "places.search" and trace[0]["ok"] is True
     second = sent(gw, 1)["messages"]
     assert second[-1]["role"] == "tool"
+
+
+async def test_server_tool_items_are_stored_and_continued(
+    make_gateway: HarnessFactory, sdk: SDK
+) -> None:
+    gw = await make_gateway([*PIZZA, Script.from_tokens(["It opens at 11:30."])])
+    client = sdk(gw)
+    first = await client.responses.create(
+        model="m", input="Pizza near me?", extra_body=SERVER_TOOLS
+    )
+    assert_server_call_items(valid_resource(first)["output"])
+    assert first.output_text == "Trattoria Roma has pizza."
+    got = valid_resource(await client.responses.retrieve(first.id))
+    assert got["output"] == valid_resource(first)["output"]
+    second = await client.responses.create(
+        model="m", input="When does it open?", previous_response_id=first.id
+    )
+    assert second.output_text == "It opens at 11:30."
+    history = sent(gw)["messages"]
+    call_id = first.output[0].call_id  # type: ignore[union-attr]
+    # the model sees the call and its result as it did mid-response: its wire name, the id
+    assert [m["role"] for m in history] == ["user", "assistant", "tool", "assistant", "user"]
+    assert history[1]["tool_calls"][0]["function"]["name"] == "places__search"
+    assert history[1]["tool_calls"][0]["id"] == call_id
+    assert history[2]["tool_call_id"] == call_id
+    assert orjson.loads(history[2]["content"])["places"][0]["id"] == "trattoria-roma"
+    listed = await client.responses.input_items.list(second.id, order="asc")
+    ids = [item.id for item in listed.data]
+    assert ids[1:4] == [item.id for item in first.output]
+    assert [item.type for item in listed.data] == [
+        "message",
+        "function_call",
+        "function_call_output",
+        "message",
+        "message",
+    ]
 
 
 class Forecast(BaseModel):

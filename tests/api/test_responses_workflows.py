@@ -30,7 +30,12 @@ async def test_the_booking_is_the_message(make_gateway: HarnessFactory, sdk: SDK
     booking = orjson.loads(done.output_text)
     assert booking["place_id"] == "trattoria-roma" and booking["party_size"] == 2
     assert "Let me look" not in done.output_text  # chatter is not the answer
-    assert [item.type for item in done.output] == ["message"]
+    # each step's call and result as items, the answer last
+    assert [item.type for item in done.output] == [
+        *("function_call", "function_call_output") * 2,
+        "message",
+    ]
+    assert [item.name for item in done.output[::2][:2]] == ["places.search", "bookings.create"]  # type: ignore[union-attr]
     ext: dict[str, Any] = (done.model_extra or {})["toolforge"]
     assert ext["workflow"]["completed_steps"] == ["places.search", "bookings.create"]
     assert [(c["name"], c["ok"]) for c in ext["server_tools"]] == [

@@ -13,12 +13,15 @@ its ``sequence_number`` (from 0, one per event, no gaps):
                                   content_part.added) response.output_text.delta
     result.end (a JSON answer)    as text.delta, the value as JSON text
     reasoning.delta               (a reasoning item opens) response.reasoning.delta
-    tool.call, executor client    the open item closes; a function_call item:
+    tool.call                     the open item closes; a function_call item:
                                   output_item.added, function_call_arguments.delta (the
                                   whole arguments, validated JSON: never a prefix that does
                                   not parse), function_call_arguments.done, output_item.done
-    tool.call / tool.result of    no item: a client would try to run a function_call item
-    a server tool                 itself; they are listed in the ``toolforge`` field instead
+    tool.result of a server tool  a function_call_output item (the call's call_id, the
+                                  result as JSON text): output_item.added, output_item.done.
+                                  A client tool's call has no output item: the client
+                                  answers it (previous_response_id). Server tools are also
+                                  listed in the ``toolforge`` field
     error                         remembered; the response ends ``failed`` with it
     done                          the open item closes (…text.done, content_part.done,
                                   output_item.done), then response.completed, or
@@ -42,6 +45,7 @@ from typing import Any, Final
 
 import orjson
 
+from toolforge.core.native_tools import to_openai_name
 from toolforge.core.protocol.answer import HELD, WorkflowAnswer
 from toolforge.core.protocol.frames import (
     DONE,
@@ -321,20 +325,44 @@ class ResponseWriter:
         item["status"] = "completed"
         out.append(self._event("response.output_item.done", output_index=index, item=dict(item)))
 
-    def _server_tool(self, event: str, data: Mapping[str, Any]) -> None:
+    def _call_output(self, data: Mapping[str, Any], out: list[dict[str, Any]]) -> None:
+        """A server tool's result: a ``function_call_output`` item answering its call's
+        ``function_call`` item (the same ``call_id``), its output as JSON text."""
+        ok = data["ok"]
+        output = orjson.dumps(data.get("result") if ok else {"error": data.get("error")})
+        item: dict[str, Any] = {
+            "type": "function_call_output",
+            "id": self._item_id("fco"),
+            "call_id": data["id"],
+            "output": "",
+            "status": "in_progress",
+        }
+        index = len(self.output)
+        self.output.append(item)
+        out.append(self._event("response.output_item.added", output_index=index, item=dict(item)))
+        item["output"] = output.decode()
+        item["status"] = "completed"
+        out.append(self._event("response.output_item.done", output_index=index, item=dict(item)))
+
+    def _server_tool(self, event: str, data: Mapping[str, Any]) -> bool:
+        """The server tools' trace (the ``toolforge`` field); for a result, whether its
+        call was seen (a call refused before it ran has a result alone, and no item)."""
         if event == TOOL_CALL:
             self._server_tools.append(
                 {"id": data["id"], "name": data["name"], "args": data["args"]}
             )
-            return
+            return True
+        called = True
         for call in self._server_tools:
             if call["id"] == data["id"]:
                 break
         else:  # refused before it ran (a workflow's rule): the result alone
             call = {"id": data["id"], "name": data["name"]}
             self._server_tools.append(call)
+            called = False
         call["ok"] = data["ok"]
         call["result" if data["ok"] else "error"] = data.get("result" if data["ok"] else "error")
+        return called
 
     def frame(self, event: str, data: Mapping[str, Any], *, now: int) -> list[dict[str, Any]]:
         """The events for one frame (maybe none). ``now``: the caller's clock, in Unix
@@ -350,10 +378,13 @@ class ResponseWriter:
             self._delta("message", orjson.dumps(data["value"]).decode(), out)
             self.toolforge["repaired"] = data["repaired"]
             self.toolforge["degraded"] = data["degraded"]
-        elif event == TOOL_CALL and data.get("executor") == "client":
+        elif event == TOOL_CALL:
+            if data.get("executor") != "client":
+                self._server_tool(event, data)
             self._call(data, out)
-        elif event in (TOOL_CALL, TOOL_RESULT):
-            self._server_tool(event, data)
+        elif event == TOOL_RESULT:
+            if self._server_tool(event, data):
+                self._call_output(data, out)
         elif event == ERROR:
             self.error = {"code": str(data["code"]), "message": data["message"]}
         elif event == DONE:
@@ -483,6 +514,13 @@ def _content(content: Any, field: str) -> str | list[dict[str, Any]]:
     return parts
 
 
+def _wire_name(name: str) -> str:
+    try:
+        return to_openai_name(name)
+    except ValueError:  # not one the gateway offers natively: the model gets it as written
+        return name
+
+
 def chat_messages(items: Sequence[Any], instructions: str | None) -> list[dict[str, Any]]:
     """The chat messages of a response's input items (and ``instructions``, first, as a
     system message). A run of ``function_call`` items is one assistant message with
@@ -514,7 +552,9 @@ def chat_messages(items: Sequence[Any], instructions: str | None) -> list[dict[s
             call = {
                 "id": call_id,
                 "type": "function",
-                "function": {"name": name, "arguments": arguments},
+                # as the engine writes its own calls to the model: a server tool's dots are
+                # '__' on the wire (places.search is places__search)
+                "function": {"name": _wire_name(name), "arguments": arguments},
             }
             if last_calls is None:
                 previous = messages[-1] if messages else None
