@@ -35,3 +35,4 @@ export {
   type StreamOutcome,
   type ToolCall,
 } from "./stream.js";
+export type { WebSocketConstructor } from "./socket.js";

@@ -12,6 +12,10 @@
  * goes on: pings keep coming), and its result is posted to `…/tool_results/{call_id}`.
  * When the body fails or ends before `done`, the loop reconnects with
  * `GET /v1/streams/{id}` and the last frame id it saw, so every frame arrives exactly once.
+ *
+ * With `transport: "ws"` the same loop reads one WebSocket (`GET /v1/stream/ws`,
+ * socket.ts) instead: the frames are the same, tool results, approvals and cancel are sent
+ * on the socket, and a dropped socket is resumed on a new one after the last frame id.
  */
 import { createParser, type EventSourceMessage } from "eventsource-parser";
 
@@ -35,6 +39,7 @@ import {
   postToolResult,
   type ToolResultBody,
 } from "./http.js";
+import { type SocketMessage, StreamSocket, socketUrl, type WebSocketConstructor } from "./socket.js";
 
 /** An OpenAI-style chat message (`role`: system, user, assistant, tool). */
 export interface ChatMessage {
@@ -146,6 +151,15 @@ export interface StreamOptions extends ConnectionOptions {
    * `false` leaves the gateway's default, which cancels the stream when the client goes.
    */
   resume?: boolean | ResumePolicy;
+  /**
+   * `"sse"` (default): the frames over SSE, tool results and approvals as HTTP posts.
+   * `"ws"`: one WebSocket for both ways (docs/websocket.md); the API key goes as the
+   * `token` query parameter. `pause()` then stops delivering, but a WebSocket keeps
+   * reading underneath: the gateway's backpressure does not reach the model.
+   */
+  transport?: "sse" | "ws";
+  /** The WebSocket constructor for `transport: "ws"` (default: the global `WebSocket`). */
+  WebSocket?: WebSocketConstructor;
 }
 
 /** What a finished stream produced. */
@@ -208,6 +222,7 @@ class StreamRun {
   private openGate: (() => void) | undefined;
   private gate: Promise<void> | undefined;
   private connection: AbortController | undefined;
+  private socket: StreamSocket | undefined;
   /** Why the run stops early (timeout, abort, a callback's error): set once. */
   private failure: unknown;
   private stopped = false;
@@ -271,7 +286,8 @@ class StreamRun {
     if (this.finished || this.cancelRequested) return;
     this.cancelRequested = true;
     this.resume(); // the cancelled stream's last frames must be read for `done` to come
-    if (this.streamId !== undefined) await cancelStream(this.streamId, this.conn);
+    if (this.socket?.isOpen) await this.socket.command({ type: "cancel" });
+    else if (this.streamId !== undefined) await cancelStream(this.streamId, this.conn);
     // else: posted as soon as the stream id is known (see `dispatch`)
   }
 
@@ -279,7 +295,16 @@ class StreamRun {
     if (this.streamId === undefined) {
       throw new ToolForgeError("NOT_FOUND", "the stream has not started: no call waits yet");
     }
-    await approveCall(this.streamId, callId, approve, this.conn);
+    await this.sendApproval(this.streamId, callId, approve);
+  }
+
+  /** An approval: on the socket when there is one, else `POST …/approvals/{call_id}`. */
+  private async sendApproval(streamId: string, callId: string, approve: boolean): Promise<void> {
+    if (this.socket?.isOpen) {
+      await this.socket.command({ type: "approve", call_id: callId, approved: approve });
+      return;
+    }
+    await approveCall(streamId, callId, approve, this.conn);
   }
 
   /** End the run early with `failure`: the connection closes and the stream is cancelled. */
@@ -289,6 +314,7 @@ class StreamRun {
     this.failure = failure;
     this.resume();
     this.connection?.abort(failure);
+    this.socket?.close();
     if (this.streamId !== undefined) {
       // Best effort: with on_disconnect "continue" the gateway would otherwise run on.
       cancelStream(this.streamId, this.conn).catch(() => undefined);
@@ -315,9 +341,16 @@ class StreamRun {
           requestTimeoutMs,
         );
       }
-      let response = await this.open(false);
-      while (!(await this.read(response))) {
-        response = await this.reconnect();
+      if (this.opts.transport === "ws") {
+        let socket = await this.openSocket(false);
+        while (!(await this.readSocket(socket))) {
+          socket = await this.reconnect(() => this.openSocket(true));
+        }
+      } else {
+        let response = await this.open(false);
+        while (!(await this.read(response))) {
+          response = await this.reconnect(() => this.open(true));
+        }
       }
       this.finished = true;
       this.settle.resolve(this.outcome());
@@ -408,8 +441,74 @@ class StreamRun {
     return response;
   }
 
+  /**
+   * A socket that starts the stream, or (`resuming`) resumes it after the last frame seen;
+   * its first message is read here, so that a refusal rejects as an HTTP error would.
+   */
+  private async openSocket(resuming: boolean): Promise<StreamSocket> {
+    if (this.stopped) throw this.failure;
+    const Ctor = this.opts.WebSocket ?? (globalThis as { WebSocket?: WebSocketConstructor }).WebSocket;
+    if (Ctor === undefined) {
+      throw new ToolForgeError(
+        "BAD_REQUEST",
+        'transport: "ws" needs a WebSocket: Node >= 22 and browsers have one; else pass `WebSocket` (the `ws` package\'s)',
+      );
+    }
+    let socket: StreamSocket;
+    try {
+      socket = await StreamSocket.open(socketUrl(this.conn.baseUrl as string, this.conn.apiKey), Ctor);
+    } catch (error) {
+      throw await this.refusal(error);
+    }
+    this.socket = socket;
+    socket.send(
+      resuming
+        ? { type: "resume", stream_id: this.streamId, after: this.lastId }
+        : { type: "start", request: this.body() },
+    );
+    return socket;
+  }
+
+  /**
+   * Why a socket did not open. A WebSocket API shows no handshake status, so the same
+   * request is asked over HTTP: the gateway's access check answers it with its typed
+   * error (a missing or unknown key); otherwise the connection was lost.
+   */
+  private async refusal(error: unknown): Promise<unknown> {
+    try {
+      const probe = await (this.conn.fetch as typeof fetch)(`${this.conn.baseUrl}/v1/stream/ws`, {
+        headers: headersOf(this.conn),
+        cache: "no-store",
+      });
+      if (probe.status === 401 || probe.status === 403) {
+        return await errorFromResponse(probe, "GET /v1/stream/ws");
+      }
+    } catch {
+      // unreachable over HTTP too: the connection is lost
+    }
+    return error;
+  }
+
+  /** Read one socket to its end: true once `done` arrived, false if it dropped first. */
+  private async readSocket(socket: StreamSocket): Promise<boolean> {
+    try {
+      for (;;) {
+        if (this.gate) await this.gate;
+        if (this.stopped) throw this.failure;
+        const message: SocketMessage | undefined = await socket.next();
+        if (this.stopped) throw this.failure;
+        if (message === undefined) return false; // the socket dropped: resume
+        if (message.kind === "error") throw message.error;
+        this.dispatchFrame(message.id, message.event, message.data);
+        if (this.doneData !== undefined) return true;
+      }
+    } finally {
+      if (this.doneData !== undefined || this.stopped) socket.close();
+    }
+  }
+
   /** Reconnect after a drop, with backoff; throws when resuming is off or keeps failing. */
-  private async reconnect(): Promise<Response> {
+  private async reconnect<T>(open: () => Promise<T>): Promise<T> {
     const policy = this.opts.resume;
     if (policy === false || this.streamId === undefined) {
       throw new ToolForgeError(
@@ -429,9 +528,9 @@ class StreamRun {
         delay = Math.min(delay * 2, MAX_DELAY_MS);
       }
       try {
-        const response = await this.open(true);
+        const connection = await open();
         this.reconnects++;
-        return response;
+        return connection;
       } catch (error) {
         if (this.stopped) throw this.failure;
         // 404: the stream expired (RESUME_TTL_S) or never was: trying again cannot help.
@@ -497,8 +596,14 @@ class StreamRun {
     } catch {
       throw this.protocol(`event ${message.event} carries data that is not JSON`);
     }
+    this.dispatchFrame(id, message.event ?? "message", data);
+  }
+
+  /** Deliver one parsed frame (an SSE event's, or a socket message's). */
+  private dispatchFrame(id: number | undefined, name: string, data: unknown): void {
+    if (id !== undefined && id <= this.lastId) return; // already delivered before a reconnect
     if (id !== undefined) this.lastId = id;
-    const event = { id, event: message.event ?? "message", data } as StreamEvent;
+    const event = { id, event: name, data } as StreamEvent;
     try {
       this.opts.onEvent?.(event);
       this.deliver(event);
@@ -628,8 +733,19 @@ class StreamRun {
     }
   }
 
-  /** Post a tool result; a dropped connection is tried again, a 4xx is final. */
+  /**
+   * Post a tool result (on the socket when there is one); a dropped connection is tried
+   * again over HTTP, a 4xx is final.
+   */
   private async post(streamId: string, callId: string, body: ToolResultBody): Promise<void> {
+    if (this.socket?.isOpen) {
+      try {
+        await this.socket.command({ type: "tool_result", call_id: callId, ...body });
+        return;
+      } catch (error) {
+        if (!(error instanceof ToolForgeError) || error.status !== undefined) return; // as below
+      }
+    }
     for (let attempt = 0; attempt < 3; attempt++) {
       try {
         await postToolResult(streamId, callId, body, this.conn);
@@ -656,7 +772,7 @@ class StreamRun {
         approve = false; // a decision that fails is a refusal, never a silent approval
       }
       if (this.finished || this.stopped) return;
-      await approveCall(streamId, call.id, approve, this.conn).catch(() => undefined);
+      await this.sendApproval(streamId, call.id, approve).catch(() => undefined);
     })();
   }
 
