@@ -65,7 +65,10 @@ _PROXY: Final = "/v1/chat/completions"
 
 
 def _is_openai(path: str) -> bool:
-    return path.startswith("/v1/chat/") or path == "/v1/models"
+    return path.startswith(("/v1/chat/", "/v1/responses/")) or path in (
+        "/v1/models",
+        "/v1/responses",
+    )
 
 
 def _opens_stream(path: str, method: str) -> bool:
@@ -75,8 +78,9 @@ def _opens_stream(path: str, method: str) -> bool:
 
 
 def refusal(exc: ToolForgeError, path: str) -> Response:
-    """An access refusal in the route's error shape (OpenAI's under ``/v1/chat`` and
-    ``/v1/models``, so the SDKs raise AuthenticationError, RateLimitError, ...)."""
+    """An access refusal in the route's error shape (OpenAI's under ``/v1/chat``,
+    ``/v1/responses`` and ``/v1/models``, so the SDKs raise AuthenticationError,
+    RateLimitError, ...)."""
     response = (
         openai_error(exc)
         if _is_openai(path)

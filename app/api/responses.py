@@ -17,11 +17,14 @@ import asyncio
 import contextlib
 import dataclasses
 import time
+from collections.abc import Callable, Coroutine
 from typing import Annotated, Any, Final, Literal
 
 import orjson
 from fastapi import APIRouter, Query, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from fastapi.routing import APIRoute
 from starlette.datastructures import State
 
 from toolforge.api.auth import ApiKey, allowed_tools, check_workflow, own, request_key
@@ -47,7 +50,37 @@ from toolforge.runtime.stream_service import Started
 
 __all__ = ["router"]
 
-router = APIRouter(tags=["responses"])
+
+class _OpenAIErrors(APIRoute):
+    """These routes' every refusal in OpenAI's error shape, FastAPI's own too (a query
+    parameter out of range would otherwise be the gateway's ``/v1/stream`` shape, which
+    the SDKs cannot read)."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def route(request: Request) -> Response:
+            try:
+                return await handler(request)
+            except RequestValidationError as exc:
+                first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid"}
+                field = ".".join(str(p) for p in first["loc"][1:]) or "(request)"
+                message = str(first["msg"])
+                return openai_error(
+                    RequestError(
+                        ErrorCode.BAD_REQUEST,
+                        f"invalid '{field}': {message}",
+                        details=[{"field": field, "message": message}],
+                        http_status=400,
+                    )
+                )
+            except ToolForgeError as exc:
+                return openai_error(exc)
+
+        return route
+
+
+router = APIRouter(tags=["responses"], route_class=_OpenAIErrors)
 
 _COMMENT_PING: Final = b": ping\n\n"  # an SSE comment: the SDKs skip it
 # How a workflow run fails (the model did not follow it within its budgets): a 422, as on
