@@ -29,11 +29,13 @@ from toolforge.api.deps import Gateway, GatewayDep
 from toolforge.api.json_depth import check_depth
 from toolforge.api.models import ChatCompletionRequest, ToolForgeExtension
 from toolforge.api.proxy import chat_planner
+from toolforge.api.remote_run import RemoteRunResponse
 from toolforge.api.retry_after import retry_headers
 from toolforge.api.run_stream import RunStreamResponse
 from toolforge.api.stream_slot import SlotHeld, StreamSlot
 from toolforge.core.protocol.agui import RunWriter, parse_interrupt_id
 from toolforge.errors import ErrorCode, RequestError, ToolForgeError
+from toolforge.runtime.cluster import RemoteStream
 from toolforge.runtime.commands import Approve
 from toolforge.runtime.stream_service import Started
 
@@ -208,17 +210,21 @@ async def _resume(gw: Gateway, run: RunAgentInput, key: ApiKey | None) -> Respon
     await gw.streams.command(
         stream_id, Approve(call_id, approved), None if key is None else key.name
     )
-    session = gw.registry.find(stream_id)
-    if session is None:
-        raise RequestError(
-            ErrorCode.CONFLICT,
-            f"the run's stream {stream_id} runs on another replica: resume it there",
-            http_status=409,
+    stream = await gw.streams.find(stream_id, None if key is None else key.name)
+    if isinstance(stream, RemoteStream):
+        # Another replica runs it: its mirrored frames, re-encoded here. Whether it is a
+        # workflow run is the plan's, which lives there: this run names it as the first did.
+        props = run.forwarded_props if isinstance(run.forwarded_props, dict) else {}
+        named = props.get("toolforge")
+        workflow = isinstance(named, dict) and named.get("workflow") is not None
+        writer = RunWriter(
+            thread_id=run.thread_id, run_id=run.run_id, stream_id=stream_id, workflow=workflow
         )
+        return RemoteRunResponse(stream, writer, after=after)
     writer = RunWriter(
         thread_id=run.thread_id,
         run_id=run.run_id,
         stream_id=stream_id,
-        workflow=session.plan.workflow is not None,
+        workflow=stream.plan.workflow is not None,
     )
-    return RunStreamResponse(session, writer, after=after, primary=session.reader_joined(after))
+    return RunStreamResponse(stream, writer, after=after, primary=stream.reader_joined(after))

@@ -24,6 +24,7 @@ from toolforge.api.deps import Gateway, GatewayDep
 from toolforge.api.json_depth import check_depth
 from toolforge.api.models import ChatCompletionRequest, ToolForgeExtension
 from toolforge.api.proxy import chat_planner
+from toolforge.api.remote_run import RemoteRunResponse
 from toolforge.api.retry_after import retry_headers
 from toolforge.api.run_stream import RunStreamResponse
 from toolforge.api.stream_slot import SlotHeld, StreamSlot
@@ -34,6 +35,7 @@ from toolforge.core.protocol.ai_sdk_ui import (
     chat_messages,
 )
 from toolforge.errors import ErrorCode, RequestError, ToolForgeError
+from toolforge.runtime.cluster import RemoteStream
 from toolforge.runtime.commands import Approve
 from toolforge.runtime.stream_service import Started
 
@@ -118,7 +120,7 @@ async def ui_chat(request: Request, gw: GatewayDep) -> Response:
         ui = _parse(body, gw.settings.max_request_depth)
         answer = approval_answer(ui.messages)
         if answer is not None:
-            return await _go_on(gw, answer, key)
+            return await _go_on(gw, answer, key, workflow=ui.toolforge.workflow is not None)
         req = _request(gw, ui)
         # The run may stop at an approval: its stream waits for the next request.
         plan = chat_planner(gw, req, key, api="ui-message-stream", waits_at_approval=True)
@@ -149,20 +151,19 @@ async def ui_chat(request: Request, gw: GatewayDep) -> Response:
 
 
 async def _go_on(
-    gw: Gateway, answer: tuple[str, str, int, bool, str], key: ApiKey | None
+    gw: Gateway, answer: tuple[str, str, int, bool, str], key: ApiKey | None, *, workflow: bool
 ) -> Response:
-    """The decision to the waiting stream, then the same message from the call on."""
+    """The decision to the waiting stream, then the same message from the call on, from
+    whichever replica runs it. ``workflow``: whether the request names a workflow, as the
+    first one did (a stream another replica runs has its plan there)."""
     stream_id, call_id, after, approved, message_id = answer
     await gw.streams.command(
         stream_id, Approve(call_id, approved), None if key is None else key.name
     )
-    session = gw.registry.find(stream_id)
-    if session is None:
-        raise RequestError(
-            ErrorCode.CONFLICT,
-            f"the message's stream {stream_id} runs on another replica: send it there",
-            http_status=409,
-        )
+    session = await gw.streams.find(stream_id, None if key is None else key.name)
+    if isinstance(session, RemoteStream):  # its mirrored frames, re-encoded here
+        writer = UIStreamWriter(message_id=message_id, stream_id=stream_id, workflow=workflow)
+        return RemoteRunResponse(session, writer, after=after, headers=HEADERS)
     writer = UIStreamWriter(
         message_id=message_id, stream_id=stream_id, workflow=session.plan.workflow is not None
     )
