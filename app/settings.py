@@ -43,6 +43,13 @@ class Settings(BaseSettings):
     upstream_kind: Literal["openai", "llama_server", "ollama", "anthropic"] = Field(
         "openai", validation_alias="UPSTREAM_KIND"
     )
+    # What the upstream reads ("text,image,file", docs/responses.md); unset: its kind's
+    # default (all for openai, text for the others: the embedded llama-server has no projector).
+    upstream_input: str | None = Field(
+        None,
+        pattern=r"^\s*(text|image|file)(\s*,\s*(text|image|file))*\s*$",
+        validation_alias="UPSTREAM_INPUT",
+    )
     model_id: str = Field("default", validation_alias="MODEL_ID")
     # Connect fails fast (a dead upstream should not hold a client for long); the first
     # byte may wait for prompt processing on a CPU; idle is the gap allowed between tokens.

@@ -34,7 +34,8 @@ from toolforge.api.proxy import _until_done, openai_error
 from toolforge.api.responses_body import ResponsesRequest, parse_request
 from toolforge.api.sse import FrameStreamResponse
 from toolforge.api.stream_slot import SlotHeld, StreamSlot
-from toolforge.core.protocol.responses import ResponseWriter, chat_messages
+from toolforge.core.input_content import accepted_input
+from toolforge.core.protocol.responses import ResponseWriter, chat_messages, check_content
 from toolforge.errors import ErrorCode, RequestError, ToolForgeError
 from toolforge.runtime.commands import Cancel
 from toolforge.runtime.completion_plan import plan_completion, plan_workflow_completion
@@ -115,6 +116,9 @@ class _Responses:
                 max_records=settings.responses_max_stored, ttl_s=settings.responses_ttl_s
             )
         )
+        # what the upstream is sent besides text (images, files): the rest is refused
+        self.accepts = accepted_input(settings.upstream_kind, settings.upstream_input)
+        self.upstream_kind = settings.upstream_kind
         # response id -> the task that stores it once its stream has ended
         self.finishing: dict[str, asyncio.Task[dict[str, Any]]] = {}
 
@@ -193,6 +197,7 @@ async def create_response(request: Request, gw: GatewayDep) -> Response:
             earlier = [*previous.get("input_items", ()), *previous["response"]["output"]]
         items = req.input_items()
         messages = chat_messages([*context, *items], req.instructions)
+        check_content(items, state.accepts, state.upstream_kind)
         if not any(m["role"] != "system" for m in messages):
             raise _bad("'input' holds nothing to answer: give a message", "input")
         created = int(time.time())

@@ -62,6 +62,7 @@ __all__ = [
     "CANCELLED_REASONS",
     "ResponseWriter",
     "chat_messages",
+    "check_content",
     "output_items_of",
     "sse_event",
 ]
@@ -585,6 +586,33 @@ def chat_messages(items: Sequence[Any], instructions: str | None) -> list[dict[s
                 "stored conversation)",
             )
     return messages
+
+
+_PART_KINDS: Final = {"input_image": "image", "input_file": "file"}
+
+
+def check_content(items: Sequence[Any], accepts: frozenset[str], upstream: str) -> None:
+    """Refuse, by its place in ``input``, the first image or file part that the upstream
+    (``UPSTREAM_KIND`` ``upstream``) is not sent: it takes only the kinds in ``accepts``
+    (:func:`toolforge.core.input_content.accepted_input`). Call it on items that
+    :func:`chat_messages` has read."""
+    for i, item in enumerate(items):
+        if not isinstance(item, Mapping):
+            continue
+        where = "output" if item.get("type") == "function_call_output" else "content"
+        parts = item.get(where)
+        if not isinstance(parts, Sequence) or isinstance(parts, str):
+            continue
+        for j, part in enumerate(parts):
+            kind = _PART_KINDS.get(part.get("type")) if isinstance(part, Mapping) else None
+            if kind is not None and kind not in accepts:
+                raise _bad(
+                    f"input[{i}].{where}[{j}]",
+                    f"{part['type']} content cannot go to this upstream (UPSTREAM_KIND="
+                    f"{upstream}), which takes {', '.join(sorted(accepts))} only: send it as "
+                    f"text, or use a model server that reads {kind}s (UPSTREAM_INPUT declares "
+                    "what the server takes)",
+                )
 
 
 def output_items_of(resource: Mapping[str, Any]) -> list[dict[str, Any]]:

@@ -1,0 +1,54 @@
+"""What content an upstream takes in a message besides text, by its kind. Pure.
+
+A front door that accepts images or files (the Responses API's ``input_image`` and
+``input_file`` parts) passes them on as Chat Completions parts (``image_url``, ``file``)
+only to an upstream that can take them, and refuses them by name otherwise, before any
+model call: an adapter that cannot carry a part would drop it silently (Anthropic's sends
+text blocks, Ollama's native chat a content string), and a server without the means to
+read it answers with an error the client cannot act on (llama-server without a
+multimodal projector).
+
+Two facts per ``UPSTREAM_KIND`` (docs/responses.md, "Images and files"):
+
+- what its adapter **carries**: the OpenAI-compatible and llama-server adapters send the
+  parts as they are; the Ollama and Anthropic adapters send text only;
+- what its server **takes by default**: an OpenAI-compatible server everything (a model
+  that cannot read a part says so itself); llama-server text only, since the embedded one
+  runs without a projector. ``UPSTREAM_INPUT`` declares what a server takes instead (a
+  llama-server started with ``--mmproj``: ``text,image``), within what its adapter carries.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Final
+
+__all__ = ["CONTENT_KINDS", "PART_KINDS", "accepted_input"]
+
+# The kinds of content, as UPSTREAM_INPUT names them.
+CONTENT_KINDS: Final = ("text", "image", "file")
+# A Chat Completions content part's type -> its kind.
+PART_KINDS: Final[Mapping[str, str]] = MappingProxyType(
+    {"text": "text", "image_url": "image", "file": "file"}
+)
+
+_ALL: Final = frozenset(CONTENT_KINDS)
+_TEXT: Final = frozenset({"text"})
+_CARRIES: Final[Mapping[str, frozenset[str]]] = MappingProxyType(
+    {"openai": _ALL, "llama_server": _ALL, "ollama": _TEXT, "anthropic": _TEXT}
+)
+_TAKES: Final[Mapping[str, frozenset[str]]] = MappingProxyType(
+    {"openai": _ALL, "llama_server": _TEXT, "ollama": _TEXT, "anthropic": _TEXT}
+)
+
+
+def accepted_input(kind: str, declared: str | None = None) -> frozenset[str]:
+    """The content kinds an upstream of ``kind`` is sent: ``declared`` (``UPSTREAM_INPUT``,
+    comma-separated) or the kind's default, within what its adapter carries; text always."""
+    takes = (
+        frozenset(part.strip() for part in declared.split(",") if part.strip())
+        if declared
+        else _TAKES.get(kind, _TEXT)
+    )
+    return (takes & _CARRIES.get(kind, _TEXT)) | _TEXT
