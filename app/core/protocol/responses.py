@@ -604,7 +604,7 @@ def check_content(items: Sequence[Any], accepts: frozenset[str], upstream: str) 
         if not isinstance(parts, Sequence) or isinstance(parts, str):
             continue
         for j, part in enumerate(parts):
-            kind = _PART_KINDS.get(part.get("type")) if isinstance(part, Mapping) else None
+            kind = _PART_KINDS.get(str(part.get("type"))) if isinstance(part, Mapping) else None
             if kind is not None and kind not in accepts:
                 raise _bad(
                     f"input[{i}].{where}[{j}]",
