@@ -41,7 +41,14 @@ KEY_B = "tf-key-bbbbbbbbbbbbbbbbbbbb"
 WRONG = "tf-key-not-one-of-them-zzzz"
 PUBLIC = {"/healthz", "/readyz"}
 UI = {"/", "/ui/index.html", "/sdk/index.html"}  # static files: a browser sends no header
-OPENAI_PATHS = {"/v1/chat/completions", "/v1/models"}
+OPENAI_PATHS = {
+    "/v1/chat/completions",
+    "/v1/models",
+    "/v1/responses",
+    "/v1/responses/{response_id}",
+    "/v1/responses/{response_id}/cancel",
+    "/v1/responses/{response_id}/input_items",
+}
 
 WEATHER = {
     "name": "get_weather",
