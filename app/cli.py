@@ -4,18 +4,20 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import shlex
+import socket
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
 from toolforge.api.app import create_app, log_json
 from toolforge.api.auth import exposure_warning
-from toolforge.api.serve import run
+from toolforge.api.serve import run, serve_workers
 from toolforge.errors import ServerError
 from toolforge.eval.conformance.command import add_conformance_command
 from toolforge.eval.qualify.command import add_eval_command
@@ -43,10 +45,50 @@ def _serve(args: argparse.Namespace) -> None:
     if args.model:
         overrides["model_id"] = args.model
     settings = Settings(**overrides)  # environment first, flags override (docs/deployment.md)
-    host, port = args.host, args.port
+    host, port, workers = args.host, args.port, args.workers
+    if workers > 1:
+        refused = _workers_refused(settings, workers)
+        if refused is not None:
+            print(f"toolforge serve: {refused}", file=sys.stderr, flush=True)
+            raise SystemExit(2)
     warning = exposure_warning(host, settings)  # docs/security.md: say so at start-up
     if warning is not None:
         print(warning, file=sys.stderr, flush=True)
+    if workers > 1:
+        worker = functools.partial(_worker, overrides, host, port, workers)
+        raise SystemExit(serve_workers(worker, workers=workers, host=host, port=port))
+    run(create_app(settings, on_ready=_ready(host, port, 1)), host=host, port=port)
+
+
+def _workers_refused(settings: Settings, workers: int) -> str | None:
+    """Why ``--workers`` ``workers`` cannot serve with ``settings`` (None: it can)."""
+    if settings.redis_url is None:
+        return (
+            f"--workers {workers} needs REDIS_URL: each worker is a replica of its own, and "
+            "without Redis a resume, a cancel or an approval that reaches another worker "
+            "than the stream's would fail (docs/deployment.md, Workers)"
+        )
+    if settings.upstream_base_url is None:
+        return (
+            f"--workers {workers} needs UPSTREAM_BASE_URL (or --upstream): each worker would "
+            "start an embedded llama-server of its own; start one model server and point "
+            "the workers at it (docs/deployment.md, Workers)"
+        )
+    return None
+
+
+def _worker(
+    overrides: dict[str, Any], host: str, port: int, workers: int, sock: socket.socket, index: int
+) -> None:
+    """One worker of ``toolforge serve --workers``, in a process of its own: the settings
+    read again from the environment it inherited, its own app, on the shared socket."""
+    settings = Settings(**overrides)
+    ready = _ready(host, port, workers) if index == 0 else None  # one message, not N
+    run(create_app(settings, on_ready=ready), host=host, port=port, sockets=[sock])
+
+
+def _ready(host: str, port: int, workers: int) -> Callable[[Settings], None]:
+    """What the gateway says once it can serve."""
 
     def ready(effective: Settings) -> None:
         body = json.dumps(DEMO_BODY)
@@ -56,19 +98,21 @@ def _serve(args: argparse.Namespace) -> None:
                 url=f"http://{host}:{port}",
                 upstream=effective.upstream_base_url,
                 model=effective.model_id,
+                workers=workers,
             )
             return
         # A human is reading: plain text, and a request they can paste as is.
+        served = "" if workers == 1 else f", {workers} workers"
         print(
             f"\nToolForge is serving on http://{host}:{port} "
-            f"(upstream {effective.upstream_base_url}, model {effective.model_id}).\n"
+            f"(upstream {effective.upstream_base_url}, model {effective.model_id}{served}).\n"
             f"Try the demo request:\n\n  curl -N http://{host}:{port}/v1/stream "
             f"-H 'Content-Type: application/json' -d {shlex.quote(body)}\n",
             file=sys.stderr,
             flush=True,
         )
 
-    run(create_app(settings, on_ready=ready), host=args.host, port=args.port)
+    return ready
 
 
 def _obtain(args: argparse.Namespace) -> None:
@@ -217,6 +261,16 @@ def _workspace(args: argparse.Namespace) -> None:
         raise SystemExit(2) from exc
 
 
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of at least 1")
+    return value
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="toolforge", description="ToolForge gateway")
     parser.add_argument("--version", action="version", version=f"toolforge {_version()}")
@@ -239,6 +293,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         "llama-server)",
     )
     serve.add_argument("--model", help="model id sent upstream (default: $MODEL_ID)")
+    serve.add_argument(
+        "--workers",
+        type=_positive,
+        default=1,
+        help="worker processes on the one port (%(default)s); more than 1 needs REDIS_URL "
+        "and UPSTREAM_BASE_URL (docs/deployment.md)",
+    )
     serve.set_defaults(func=_serve)
     add_conformance_command(sub)
     add_eval_command(sub)

@@ -473,8 +473,11 @@ def _planner(
     )
 
 
-def _readiness(settings: Settings, up: _Upstream, client: httpx.AsyncClient) -> ReadinessCheck:
-    """``/readyz``'s check of the upstream the settings name (its dialect's request)."""
+def _readiness(
+    settings: Settings, up: _Upstream, client: httpx.AsyncClient, replica: str | None
+) -> ReadinessCheck:
+    """``/readyz``'s check of the upstream the settings name (its dialect's request);
+    ``replica``: this replica's id, named in the details (with Redis)."""
     return ReadinessCheck(
         client,
         readiness_request(
@@ -485,6 +488,7 @@ def _readiness(settings: Settings, up: _Upstream, client: httpx.AsyncClient) -> 
         ),
         ttl_s=settings.readyz_cache_s,
         shown=repr(up.adapter),
+        replica=replica,
     )
 
 
@@ -551,7 +555,8 @@ def create_app(
                 if cluster is not None and limiter is None:
                     # Per-key limits shared by every replica (a limiter handed in is kept).
                     access.limiter = RedisRateLimiter(cluster)
-            app.state.readiness = _readiness(settings, up, client)
+            replica = None if cluster is None else cluster.conn.replica_id
+            app.state.readiness = _readiness(settings, up, client, replica)
             app.state.gateway = gateway
             await gateway.streams.start()  # joins the other replicas, with Redis
             # Everything built so far lives as long as the app: out of the collector's

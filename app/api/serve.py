@@ -12,20 +12,42 @@ It also serves with the app's :class:`~toolforge.api.server_limits.ServerLimits`
 and body timeouts, header size and count, the connection cap, keep-alive): whoever serves
 the gateway through it (``toolforge serve``, the Docker image, the test harness) gets
 them without a flag of its own.
+
+**Workers** (``toolforge serve --workers N``, docs/deployment.md): :func:`serve_workers`
+binds the port, once per worker with ``SO_REUSEPORT`` (the kernel spreads new connections
+evenly over the N sockets; one socket shared by every worker, as uvicorn's workers do,
+hands most of them to whichever worker waited last), then starts N processes, each
+accepting on its own socket. Each builds its own app and serves it with
+:class:`GatewayServer`, so each ends its streams cleanly on shutdown; each is a replica of
+its own (REDIS_URL: its own replica id, commands for its streams reach it over Redis like
+another machine's). The parent only supervises: SIGINT or SIGTERM goes on to every
+worker, which end their streams and exit; a worker that exits on its own stops the others
+too, and the parent exits with its code, for the process manager to restart the whole
+(never fewer workers than asked, serving on as if nothing happened).
 """
 
 from __future__ import annotations
 
 import asyncio
+import multiprocessing
 import signal
-from typing import Any
+import socket
+import sys
+import threading
+from collections.abc import Callable
+from typing import Any, Final
 
 import uvicorn
 from fastapi import FastAPI
 
 from toolforge.api.server_limits import ServerLimits
 
-__all__ = ["GatewayServer", "apply_limits", "run"]
+__all__ = ["GatewayServer", "apply_limits", "run", "serve_workers"]
+
+# How long a worker may take to end its streams after SIGTERM before it is killed.
+_WORKER_EXIT_S: Final = 30.0
+# The listen backlog of the shared socket: uvicorn's own default.
+_BACKLOG: Final = 2048
 
 
 class GatewayServer(uvicorn.Server):
@@ -74,13 +96,22 @@ def apply_limits(config: uvicorn.Config, limits: ServerLimits) -> None:
     config.timeout_keep_alive = max(1, round(limits.keepalive_timeout_s))
 
 
-def run(app: FastAPI, *, host: str, port: int, **options: Any) -> None:
+def run(
+    app: FastAPI,
+    *,
+    host: str,
+    port: int,
+    sockets: list[socket.socket] | None = None,
+    **options: Any,
+) -> None:
     """Serve ``app`` until SIGINT/SIGTERM: httptools + uvloop when installed
     (uvicorn[standard]); ``options`` go to ``uvicorn.Config``.
 
     Off by default, as work no response needs: the access log (the gateway logs each
     stream itself), the ``X-Forwarded-*`` rewrite of the client address (nothing here
     reads it) and the ``Server: uvicorn`` header (which only tells a scanner what runs).
+    ``sockets``: listen on these (a worker's share of :func:`serve_workers`' socket)
+    instead of binding ``host:port``.
     """
     options = {
         # No logging config of uvicorn's own: its loggers propagate to the root handler
@@ -94,9 +125,90 @@ def run(app: FastAPI, *, host: str, port: int, **options: Any) -> None:
     }
     config = uvicorn.Config(app, host=host, port=port, **options)
     try:
-        GatewayServer(config, app).run()
+        GatewayServer(config, app).run(sockets=sockets)
     except KeyboardInterrupt:
         # Ctrl-C: uvicorn has shut down (every stream ended with done, managed servers
         # stopped) and re-raised SIGINT, which asyncio turns into KeyboardInterrupt. Exit
         # as a shell expects after SIGINT, without a traceback.
         raise SystemExit(128 + signal.SIGINT) from None
+
+
+Worker = Callable[[socket.socket, int], None]
+"""``(the shared listening socket, the worker's index) -> None``: one worker's whole life,
+run in a process of its own (picklable: a module-level function or a partial of one)."""
+
+
+def serve_workers(worker: Worker, *, workers: int, host: str, port: int) -> int:
+    """Bind ``host:port`` once and run ``worker`` in ``workers`` processes on that socket
+    until SIGINT/SIGTERM or until one of them exits (module docstring); the exit code."""
+    listeners = _listeners(host, port, workers)
+    # spawn, as uvicorn's workers: a fresh interpreter each, no state forked mid-flight.
+    context = multiprocessing.get_context("spawn")
+    stop = threading.Event()
+    signals: list[int] = []
+
+    def on_signal(signum: int, _frame: object) -> None:
+        signals.append(signum)
+        stop.set()
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    procs = [
+        context.Process(target=worker, args=(sock, i), name=f"toolforge-worker-{i}")
+        for i, sock in enumerate(listeners)
+    ]
+    code = 0
+    try:
+        for proc in procs:
+            proc.start()
+        while not stop.wait(0.2):
+            ended = next((p for p in procs if not p.is_alive()), None)
+            if ended is not None:
+                code = ended.exitcode or 1
+                print(
+                    f"toolforge: worker {ended.name} (pid {ended.pid}) exited with "
+                    f"{ended.exitcode}; stopping the other workers",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                break
+    finally:
+        for proc in procs:
+            if proc.is_alive():
+                proc.terminate()  # SIGTERM: each ends its streams with done, then exits
+        for proc in procs:
+            proc.join(_WORKER_EXIT_S)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+        for sock in listeners:
+            sock.close()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if signal.SIGINT in signals:
+        return 128 + signal.SIGINT  # as a shell expects after Ctrl-C
+    return code
+
+
+def _listeners(host: str, port: int, workers: int) -> list[socket.socket]:
+    """One listening socket per worker on ``host:port``, bound here (a port in use fails
+    before any worker starts): with ``SO_REUSEPORT`` where the system has it, else one
+    socket that every worker shares."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    reuse = hasattr(socket, "SO_REUSEPORT")
+    first = socket.create_server((host, port), family=family, backlog=_BACKLOG, reuse_port=reuse)
+    port = first.getsockname()[1]  # port 0: the one the system chose, for every socket
+    listeners = [first]
+    try:
+        for _ in range(workers - 1):
+            listeners.append(
+                socket.create_server((host, port), family=family, backlog=_BACKLOG, reuse_port=True)
+                if reuse
+                else first
+            )
+    except OSError:
+        for sock in listeners:
+            sock.close()
+        raise
+    for sock in listeners:
+        sock.set_inheritable(True)
+    return listeners

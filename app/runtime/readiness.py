@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Final
 
 import httpx
@@ -38,6 +38,7 @@ class Readiness:
     upstream: str | None
     reason: str | None = None
     checked_at: float = 0.0  # the check's clock
+    replica: str | None = None  # with REDIS_URL: the replica (worker) that answered
 
     def details(self, now: float) -> dict[str, object]:
         """What a caller with a key (or any caller of a local-only gateway) is shown."""
@@ -48,6 +49,8 @@ class Readiness:
         }
         if self.reason is not None:
             out["reason"] = self.reason
+        if self.replica is not None:
+            out["replica"] = self.replica
         return out
 
 
@@ -66,7 +69,8 @@ def readiness_request(
 
 class ReadinessCheck:
     """The upstream's readiness, asked at most once per ``ttl_s`` (see the module
-    docstring). ``request`` None: always ready, shown as ``shown`` (the adapter)."""
+    docstring). ``request`` None: always ready, shown as ``shown`` (the adapter).
+    ``replica``: this replica's id in the details, with Redis (which worker answered)."""
 
     def __init__(
         self,
@@ -75,9 +79,11 @@ class ReadinessCheck:
         *,
         ttl_s: float,
         shown: str | None = None,
+        replica: str | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._client = client
+        self._replica = replica
         self._request = request
         self._ttl_s = ttl_s
         self._clock = clock
@@ -108,6 +114,10 @@ class ReadinessCheck:
             self._last = done.result()
 
     async def _ask(self) -> Readiness:
+        answer = await self._probe()
+        return answer if self._replica is None else replace(answer, replica=self._replica)
+
+    async def _probe(self) -> Readiness:
         request = self._request
         if request is None:
             return Readiness(True, self._shown, checked_at=self._clock())
