@@ -102,6 +102,9 @@ class ErrorCode(StrEnum):
     REDIS_UNAVAILABLE = "REDIS_UNAVAILABLE"
     # The replica running a stream died: the resumable buffer ends with this (docs/deployment.md).
     STREAM_LOST = "STREAM_LOST"
+    # A stream command between replicas of two releases (a rolling upgrade) whose wire
+    # format one of them does not read: refused, never misread (503; docs/deployment.md).
+    COMMAND_VERSION_UNSUPPORTED = "COMMAND_VERSION_UNSUPPORTED"
     CONFLICT = "CONFLICT"
     IDEMPOTENCY_IN_FLIGHT = "IDEMPOTENCY_IN_FLIGHT"
     IDEMPOTENCY_KEY_REUSED = "IDEMPOTENCY_KEY_REUSED"

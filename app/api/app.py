@@ -121,6 +121,7 @@ def session_limits(settings: Settings) -> SessionLimits:
         client_tool_timeout_s=settings.client_tool_timeout_ms / 1000,
         disconnect_grace_s=settings.disconnect_grace_ms / 1000,
     )
+        pause_max_s=settings.pause_max_s,
 
 
 def _pointed_at(settings: Settings, backend: Backend) -> dict[str, object]:

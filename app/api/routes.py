@@ -5,7 +5,8 @@ typed ones, answered by the app's handler."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from collections.abc import Awaitable, Callable
+from typing import Annotated, Any, TypeVar
 
 from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import JSONResponse, Response
@@ -21,7 +22,7 @@ from toolforge.api.auth import (
 )
 from toolforge.api.body import ClientGone, parse_stream_request, read_body
 from toolforge.api.deps import Gateway, GatewayDep
-from toolforge.api.models import ApprovalDecision, ClientToolResult, StreamRequest
+from toolforge.api.models import ApprovalDecision, ClientToolResult
 from toolforge.api.sse import FrameStreamResponse, RemoteStreamResponse
 from toolforge.core.workflow import WorkflowDef
 from toolforge.errors import ErrorCode, RequestError
@@ -31,7 +32,10 @@ from toolforge.runtime.commands import (
     Cancel,
     ClientFailure,
     Command,
+    Pause,
     PostToolResult,
+    Resume,
+    to_wire,
 )
 from toolforge.runtime.planner import StreamPlan
 from toolforge.runtime.readiness import ReadinessCheck
@@ -41,6 +45,7 @@ from toolforge.runtime.stream_service import Replayed, request_hash
 __all__ = ["ClientGone", "read_body", "router", "send_command", "start_stream", "stream_response"]
 
 router = APIRouter()
+_Route = TypeVar("_Route", bound=Callable[..., Awaitable[dict[str, Any]]])
 
 
 def stream_response(
@@ -91,8 +96,12 @@ async def start_stream(
             workflow = check_workflow(key, gw.planner.resolve_workflow(req.workflow))
     body_hash = "" if idempotency_key is None else request_hash(req.model_dump(mode="json"))
 
+    scoped = idempotency_key  # the planner's record of the key: the API key's own
+    if key is not None and idempotency_key is not None:
+        scoped = f"{key.name}:{idempotency_key}"
+
     async def plan(stream_id: str) -> StreamPlan:
-        return await _plan(gw, req, stream_id, idempotency_key, workflow, key)
+        return own(await gw.planner.plan(req, stream_id, scoped, workflow=workflow), key)
 
     opened = await gw.streams.open(
         plan,
@@ -103,20 +112,6 @@ async def start_stream(
     if isinstance(opened, Replayed):
         return stream_response(gw, opened.stream, headers={"Idempotent-Replayed": "true"})
     return stream_response(gw, opened.session, primary=True)
-
-
-async def _plan(
-    gw: Gateway,
-    req: StreamRequest,
-    stream_id: str,
-    idempotency_key: str | None,
-    workflow: WorkflowDef | None,
-    key: ApiKey | None,
-) -> StreamPlan:
-    if key is not None and idempotency_key is not None:
-        idempotency_key = f"{key.name}:{idempotency_key}"
-    plan = await gw.planner.plan(req, stream_id, idempotency_key, workflow=workflow)
-    return own(plan, key)
 
 
 @router.get("/v1/streams/{stream_id}", summary="Resume a stream after Last-Event-ID")
@@ -149,25 +144,34 @@ async def send_command(
     return await gw.streams.command(stream_id, command, None if key is None else key.name)
 
 
-@router.post("/v1/streams/{stream_id}/cancel", summary="Stop a running stream")
-async def cancel(stream_id: str, gw: GatewayDep, key: KeyDep) -> dict[str, Any]:
-    return await send_command(gw, stream_id, Cancel(), key)
+def _bare_command(command: Cancel | Pause | Resume, summary: str) -> None:
+    """``POST /v1/streams/{stream_id}/{name}``: a command without a body (docs/protocol.md)."""
+
+    async def route(stream_id: str, gw: GatewayDep, key: KeyDep) -> dict[str, Any]:
+        return await send_command(gw, stream_id, command, key)
+
+    name = to_wire(command)["type"]
+    router.post(f"/v1/streams/{{stream_id}}/{name}", summary=summary, name=name)(route)
 
 
-@router.post(
-    "/v1/streams/{stream_id}/approvals/{call_id}",
-    summary="Approve or deny a tool call that needs confirmation",
-)
+_bare_command(Cancel(), "Stop a running stream")
+_bare_command(Pause(), "Stop reading the model; the stream stays open (PAUSE_MAX_S at most)")
+_bare_command(Resume(), "Read the model again after a pause")
+
+
+def _for_call(what: str, summary: str) -> Callable[[_Route], _Route]:
+    """The decorator of ``POST /v1/streams/{stream_id}/{what}/{call_id}``."""
+    return router.post(f"/v1/streams/{{stream_id}}/{what}/{{call_id}}", summary=summary)
+
+
+@_for_call("approvals", "Approve or deny a tool call that needs confirmation")
 async def approve(
     stream_id: str, call_id: str, decision: ApprovalDecision, gw: GatewayDep, key: KeyDep
 ) -> dict[str, Any]:
     return await send_command(gw, stream_id, Approve(call_id, decision.approve), key)
 
 
-@router.post(
-    "/v1/streams/{stream_id}/tool_results/{call_id}",
-    summary="The result of a client-side tool call; the model resumes",
-)
+@_for_call("tool_results", "The result of a client-side tool call; the model resumes")
 async def post_tool_result(
     stream_id: str, call_id: str, result: ClientToolResult, gw: GatewayDep, key: KeyDep
 ) -> dict[str, Any]:

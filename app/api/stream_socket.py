@@ -10,8 +10,14 @@ One JSON object per message. The client sends:
   stream this key started (a dropped socket resumes as SSE does with Last-Event-ID);
 * a stream command, as :func:`toolforge.runtime.commands.from_wire` reads it:
   ``{"type": "tool_result", "call_id", "ok", "result" | "error"}``,
-  ``{"type": "approve", "call_id", "approved"}``, ``{"type": "cancel"}``; it goes to the
-  stream the socket follows, on whichever replica runs it.
+  ``{"type": "approve", "call_id", "approved"}``, ``{"type": "cancel"}``,
+  ``{"type": "pause"}``, ``{"type": "resume"}`` (no ``stream_id``: the model of the
+  stream followed reads on); it goes to the stream the socket follows, on whichever
+  replica runs it.
+
+A stream another replica runs is followed from its resume buffer in Redis, as ``GET
+/v1/streams/{id}`` does (its commands are forwarded to that replica): a socket that drops
+may come back through any replica.
 
 The gateway sends each frame as ``{"id": N, "event": NAME, "data": {...}}`` (the SSE
 frame's three fields, the same bytes of ``data``), a command's answer as ``{"type":
@@ -31,7 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any, Final, cast
 
 import orjson
@@ -110,7 +116,8 @@ class _Socket:
         self._ws = ws
         self._key = key
         self._caller = None if key is None else key.name
-        self._session: StreamSession | None = None
+        self._stream_id: str | None = None  # the stream followed (here or elsewhere)
+        self._session: StreamSession | None = None  # ... when this replica runs it
         self._writer: asyncio.Task[None] | None = None
         self._primary = False
         self._send_lock = asyncio.Lock()
@@ -144,7 +151,7 @@ class _Socket:
         if not isinstance(message, dict):
             raise _bad("a message is one JSON object with a 'type'")
         kind = message.get("type")
-        if kind in ("start", "resume"):
+        if kind == "start" or (kind == "resume" and "stream_id" in message):
             if self._following():
                 raise RequestError(
                     ErrorCode.CONFLICT,
@@ -158,10 +165,10 @@ class _Socket:
             else:
                 await self._resume(message)
             return
-        session = self._session
-        if session is None:
+        stream_id = self._stream_id
+        if stream_id is None:
             raise _bad(f"{kind!r} before 'start' or 'resume': this socket follows no stream")
-        answer = await self._gw.streams.command(session.id, from_wire(message), self._caller)
+        answer = await self._gw.streams.command(stream_id, from_wire(message), self._caller)
         await self._send({"type": "answer", "to": kind, "answer": answer})
 
     def _following(self) -> bool:
@@ -200,35 +207,38 @@ class _Socket:
         if not isinstance(stream_id, str) or not isinstance(after, int) or after < 0:
             raise _bad("'resume' needs 'stream_id' and 'after' (the last frame id seen)")
         found = await self._gw.streams.find(stream_id, self._caller)
-        if not isinstance(found, StreamSession):
-            raise RequestError(
-                ErrorCode.CONFLICT,
-                f"stream {stream_id} runs on another replica: resume it over SSE "
-                f"(GET /v1/streams/{stream_id}) or on a socket to that replica",
-                http_status=409,
-            )
-        self._follow(found, after=after, primary=found.reader_joined(after))
+        if isinstance(found, StreamSession):
+            self._follow(found, after=after, primary=found.reader_joined(after))
+        else:  # run by another replica: its resume buffer, never the primary reader
+            self._stream_id, self._session, self._primary = found.id, None, False
+            self._writer = asyncio.ensure_future(self._write(found.follow(after)))
 
     def _follow(self, session: StreamSession, *, after: int, primary: bool) -> None:
-        self._session = session
-        self._primary = primary
-        self._writer = asyncio.ensure_future(self._write(session, after, primary))
+        self._stream_id, self._session, self._primary = session.id, session, primary
+        self._writer = asyncio.ensure_future(
+            self._write(session.log.follow(after, primary=primary))
+        )
 
-    async def _write(self, session: StreamSession, after: int, primary: bool) -> None:
-        follow = cast(AsyncGenerator[bytes, None], session.log.follow(after, primary=primary))
-        async with contextlib.aclosing(follow) as batches:
-            async for batch in batches:
-                for block in batch.split(b"\n\n"):
-                    if not block:
-                        continue
-                    # b"id: N\nevent: NAME\ndata: JSON": spliced, the data as it was encoded
-                    id_line, event_line, data_line = block.split(b"\n", 2)
-                    frame = (
-                        b'{"id":' + id_line[4:] + b',"event":"' + event_line[7:]
-                        + b'","data":' + data_line[6:] + b"}"
-                    )  # fmt: skip
-                    async with self._send_lock:
-                        await self._ws.send_text(frame.decode())
+    async def _write(self, frames: AsyncIterator[bytes]) -> None:
+        """Each frame of ``frames`` (batches of SSE blocks; ``b""``: nothing new yet) as
+        one message."""
+        follow = cast(AsyncGenerator[bytes, None], frames)
+        try:
+            async with contextlib.aclosing(follow) as batches:
+                async for batch in batches:
+                    for block in batch.split(b"\n\n"):
+                        if not block:
+                            continue
+                        # b"id: N\nevent: NAME\ndata: JSON": spliced, the data as encoded
+                        id_line, event_line, data_line = block.split(b"\n", 2)
+                        frame = (
+                            b'{"id":' + id_line[4:] + b',"event":"' + event_line[7:]
+                            + b'","data":' + data_line[6:] + b"}"
+                        )  # fmt: skip
+                        async with self._send_lock:
+                            await self._ws.send_text(frame.decode())
+        except ToolForgeError as exc:  # another replica's buffer, and Redis went away
+            await self._send({"type": "error", "error": exc.to_dict()})
 
     async def _detach(self) -> None:
         """Stop following the current stream: a primary reader's leaving is a disconnect

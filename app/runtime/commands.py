@@ -1,8 +1,9 @@
 """Stream commands as values, applied by one function wherever the stream runs.
 
 A command is what a client sends to a stream that is already running: stop it
-(:class:`Cancel`), answer a tool call that waits for confirmation (:class:`Approve`), or
-give a client-side tool's result (:class:`PostToolResult`). Every transport builds the
+(:class:`Cancel`), hold the model and let it go on (:class:`Pause`, :class:`Resume`),
+answer a tool call that waits for confirmation (:class:`Approve`), or give a client-side
+tool's result (:class:`PostToolResult`). Every transport builds the
 same values (the HTTP routes, a replica forwarding one through Redis, a WebSocket), and
 :func:`apply` is the only code that touches the session for them. The answer is a plain
 dict (the JSON the HTTP route returns); a refusal is a :class:`RequestError`.
@@ -14,7 +15,7 @@ On the wire between replicas a command is :func:`to_wire`'s dict, read back by
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, assert_never
+from typing import Any, Final, assert_never
 
 from toolforge.core.tool_specs import ToolError
 from toolforge.errors import ErrorCode, RequestError
@@ -25,7 +26,9 @@ __all__ = [
     "Cancel",
     "ClientFailure",
     "Command",
+    "Pause",
     "PostToolResult",
+    "Resume",
     "apply",
     "check_caller",
     "from_wire",
@@ -36,6 +39,17 @@ __all__ = [
 @dataclass(frozen=True, slots=True)
 class Cancel:
     """Stop the stream: upstream and tools cancelled, ``done`` with reason ``cancelled``."""
+
+
+@dataclass(frozen=True, slots=True)
+class Pause:
+    """Stop reading the model, the stream open (``stream.paused``), until :class:`Resume`
+    or ``PAUSE_MAX_S``."""
+
+
+@dataclass(frozen=True, slots=True)
+class Resume:
+    """Read the model again after a :class:`Pause` (``stream.resumed``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,7 +79,7 @@ class PostToolResult:
     error: ClientFailure | None = None
 
 
-Command = Cancel | Approve | PostToolResult
+Command = Cancel | Pause | Resume | Approve | PostToolResult
 
 
 def check_caller(caller: str | None, owner: str | None, stream_id: str) -> None:
@@ -91,6 +105,11 @@ async def apply(session: StreamSession, command: Command) -> dict[str, Any]:
             if cancelled:
                 await session.wait()
             return {"stream_id": stream_id, "cancelled": cancelled, "reason": session.reason}
+        case Pause():
+            return {"stream_id": stream_id, "paused": session.pause()}
+        case Resume():
+            session.resume()
+            return {"stream_id": stream_id, "paused": session.paused}
         case Approve(call_id=call_id, approved=approved):
             if not session.approve(call_id, approved):
                 raise _not_waiting(f"tool call {call_id!r}", "approval", session)
@@ -112,12 +131,9 @@ async def apply(session: StreamSession, command: Command) -> dict[str, Any]:
 
 def _not_waiting(what: str, for_what: str, session: StreamSession) -> RequestError:
     pending = session.pending_approvals if for_what == "approval" else session.pending_tool_results
-    return RequestError(
-        ErrorCode.NOT_FOUND,
-        f"no {what} is waiting for {for_what} in stream {session.id!r} "
-        f"(waiting: {', '.join(pending) or 'none'})",
-        http_status=404,
-    )
+    waiting = ", ".join(pending) or "none"
+    message = f"no {what} is waiting for {for_what} in stream {session.id!r} (waiting: {waiting})"
+    return RequestError(ErrorCode.NOT_FOUND, message, http_status=404)
 
 
 def _answer(command: PostToolResult) -> ClientAnswer:
@@ -130,11 +146,20 @@ def _answer(command: PostToolResult) -> ClientAnswer:
     return ClientAnswer(ok=command.ok, result=command.result, error=error)
 
 
+# The commands without arguments, by their wire ``type``.
+_BARE: Final[dict[str, Cancel | Pause | Resume]] = {
+    "cancel": Cancel(),
+    "pause": Pause(),
+    "resume": Resume(),
+}
+_BARE_NAMES: Final = {type(command): name for name, command in _BARE.items()}
+
+
 def to_wire(command: Command) -> dict[str, Any]:
     """``command`` as JSON-ready data (``type`` names the command)."""
     match command:
-        case Cancel():
-            return {"type": "cancel"}
+        case Cancel() | Pause() | Resume():
+            return {"type": _BARE_NAMES[type(command)]}
         case Approve(call_id=call_id, approved=approved):
             return {"type": "approve", "call_id": call_id, "approved": approved}
         case PostToolResult(call_id=call_id, ok=ok, result=result, error=error):
@@ -151,8 +176,9 @@ def from_wire(data: dict[str, Any]) -> Command:
     """:func:`to_wire`'s dict back to its value."""
     try:
         kind = data["type"]
-        if kind == "cancel":
-            return Cancel()
+        bare = _BARE.get(kind)
+        if bare is not None:
+            return bare
         if kind == "approve":
             return Approve(call_id=str(data["call_id"]), approved=bool(data["approved"]))
         if kind == "tool_result":

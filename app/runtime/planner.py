@@ -173,6 +173,8 @@ class SessionLimits:
     disconnect_grace_s: float = 10.0
 
 
+    # How long a client's pause may hold the model before the stream resumes by itself.
+    pause_max_s: float = 60.0
 class InlineSchemaAsk(Protocol):
     """An inline object schema of the body: ``{"name", "schema"}``."""
 

@@ -49,7 +49,14 @@ from toolforge.core.engine import (
     ToolOutcome,
 )
 from toolforge.core.guarantee import Degraded, Outcome, Repaired, finish_frame
-from toolforge.core.protocol.frames import Error, Frame, JsonEnd, ResultEnd
+from toolforge.core.protocol.frames import (
+    Error,
+    Frame,
+    JsonEnd,
+    ResultEnd,
+    StreamPaused,
+    StreamResumed,
+)
 from toolforge.core.tool_specs import MAX_RESULT_BYTES, ToolError
 from toolforge.errors import ErrorCode, ToolForgeError, UpstreamError
 from toolforge.log import (
@@ -147,6 +154,13 @@ class StreamSession:
         self._followers = 0
         self.reason: str | None = None
         self.finished_at: float | None = None
+        # A client's pause (docs/protocol.md): while ``_unpaused`` is set the driver reads
+        # nothing from the model and starts no model call; resume() or the pause's limit
+        # resolves it. The frame clock (FRAME_TIMEOUT_MS) leaves the paused time out.
+        self._unpaused: asyncio.Future[None] | None = None
+        self._paused_at = 0.0
+        self._paused_total = 0.0
+        self._pause_limit: asyncio.TimerHandle | None = None
         self.stats: dict[str, Any] = {}
 
     # -- lifecycle ---------------------------------------------------------------------
@@ -239,6 +253,48 @@ class StreamSession:
 
     def approve(self, call_id: str, approved: bool) -> bool:
         """Answer a pending approval; False if no call with that id is waiting."""
+    # -- pause: the client's own backpressure ---------------------------------------------
+
+    @property
+    def paused(self) -> bool:
+        return self._unpaused is not None
+
+    def pause(self) -> bool:
+        """Stop reading the model until :meth:`resume`, or for ``pause_max_s`` at most:
+        ``stream.paused`` now, the upstream read held where it is (TCP throttles the model
+        server, as for a slow client). False if the stream has ended; pausing a paused
+        stream changes nothing. Cancel, the disconnect grace and client tool timeouts run
+        on while paused."""
+        if not self.running:
+            return False
+        if self._unpaused is None:
+            loop = asyncio.get_running_loop()
+            self._unpaused = loop.create_future()
+            self._paused_at = self._clock()
+            limit_s = self._limits.pause_max_s
+            self._pause_limit = loop.call_later(limit_s, self.resume, "pause_limit")
+            if self._opening:  # stream.begin goes first
+                self._open_log()
+            self.log.append(StreamPaused(max_ms=round(limit_s * 1000)))
+        return True
+
+    def resume(self, reason: Literal["resumed", "pause_limit"] = "resumed") -> bool:
+        """Read the model again (``stream.resumed``); False if it was not paused."""
+        unpaused = self._unpaused
+        if unpaused is None:
+            return False
+        self._unpaused = None
+        if self._pause_limit is not None:
+            self._pause_limit.cancel()
+            self._pause_limit = None
+        paused_s = self._clock() - self._paused_at
+        self._paused_total += paused_s
+        if not self.log.closed:
+            self.log.append(StreamResumed(reason=reason, paused_ms=round(paused_s * 1000)))
+        if not unpaused.done():
+            unpaused.set_result(None)
+        return True
+
         waiter = self._approvals.get(call_id)
         if waiter is None or waiter.done():
             return False
@@ -354,6 +410,8 @@ class StreamSession:
                                 await asyncio.sleep(0)
                         # The next event, read inline: no coroutine per token.
                         try:
+                        if self._unpaused is not None:  # paused: the model waits
+                            await self._unpaused
                             delta = await deltas.__anext__()  # type: ignore[union-attr]
                         except StopAsyncIteration:
                             # The generator finished, and its own clean-up ran: nothing
@@ -367,7 +425,7 @@ class StreamSession:
                             now = clock()
                             if record.turn_started is not None and delta.text:
                                 record.token(now)
-                            result = (delta, now)
+                            result = (delta, now - self._paused_total)
                     elif kind is Emit:
                         emit: Emit = action  # type: ignore[assignment]
                         frames = emit.frames
@@ -378,6 +436,8 @@ class StreamSession:
                     elif kind is CallModel:
                         record.turn_started = clock()
                         trace_token = None
+                        if self._unpaused is not None:  # paused between turns
+                            await self._unpaused
                         if tracing is not None:  # current while the request goes out
                             model_span, trace_token = tracing.model_span(
                                 self._span,
@@ -395,7 +455,7 @@ class StreamSession:
                             now = clock()
                             if delta.text:
                                 record.token(now)
-                            result = (delta, now)
+                            result = (delta, now - self._paused_total)
                         finally:
                             if trace_token is not None:
                                 tracing.detach(trace_token)  # type: ignore[union-attr]
@@ -694,6 +754,10 @@ class StreamSession:
             self._grace = None
         self.finished_at = self._clock()
         log.info(
+        if self._pause_limit is not None:  # ended (or cancelled) while paused
+            self._pause_limit.cancel()
+            self._pause_limit = None
+        self._unpaused = None
             STREAM_FINISHED,
             stream_id=self.id,
             reason=reason,

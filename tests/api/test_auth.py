@@ -152,6 +152,8 @@ async def test_a_streams_follow_up_calls_only_from_the_key_that_started_it(
     assert {t for _, t in follow_ups} == {
         "/v1/streams/{stream_id}",
         "/v1/streams/{stream_id}/cancel",
+        "/v1/streams/{stream_id}/pause",
+        "/v1/streams/{stream_id}/resume",
         "/v1/streams/{stream_id}/approvals/{call_id}",
         "/v1/streams/{stream_id}/tool_results/{call_id}",
     }

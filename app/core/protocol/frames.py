@@ -53,6 +53,8 @@ __all__ = [
     "RESULT_END",
     "STEP_NUDGE",
     "STREAM_BEGIN",
+    "STREAM_PAUSED",
+    "STREAM_RESUMED",
     "TEXT_DELTA",
     "TOOL_CALL",
     "TOOL_RESULT",
@@ -74,6 +76,8 @@ __all__ = [
     "SchemaViolation",
     "StepNudge",
     "StreamBegin",
+    "StreamPaused",
+    "StreamResumed",
     "TextDelta",
     "ToolCall",
     "ToolResult",
@@ -95,6 +99,8 @@ RESULT_DELTA: Final = "result.delta"
 RESULT_END: Final = "result.end"
 STEP_NUDGE: Final = "step.nudge"
 CONTEXT_COMPACTED: Final = "context.compacted"
+STREAM_PAUSED: Final = "stream.paused"
+STREAM_RESUMED: Final = "stream.resumed"
 ERROR: Final = "error"
 DONE: Final = "done"
 PING: Final = "ping"
@@ -356,6 +362,26 @@ class ContextCompacted(_TypedFrame):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class StreamPaused(_TypedFrame):
+    """A client paused the stream (``POST /v1/streams/{id}/pause``, or ``pause`` on its
+    socket): the gateway reads nothing more from the model until ``stream.resumed``, for
+    ``max_ms`` at the most (``PAUSE_MAX_S``). Frames already made still come."""
+
+    event: ClassVar[str] = STREAM_PAUSED
+    max_ms: NonNegativeInt
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StreamResumed(_TypedFrame):
+    """The model is read again after ``paused_ms``: a client resumed it (``reason``
+    ``resumed``), or the pause reached ``PAUSE_MAX_S`` (``pause_limit``)."""
+
+    event: ClassVar[str] = STREAM_RESUMED
+    reason: Literal["resumed", "pause_limit"]
+    paused_ms: NonNegativeInt
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Error(_TypedFrame):
     """Something failed after the response headers: errors are frames, never a 500.
     At most one, right before ``done``. The same object as an HTTP error body's
@@ -421,6 +447,8 @@ Frame: TypeAlias = (
     | ResultEnd
     | StepNudge
     | ContextCompacted
+    | StreamPaused
+    | StreamResumed
     | Error
     | Done
     | Ping
@@ -442,6 +470,8 @@ EVENTS: Final[Mapping[str, type[Frame]]] = {
         ResultEnd,
         StepNudge,
         ContextCompacted,
+        StreamPaused,
+        StreamResumed,
         Error,
         Done,
         Ping,

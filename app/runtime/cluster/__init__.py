@@ -36,12 +36,11 @@ from toolforge.runtime.cluster.commands import CommandHandler, RemoteError
 from toolforge.runtime.cluster.connection import RedisUnavailable
 from toolforge.runtime.cluster.gate import RedisGate
 from toolforge.runtime.cluster.node import RedisCluster
-from toolforge.runtime.cluster.ratelimit import RateLimitLike, RedisRateLimiter
+from toolforge.runtime.cluster.ratelimit import RedisRateLimiter
 from toolforge.runtime.cluster.resume import RemoteStream
 
 __all__ = [
     "CommandHandler",
-    "RateLimitLike",
     "RedisCluster",
     "RedisGate",
     "RedisRateLimiter",

@@ -5,6 +5,13 @@ posted to a replica that does not run the stream is published on the owner's cha
 ``tf:c:{owner}``; the owner applies it with the same function a local command goes
 through and answers on the asker's channel with the answer, or the error, it gave. The
 same channel carries the tool slots' release notices (:mod:`.gate`).
+
+Every message carries ``v``, :data:`WIRE_VERSION`, the shape of the envelope and of the
+command in it. Replicas of two releases run side by side during a rolling upgrade: a
+message of another version (or of a release before the field, which has none) is never
+read as ours. A command is answered with the typed refusal
+``COMMAND_VERSION_UNSUPPORTED`` (503, retryable: the stream's replica runs another
+release; the upgrade ends it), and an answer of another version is that refusal too.
 """
 
 from __future__ import annotations
@@ -13,7 +20,7 @@ import asyncio
 import contextlib
 import secrets
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Final
 
 import orjson
 from redis.exceptions import RedisError
@@ -23,7 +30,12 @@ from toolforge.runtime.cluster.connection import Connection, RedisUnavailable
 from toolforge.runtime.cluster.keys import SEM_RELEASED, channel
 from toolforge.runtime.cluster.resume import ResumeBuffers
 
-__all__ = ["CommandChannel", "CommandHandler", "RemoteError"]
+__all__ = ["WIRE_VERSION", "CommandChannel", "CommandHandler", "RemoteError", "version_refusal"]
+
+# The envelope's shape: 2 is {v, stream_id, command, reply_to, corr} out and {v, corr,
+# answer | error + status} back, the command as ``runtime.commands.to_wire`` writes it.
+# Raise it whenever either changes shape; a release before the field sent none (1).
+WIRE_VERSION: Final = 2
 
 CommandHandler = Callable[[str, dict[str, Any]], Awaitable[dict[str, Any]]]
 """``(stream_id, command as sent) -> answer``: what the owner of a stream runs for a
@@ -45,6 +57,18 @@ class RemoteError(ToolForgeError):
 
     def to_dict(self) -> dict[str, object]:
         return dict(self._body)
+
+
+def version_refusal(version: object) -> dict[str, Any]:
+    """The reply that refuses a message of envelope version ``version`` (an error and
+    its status, readable by a replica of any release: every one reads those two keys)."""
+    error = ToolForgeError(
+        ErrorCode.COMMAND_VERSION_UNSUPPORTED,
+        f"replicas of two releases: a stream command in wire format v{version or 1} met "
+        f"one that reads v{WIRE_VERSION}; retry once the rolling upgrade is over, or send "
+        "it to the replica that runs the stream",
+    ).to_dict()
+    return {"v": WIRE_VERSION, "error": error | {"retryable": True}, "status": 503}
 
 
 class CommandChannel:
@@ -72,7 +96,7 @@ class CommandChannel:
         corr = secrets.token_hex(8)
         waiter: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self._replies[corr] = waiter
-        message = {"stream_id": stream_id, "command": command}
+        message = {"v": WIRE_VERSION, "stream_id": stream_id, "command": command}
         message |= {"reply_to": conn.replica_id, "corr": corr}
         what = f"{command.get('type')} on another replica"
         try:
@@ -110,7 +134,10 @@ class CommandChannel:
                     if message["channel"] == SEM_RELEASED.encode():
                         self.released.set()
                         continue
-                    self._on_message(orjson.loads(message["data"]))
+                    try:
+                        self._on_message(orjson.loads(message["data"]))
+                    except (orjson.JSONDecodeError, TypeError, KeyError):  # not ours to read
+                        conn.warn("cluster.command_unreadable", channel=str(message["channel"]))
             except (RedisUnavailable, RedisError, OSError) as exc:
                 conn.warn("redis.unavailable", error=str(exc))
                 await asyncio.sleep(0.5)
@@ -120,19 +147,25 @@ class CommandChannel:
                         await pubsub.aclose()  # type: ignore[no-untyped-call]
 
     def _on_message(self, message: dict[str, Any]) -> None:
+        if not isinstance(message, dict) or "corr" not in message:
+            raise TypeError("a control message is an object with 'corr'")
         if "reply_to" not in message:  # an answer to one of ours
             waiter = self._replies.get(message.get("corr", ""))
             if waiter is not None and not waiter.done():
-                waiter.set_result(message)
+                version = message.get("v")
+                waiter.set_result(message if version == WIRE_VERSION else version_refusal(version))
             return
         self._conn.spawn(self._answer(message))
 
     async def _answer(self, message: dict[str, Any]) -> None:
-        reply: dict[str, Any] = {"corr": message["corr"]}
+        reply: dict[str, Any] = {"v": WIRE_VERSION, "corr": message["corr"]}
         try:
-            if self._handler is None:
+            if message.get("v") != WIRE_VERSION:
+                reply = version_refusal(message.get("v")) | reply
+            elif self._handler is None:
                 raise ToolForgeError(ErrorCode.INTERNAL, "this replica takes no commands yet")
-            reply["answer"] = await self._handler(message["stream_id"], message["command"])
+            else:
+                reply["answer"] = await self._handler(message["stream_id"], message["command"])
         except ToolForgeError as exc:
             reply |= {"error": exc.to_dict(), "status": exc.http_status}
         with contextlib.suppress(RedisUnavailable):

@@ -9,7 +9,7 @@ import secrets
 import time
 from collections.abc import Coroutine
 from importlib.resources import files
-from typing import Any, Final
+from typing import Any, Final, NotRequired, TypedDict
 
 import redis.asyncio as aioredis
 from redis.commands.core import AsyncScript
@@ -18,7 +18,7 @@ from redis.exceptions import RedisError
 from toolforge.errors import ErrorCode, ToolForgeError
 from toolforge.log import get_logger
 
-__all__ = ["BLOCK_MS", "Connection", "RedisUnavailable"]
+__all__ = ["BLOCK_MS", "Connection", "ConnectionOptions", "RedisUnavailable"]
 
 log = get_logger("toolforge.runtime.cluster")
 
@@ -41,29 +41,31 @@ class RedisUnavailable(ToolForgeError):
         )
 
 
+class ConnectionOptions(TypedDict):
+    """How a replica connects: ``REDIS_TIMEOUT_MS`` (as seconds), ``REPLICA_TTL_S``,
+    ``REDIS_MAX_CONNECTIONS`` (64 unless given), and the replica's id (a random one)."""
+
+    timeout_s: float
+    replica_ttl_s: float
+    max_connections: NotRequired[int]
+    replica_id: NotRequired[str | None]
+
+
 class Connection:
     """The pool and the conventions every Redis call here follows: each one bounded by
     ``timeout_s``, each failure a :class:`RedisUnavailable` naming what needed Redis."""
 
-    def __init__(
-        self,
-        url: str,
-        *,
-        timeout_s: float,
-        replica_ttl_s: float,
-        max_connections: int = 64,
-        replica_id: str | None = None,
-    ) -> None:
+    def __init__(self, url: str, options: ConnectionOptions) -> None:
         self.url = url
-        self.replica_id = replica_id or "r_" + secrets.token_hex(6)
-        self.timeout_s = timeout_s
-        self.replica_ttl_s = replica_ttl_s
-        self.lease_ms = max(500, int(replica_ttl_s * 1000))
+        self.replica_id = options.get("replica_id") or "r_" + secrets.token_hex(6)
+        self.timeout_s = timeout_s = options["timeout_s"]
+        self.replica_ttl_s = options["replica_ttl_s"]
+        self.lease_ms = max(500, int(self.replica_ttl_s * 1000))
         # A bounded pool: the connections to Redis never grow with the load; a call that
         # finds none free waits for one within its own timeout.
         pool = aioredis.BlockingConnectionPool.from_url(
             url,
-            max_connections=max_connections,
+            max_connections=options.get("max_connections", 64),
             timeout=timeout_s,
             socket_timeout=timeout_s + BLOCK_MS / 1000,
             socket_connect_timeout=timeout_s,

@@ -84,14 +84,15 @@ class RedisGate:
 
     @property
     def active(self) -> int:
+        """Slots held here (the local gate's: the global slot comes with each)."""
         return self._local.active
+
+    def would_wait(self) -> bool:
+        return self._local.would_wait()
 
     @property
     def depth(self) -> int:
         return self._local.depth
-
-    def would_wait(self) -> bool:
-        return self._local.would_wait()
 
     async def acquire(self) -> None:
         await self._local.acquire()

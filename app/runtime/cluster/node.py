@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+from typing import Unpack
+
 import redis.asyncio as aioredis
 
 from toolforge.log import get_logger
 from toolforge.runtime.cluster.commands import CommandChannel, CommandHandler
-from toolforge.runtime.cluster.connection import Connection, RedisUnavailable, safe_url
+from toolforge.runtime.cluster.connection import (
+    Connection,
+    ConnectionOptions,
+    RedisUnavailable,
+    safe_url,
+)
 from toolforge.runtime.cluster.gate import RedisGate, SlotQueue
 from toolforge.runtime.cluster.heartbeat import Heartbeat
 from toolforge.runtime.cluster.idempotency import IdempotencyRecords
@@ -23,27 +30,14 @@ class RedisCluster:
     ``conn`` (the pool, the timeout, the scripts), ``heartbeat`` (this replica's alive key
     and leases), ``buffers`` (resume buffers), ``idempotency``, ``commands`` (the control
     channel) and ``slots`` (the global tool limit): each part is one concept, and none of
-    them knows about HTTP.
+    them knows about HTTP. ``options``: the connection's (:class:`ConnectionOptions`);
+    ``flush_s`` and ``resume_ttl_s``: the resume buffers' pace and life.
     """
 
     def __init__(
-        self,
-        url: str,
-        *,
-        timeout_s: float,
-        flush_s: float,
-        replica_ttl_s: float,
-        resume_ttl_s: float,
-        max_connections: int = 64,
-        replica_id: str | None = None,
+        self, url: str, *, flush_s: float, resume_ttl_s: float, **options: Unpack[ConnectionOptions]
     ) -> None:
-        self.conn = Connection(
-            url,
-            timeout_s=timeout_s,
-            replica_ttl_s=replica_ttl_s,
-            max_connections=max_connections,
-            replica_id=replica_id,
-        )
+        self.conn = Connection(url, options)
         self.heartbeat = Heartbeat(self.conn)
         self.buffers = ResumeBuffers(self.conn, flush_s=flush_s, resume_ttl_s=resume_ttl_s)
         self.idempotency = IdempotencyRecords(self.conn, self.buffers, self.heartbeat)

@@ -20,22 +20,9 @@ from typing import Protocol
 from toolforge.runtime.cluster.connection import Connection, quietly
 from toolforge.runtime.cluster.heartbeat import Heartbeat
 from toolforge.runtime.cluster.keys import hashed
+from toolforge.runtime.ratelimit import RateLimit
 
-__all__ = ["RateLimitLike", "RedisRateLimiter"]
-
-
-class RateLimitLike(Protocol):
-    """A key's limits as the auth layer gives them: ``requests`` per ``window_s``, and
-    ``streams`` open at once (0: no limit; the caller does not ask then)."""
-
-    @property
-    def requests(self) -> int: ...
-
-    @property
-    def window_s(self) -> float: ...
-
-    @property
-    def streams(self) -> int: ...
+__all__ = ["RedisRateLimiter"]
 
 
 class RedisRateLimiter:
@@ -46,7 +33,7 @@ class RedisRateLimiter:
         self._heartbeat = cluster.heartbeat
         self._open: dict[str, list[str]] = {}  # key -> lease tokens taken here
 
-    async def hit(self, key: str, limit: RateLimitLike) -> float:
+    async def hit(self, key: str, limit: RateLimit) -> float:
         conn = self._conn
         wait_ms = await conn.call(
             "the rate limit",
@@ -57,7 +44,7 @@ class RedisRateLimiter:
         )
         return int(wait_ms) / 1000
 
-    async def open_stream(self, key: str, limit: RateLimitLike) -> bool:
+    async def open_stream(self, key: str, limit: RateLimit) -> bool:
         conn = self._conn
         zkey = hashed("rs", key)
         token = f"{conn.replica_id}:{secrets.token_hex(6)}"

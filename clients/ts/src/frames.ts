@@ -60,7 +60,7 @@ export type ErrorData = {
 };
 
 /** Stable error codes. Never renumber or rename: clients match on these strings. */
-export type ErrorCode = "END_WITHOUT_BEGIN" | "END_ID_MISMATCH" | "END_KIND_MISMATCH" | "NESTED_BEGIN" | "DUPLICATE_FRAME_ID" | "UNKNOWN_FRAME_KIND" | "MALFORMED_SENTINEL" | "FRAME_UNCLOSED" | "FRAME_TOO_LARGE" | "FRAME_TIMEOUT" | "JSON_SYNTAX" | "JSON_INCOMPLETE" | "JSON_TRAILING_DATA" | "JSON_TOO_DEEP" | "JSON_TOO_LARGE" | "JSON_NUMBER_OUT_OF_RANGE" | "JSON_INVALID_UNICODE" | "UPSTREAM_UNAVAILABLE" | "UPSTREAM_TIMEOUT" | "UPSTREAM_PROTOCOL" | "UPSTREAM_HTTP_ERROR" | "BAD_REQUEST" | "MODE_UNAVAILABLE" | "BODY_TOO_LARGE" | "NOT_FOUND" | "REDIS_UNAVAILABLE" | "STREAM_LOST" | "CONFLICT" | "IDEMPOTENCY_IN_FLIGHT" | "IDEMPOTENCY_KEY_REUSED" | "INVALID_SCHEMA" | "UNKNOWN_SCHEMA" | "UNAUTHORIZED" | "FORBIDDEN" | "RATE_LIMITED" | "KEYS_INVALID" | "INTERNAL" | "BACKEND_SETUP_FAILED" | "SERVER_START_FAILED" | "SERVER_CRASHED" | "BUDGET_INVALID" | "TOOL_NOT_FOUND" | "TOOL_NOT_ALLOWED" | "INVALID_JSON" | "TOOL_ARGS_INVALID" | "ARGUMENTS_TOO_LARGE" | "TOOL_OUTPUT_TOO_LARGE" | "TOOL_OUTPUT_INVALID" | "TOOL_TIMEOUT" | "TOOL_UNAVAILABLE" | "TOOL_FAILED" | "TOOL_APPROVAL_DENIED" | "TOOL_APPROVAL_TIMEOUT" | "TOOL_CALL_LIMIT" | "CLIENT_TOOL_TIMEOUT" | "NATIVE_TOOL_CALL_MALFORMED" | "BOOKING_FULL" | "TOOL_CONFIG_INVALID" | "PATH_NOT_ALLOWED" | "READ_ONLY" | "WORKSPACE_LOCKED" | "PROPOSAL_INVALID" | "CONTEXT_BUDGET_EXCEEDED" | "WORKFLOW_INVALID" | "WORKFLOW_NOT_FOUND" | "STEP_REQUIRED" | "PREREQUISITE_MISSING" | "STEP_ENFORCEMENT_EXHAUSTED" | "PREREQUISITE_EXHAUSTED" | "RETRIES_EXHAUSTED" | "TOOL_ERRORS_EXHAUSTED" | "MAX_ITERATIONS" | "WORKFLOW_CANCELLED";
+export type ErrorCode = "END_WITHOUT_BEGIN" | "END_ID_MISMATCH" | "END_KIND_MISMATCH" | "NESTED_BEGIN" | "DUPLICATE_FRAME_ID" | "UNKNOWN_FRAME_KIND" | "MALFORMED_SENTINEL" | "FRAME_UNCLOSED" | "FRAME_TOO_LARGE" | "FRAME_TIMEOUT" | "JSON_SYNTAX" | "JSON_INCOMPLETE" | "JSON_TRAILING_DATA" | "JSON_TOO_DEEP" | "JSON_TOO_LARGE" | "JSON_NUMBER_OUT_OF_RANGE" | "JSON_INVALID_UNICODE" | "UPSTREAM_UNAVAILABLE" | "UPSTREAM_TIMEOUT" | "UPSTREAM_PROTOCOL" | "UPSTREAM_HTTP_ERROR" | "BAD_REQUEST" | "MODE_UNAVAILABLE" | "BODY_TOO_LARGE" | "NOT_FOUND" | "REDIS_UNAVAILABLE" | "STREAM_LOST" | "COMMAND_VERSION_UNSUPPORTED" | "CONFLICT" | "IDEMPOTENCY_IN_FLIGHT" | "IDEMPOTENCY_KEY_REUSED" | "INVALID_SCHEMA" | "UNKNOWN_SCHEMA" | "UNAUTHORIZED" | "FORBIDDEN" | "RATE_LIMITED" | "KEYS_INVALID" | "INTERNAL" | "BACKEND_SETUP_FAILED" | "SERVER_START_FAILED" | "SERVER_CRASHED" | "BUDGET_INVALID" | "TOOL_NOT_FOUND" | "TOOL_NOT_ALLOWED" | "INVALID_JSON" | "TOOL_ARGS_INVALID" | "ARGUMENTS_TOO_LARGE" | "TOOL_OUTPUT_TOO_LARGE" | "TOOL_OUTPUT_INVALID" | "TOOL_TIMEOUT" | "TOOL_UNAVAILABLE" | "TOOL_FAILED" | "TOOL_APPROVAL_DENIED" | "TOOL_APPROVAL_TIMEOUT" | "TOOL_CALL_LIMIT" | "CLIENT_TOOL_TIMEOUT" | "NATIVE_TOOL_CALL_MALFORMED" | "BOOKING_FULL" | "TOOL_CONFIG_INVALID" | "PATH_NOT_ALLOWED" | "READ_ONLY" | "WORKSPACE_LOCKED" | "PROPOSAL_INVALID" | "CONTEXT_BUDGET_EXCEEDED" | "WORKFLOW_INVALID" | "WORKFLOW_NOT_FOUND" | "STEP_REQUIRED" | "PREREQUISITE_MISSING" | "STEP_ENFORCEMENT_EXHAUSTED" | "PREREQUISITE_EXHAUSTED" | "RETRIES_EXHAUSTED" | "TOOL_ERRORS_EXHAUSTED" | "MAX_ITERATIONS" | "WORKFLOW_CANCELLED";
 
 /** The `error` event. */
 export type ErrorEvent = {
@@ -224,7 +224,34 @@ export type StreamBeginEvent = {
 };
 
 /** One server-sent event of a stream (docs/protocol.md), by its event name. */
-export type StreamEvent = StreamBeginEvent | TextDeltaEvent | ReasoningDeltaEvent | JsonBeginEvent | JsonDeltaEvent | JsonEndEvent | ToolCallEvent | ToolResultEvent | ResultBeginEvent | ResultDeltaEvent | ResultEndEvent | StepNudgeEvent | ContextCompactedEvent | ErrorEvent | DoneEvent | PingEvent;
+export type StreamEvent = StreamBeginEvent | TextDeltaEvent | ReasoningDeltaEvent | JsonBeginEvent | JsonDeltaEvent | JsonEndEvent | ToolCallEvent | ToolResultEvent | ResultBeginEvent | ResultDeltaEvent | ResultEndEvent | StepNudgeEvent | ContextCompactedEvent | StreamPausedEvent | StreamResumedEvent | ErrorEvent | DoneEvent | PingEvent;
+
+/** A client paused the stream (`POST /v1/streams/{id}/pause`, or `pause` on its socket): the gateway reads nothing more from the model until `stream.resumed`, for `max_ms` at the most (`PAUSE_MAX_S`). Frames already made still come. */
+export type StreamPausedData = {
+  "max_ms": number;
+};
+
+/** The `stream.paused` event. */
+export type StreamPausedEvent = {
+  /** the stream's sequence number */
+  "id": number;
+  "event": "stream.paused";
+  "data": StreamPausedData;
+};
+
+/** The model is read again after `paused_ms`: a client resumed it (`reason` `resumed`), or the pause reached `PAUSE_MAX_S` (`pause_limit`). */
+export type StreamResumedData = {
+  "reason": "resumed" | "pause_limit";
+  "paused_ms": number;
+};
+
+/** The `stream.resumed` event. */
+export type StreamResumedEvent = {
+  /** the stream's sequence number */
+  "id": number;
+  "event": "stream.resumed";
+  "data": StreamResumedData;
+};
 
 /** Free text outside frames, sent as soon as it cannot be part of a sentinel. */
 export type TextDeltaData = {
@@ -307,13 +334,15 @@ export interface FrameDataMap {
   "result.end": ResultEndData;
   "step.nudge": StepNudgeData;
   "context.compacted": ContextCompactedData;
+  "stream.paused": StreamPausedData;
+  "stream.resumed": StreamResumedData;
   "error": ErrorData;
   "done": DoneData;
   "ping": PingData;
 }
 
 /** Every event name the gateway sends, in the schema's order. */
-export const EVENT_NAMES = ["stream.begin","text.delta","reasoning.delta","json.begin","json.delta","json.end","tool.call","tool.result","result.begin","result.delta","result.end","step.nudge","context.compacted","error","done","ping"] as const;
+export const EVENT_NAMES = ["stream.begin","text.delta","reasoning.delta","json.begin","json.delta","json.end","tool.call","tool.result","result.begin","result.delta","result.end","step.nudge","context.compacted","stream.paused","stream.resumed","error","done","ping"] as const;
 
 /** An event name the gateway sends. */
 export type EventName = (typeof EVENT_NAMES)[number];

@@ -34,6 +34,8 @@ __all__ = [
     "SchemaViolation",
     "StepNudge",
     "StreamBegin",
+    "StreamPaused",
+    "StreamResumed",
     "TextDelta",
     "ToolCall",
     "ToolResult",
@@ -69,6 +71,7 @@ ERROR_CODES: tuple[str, ...] = (
     "NOT_FOUND",
     "REDIS_UNAVAILABLE",
     "STREAM_LOST",
+    "COMMAND_VERSION_UNSUPPORTED",
     "CONFLICT",
     "IDEMPOTENCY_IN_FLIGHT",
     "IDEMPOTENCY_KEY_REUSED",
@@ -302,6 +305,26 @@ class StreamBegin(Frame_):
     budget_source: str | None = None
 
 
+class StreamPaused(Frame_):
+    """A client paused the stream (``POST /v1/streams/{id}/pause``, or ``pause`` on its
+    socket): the gateway reads nothing more from the model until ``stream.resumed``, for
+    ``max_ms`` at the most (``PAUSE_MAX_S``). Frames already made still come.
+    """
+
+    EVENT: ClassVar[str] = "stream.paused"
+    max_ms: int
+
+
+class StreamResumed(Frame_):
+    """The model is read again after ``paused_ms``: a client resumed it (``reason``
+    ``resumed``), or the pause reached ``PAUSE_MAX_S`` (``pause_limit``).
+    """
+
+    EVENT: ClassVar[str] = "stream.resumed"
+    reason: str
+    paused_ms: int
+
+
 class TextDelta(Frame_):
     """Free text outside frames, sent as soon as it cannot be part of a sentinel."""
 
@@ -367,6 +390,8 @@ FRAME_TYPES: dict[str, type[Frame_]] = {
     "result.end": ResultEnd,
     "step.nudge": StepNudge,
     "stream.begin": StreamBegin,
+    "stream.paused": StreamPaused,
+    "stream.resumed": StreamResumed,
     "text.delta": TextDelta,
     "tool.call": ToolCall,
     "tool.result": ToolResult,
@@ -386,6 +411,8 @@ Frame: TypeAlias = (
     | ResultEnd
     | StepNudge
     | StreamBegin
+    | StreamPaused
+    | StreamResumed
     | TextDelta
     | ToolCall
     | ToolResult
