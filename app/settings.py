@@ -90,13 +90,13 @@ class Settings(BaseSettings):
     disconnect_grace_ms: int = Field(
         10_000, ge=0, le=3_600_000, validation_alias="DISCONNECT_GRACE_MS"
     )
+    # A client's pause holds the model server's slot and an unread connection: after this
+    # long the stream resumes by itself. 60 s: within the idle cut of common proxies.
+    pause_max_s: float = Field(60.0, gt=0, le=3600, validation_alias="PAUSE_MAX_S")
     # docs/protocol.md: 1 MB bodies (Starlette has no cap on JSON bodies of its own).
     max_body_bytes: int = Field(1024 * 1024, ge=1024, validation_alias="MAX_BODY_BYTES")
     # docs/protocol.md limits.
     max_frame_bytes: int = Field(64 * 1024, ge=256, validation_alias="MAX_FRAME_BYTES")
-    # A client's pause holds the model server's slot and an unread connection: after this
-    # long the stream resumes by itself. 60 s: within the idle cut of common proxies.
-    pause_max_s: float = Field(60.0, gt=0, le=3600, validation_alias="PAUSE_MAX_S")
     max_json_depth: int = Field(16, ge=1, le=512, validation_alias="MAX_JSON_DEPTH")
     frame_timeout_ms: int = Field(15_000, ge=1, validation_alias="FRAME_TIMEOUT_MS")
     tool_timeout_ms: int = Field(8_000, ge=1, validation_alias="TOOL_TIMEOUT_MS")

@@ -120,8 +120,8 @@ def session_limits(settings: Settings) -> SessionLimits:
         repair_retries=settings.repair_retries,
         client_tool_timeout_s=settings.client_tool_timeout_ms / 1000,
         disconnect_grace_s=settings.disconnect_grace_ms / 1000,
-    )
         pause_max_s=settings.pause_max_s,
+    )
 
 
 def _pointed_at(settings: Settings, backend: Backend) -> dict[str, object]:

@@ -171,10 +171,10 @@ class SessionLimits:
     client_tool_timeout_s: float = 120.0
     # How long a dropped client's stream waits for a resume (on_disconnect "grace").
     disconnect_grace_s: float = 10.0
-
-
     # How long a client's pause may hold the model before the stream resumes by itself.
     pause_max_s: float = 60.0
+
+
 class InlineSchemaAsk(Protocol):
     """An inline object schema of the body: ``{"name", "schema"}``."""
 

@@ -152,8 +152,6 @@ class StreamSession:
         self._orphaned = False
         self._grace: asyncio.TimerHandle | None = None
         self._followers = 0
-        self.reason: str | None = None
-        self.finished_at: float | None = None
         # A client's pause (docs/protocol.md): while ``_unpaused`` is set the driver reads
         # nothing from the model and starts no model call; resume() or the pause's limit
         # resolves it. The frame clock (FRAME_TIMEOUT_MS) leaves the paused time out.
@@ -161,6 +159,8 @@ class StreamSession:
         self._paused_at = 0.0
         self._paused_total = 0.0
         self._pause_limit: asyncio.TimerHandle | None = None
+        self.reason: str | None = None
+        self.finished_at: float | None = None
         self.stats: dict[str, Any] = {}
 
     # -- lifecycle ---------------------------------------------------------------------
@@ -251,8 +251,6 @@ class StreamSession:
         self.log.detach_primary()
         self.cancel("client_disconnected")
 
-    def approve(self, call_id: str, approved: bool) -> bool:
-        """Answer a pending approval; False if no call with that id is waiting."""
     # -- pause: the client's own backpressure ---------------------------------------------
 
     @property
@@ -295,6 +293,8 @@ class StreamSession:
             unpaused.set_result(None)
         return True
 
+    def approve(self, call_id: str, approved: bool) -> bool:
+        """Answer a pending approval; False if no call with that id is waiting."""
         waiter = self._approvals.get(call_id)
         if waiter is None or waiter.done():
             return False
@@ -408,10 +408,10 @@ class StreamSession:
                                 # not after the rest of the read it came in (TTFT).
                                 flush_first = False
                                 await asyncio.sleep(0)
-                        # The next event, read inline: no coroutine per token.
-                        try:
                         if self._unpaused is not None:  # paused: the model waits
                             await self._unpaused
+                        # The next event, read inline: no coroutine per token.
+                        try:
                             delta = await deltas.__anext__()  # type: ignore[union-attr]
                         except StopAsyncIteration:
                             # The generator finished, and its own clean-up ran: nothing
@@ -434,10 +434,10 @@ class StreamSession:
                         else:
                             await self._emit(emit)
                     elif kind is CallModel:
-                        record.turn_started = clock()
-                        trace_token = None
                         if self._unpaused is not None:  # paused between turns
                             await self._unpaused
+                        record.turn_started = clock()
+                        trace_token = None
                         if tracing is not None:  # current while the request goes out
                             model_span, trace_token = tracing.model_span(
                                 self._span,
@@ -752,12 +752,12 @@ class StreamSession:
         if self._grace is not None:  # ended (or cancelled) while waiting for its client
             self._grace.cancel()
             self._grace = None
-        self.finished_at = self._clock()
-        log.info(
         if self._pause_limit is not None:  # ended (or cancelled) while paused
             self._pause_limit.cancel()
             self._pause_limit = None
         self._unpaused = None
+        self.finished_at = self._clock()
+        log.info(
             STREAM_FINISHED,
             stream_id=self.id,
             reason=reason,
