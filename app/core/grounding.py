@@ -36,6 +36,7 @@ from toolforge.core.provenance import (
     Said,
     Source,
     User,
+    blamed,
     narrow_properties,
     said_in,
     values_under,
@@ -106,6 +107,11 @@ class Grounding:
         self._schemas = schemas
         self._said: Said | None = None
         self._calls: list[tuple[str, object, object]] = []  # successful: (tool, args, data)
+        # Per tool, its last call when it failed for good: (arguments, message); and the
+        # values each failure was about, per (tool, argument), not offered again.
+        self._failures: dict[str, tuple[object, str]] = {}
+        self._blamed_values: dict[tuple[str, str], set[str]] = {}
+        self._outcomes = 0  # calls learned from: the narrowing's cache key
         # The grounded arguments' words less those of calls whose results gave nothing.
         self.spent_words: set[str] = set()
         # (tool, argument) -> argument-matched values whose call failed for good.
@@ -157,6 +163,7 @@ class Grounding:
         # Nothing new since the last turn (no call succeeded, no word or value spent): the
         # same schemas, so the grammar's rules for them are the same too.
         state = (
+            self._outcomes,
             len(self._calls),
             len(self.spent_words),
             sum(len(v) for v in self._failed_values.values()),
@@ -168,6 +175,8 @@ class Grounding:
             said=self._said or Said(),
             calls=tuple(self._calls),
             spent=frozenset(self.spent_words),
+            failures=dict(self._failures),
+            failed={key: frozenset(v) for key, v in self._blamed_values.items()},
         )
         for tool in workflow.tools:
             base = narrowed[tool] if tool in narrowed else self._schemas.get(tool)
@@ -186,6 +195,8 @@ class Grounding:
         result gave the workflow nothing spends its words (a small model otherwise repeats
         the same query until max_iterations)."""
         self._calls.append((name, args, data))
+        self._outcomes += 1
+        self._failures.pop(name, None)
         grounded = self._user_args(name)
         if not grounded or not isinstance(args, Mapping):
             return
@@ -205,6 +216,14 @@ class Grounding:
             return
         if first.get("retryable") or first.get("code") in _NOT_THE_VALUE:
             return
+        # The tool's message is read by the retry: the arguments it is about
+        # (``provenance.blamed``) take what it offers, and not the value that failed.
+        message = str(first.get("message") or "")
+        self._outcomes += 1
+        self._failures[name] = (args, message)
+        for arg in blamed(args, message):
+            if args.get(arg) is not None:
+                self._blamed_values.setdefault((name, arg), set()).add(value_key(args[arg]))
         # The user's words that made a call fail for good ("no log for 'errors'") are not
         # offered again: the next try takes other words of the user's.
         grounded = self._user_args(name)

@@ -350,10 +350,12 @@ class User:
 @dataclass(frozen=True, slots=True)
 class Results:
     """Scalars in earlier successful results: of ``tool`` (None: any), under ``key``
-    (None: the argument's own name)."""
+    (None: the argument's own name). ``tokens``: the identifiers written inside those
+    strings instead (``E-4417`` in a log line), not the strings whole."""
 
     tool: str | None = None
     key: str | None = None
+    tokens: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -381,6 +383,9 @@ _NAMED: Final[Mapping[str, Source]] = {
 }
 
 
+_RESULTS_KEYS: Final = frozenset({"results", "key", "tokens"})
+
+
 def parse_sources(doc: object, *, where: str) -> tuple[Source, ...]:
     """A declaration (a name, a ``{"results"|"calls": ...}`` object, or a list of them) as
     sources; ``ValueError`` naming ``where`` and the problem."""
@@ -393,15 +398,19 @@ def parse_sources(doc: object, *, where: str) -> tuple[Source, ...]:
             if item not in _NAMED:
                 raise ValueError(f"{where}: unknown source {item!r}; one of {', '.join(_NAMED)}")
             out.append(_NAMED[item])
-        elif isinstance(item, Mapping) and set(item) in ({"results"}, {"results", "key"}):
-            # "key": "*" takes every scalar of the tool's results, whatever its key.
-            out.append(Results(_name(item["results"], where), _opt(item.get("key"), where)))
+        elif isinstance(item, Mapping) and "results" in item and set(item) <= _RESULTS_KEYS:
+            # "key": "*" takes every scalar of the tool's results, whatever its key;
+            # "tokens": true the identifiers written inside its strings.
+            tokens = item.get("tokens", False)
+            if not isinstance(tokens, bool):
+                raise ValueError(f"{where}: 'tokens' is true or false")
+            out.append(Results(_name(item["results"], where), _opt(item.get("key"), where), tokens))
         elif isinstance(item, Mapping) and set(item) in ({"calls"}, {"calls", "arg"}):
             out.append(Calls(_name(item["calls"], where), _opt(item.get("arg"), where)))
         else:
             raise ValueError(
                 f"{where}: a source is 'user', 'results', 'calls', 'schema', "
-                '{"results": TOOL, "key": KEY} or {"calls": TOOL, "arg": ARG}'
+                '{"results": TOOL, "key": KEY, "tokens": BOOL} or {"calls": TOOL, "arg": ARG}'
             )
     return tuple(out)
 
@@ -423,12 +432,16 @@ def source_doc(source: Source) -> object:
             return "user"
         case Anything():
             return "schema"
-        case Results(None, None):
+        case Results(None, None, False):
             return "results"
         case Calls(None, None):
             return "calls"
-        case Results(tool, key):
-            return {"results": tool, **({"key": key} if key else {})}
+        case Results(tool, key, tokens):
+            return {
+                "results": tool,
+                **({"key": key} if key else {}),
+                **({"tokens": True} if tokens else {}),
+            }
         case Calls(tool, arg):
             return {"calls": tool, **({"arg": arg} if arg else {})}
 
@@ -446,7 +459,15 @@ class Held:
     said: Said = field(default_factory=Said)
     calls: tuple[tuple[str, object, object], ...] = ()
     spent: frozenset[str] = frozenset()
+    # Per tool, its last call when that call failed for good: (arguments, the tool's
+    # message). The retry reads the message (:func:`blamed`, :func:`error_values`).
+    failures: Mapping[str, tuple[object, str]] = field(default_factory=dict)
+    # (tool, argument) -> the values that made a call of it fail for good: not offered again.
+    failed: Mapping[tuple[str, str], frozenset[str]] = field(default_factory=dict)
     _results: dict[str, list[tuple[str, object]]] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
+    _tokens: dict[str, list[tuple[str, object]]] = field(
         default_factory=dict, init=False, repr=False, compare=False
     )
     _args: dict[str, list[tuple[str, object]]] = field(
@@ -459,6 +480,10 @@ class Held:
                 self._results.setdefault(key, []).append((tool, value))
                 if not isinstance(value, str):  # numbers, under any key, in call order
                     self._results.setdefault(ANY_KEY, []).append((tool, value))
+                    continue
+                for token in identifiers_in(value):
+                    self._tokens.setdefault(key, []).append((tool, token))
+                    self._tokens.setdefault(ANY_KEY, []).append((tool, token))
             if isinstance(args, Mapping):
                 for name, value in args.items():
                     if isinstance(name, str) and value is not None:
@@ -472,6 +497,11 @@ class Held:
         """(tool, value) of every scalar stored under ``key`` in the results, in order
         (:data:`ANY_KEY`: under any key)."""
         return self._results.get(key, [])
+
+    def tokens_under(self, key: str) -> list[tuple[str, object]]:
+        """(tool, identifier) of every identifier written inside a string stored under
+        ``key`` (:data:`ANY_KEY`: under any key), in order."""
+        return self._tokens.get(key, [])
 
     def args_named(self, name: str) -> list[tuple[str, object]]:
         """(tool, value) of every earlier call's argument ``name``, in order."""
@@ -512,8 +542,14 @@ def values_under(data: object, key: str, depth: int = 0) -> Iterator[object]:
 
 # -- narrowing ---------------------------------------------------------------------------------
 
-Kind = Literal["integer", "number", "date", "time", "date-time", "id", "string", "other"]
-_ID_NAME: Final = re.compile(r"(?:^|_)id$|[a-z]Id$|^ID$|(?:^|_)ID$")
+Kind = Literal[
+    "integer", "number", "date", "time", "date-time", "id", "number-id", "string", "other"
+]
+# An identifier by its name: ``id``, ``*_id``/``*Id``, and the same for ``code`` and ``ref``
+# (``error_code``, ``booking_ref``): API naming, not the user's language.
+_ID_NAME: Final = re.compile(
+    r"(?:^|_)(?:id|code|ref)$|[a-z](?:Id|Code|Ref)$|(?:^|_)(?:ID|CODE|REF)$"
+)
 
 
 def kind_of(name: str, prop: Mapping[str, Any]) -> Kind:
@@ -523,7 +559,8 @@ def kind_of(name: str, prop: Mapping[str, Any]) -> Kind:
         return "other"
     kind = prop.get("type", "string" if "pattern" in prop or "format" in prop else None)
     if kind == "integer":
-        return "integer"
+        # An integer named as an identifier (``customer_id``) is one, not a quantity.
+        return "number-id" if _ID_NAME.search(name) else "integer"
     if kind == "number":
         return "number"
     if kind != "string":
@@ -567,6 +604,9 @@ def default_sources(
         # Under any key: a refund's amount is the order's "total".
         return (User(), Results(key=ANY_KEY), Calls())
     if kind == "id":
+        # Last: the identifiers written inside results' text (the code in a log line).
+        return (Results(), Results(key="id"), Calls(), User(), Results(key=ANY_KEY, tokens=True))
+    if kind == "number-id":
         return (Results(), Results(key="id"), Calls(), User())
     return ()
 
@@ -595,12 +635,20 @@ def narrow_properties(
     required = schema.get("required")
     must = set(required) if isinstance(required, list) else set()
     spare = plain and _spare_numbers(props, must, held.said)
+    failure = held.failures.get(tool)
+    blames = blamed(failure[0], failure[1]) if failure is not None else frozenset()
     changed: dict[str, Any] = {}
     for arg, prop in props.items():
         if not isinstance(prop, Mapping):
             continue
         sources = declared.get(arg)
         is_declared = sources is not None
+        if arg in blames and not (sources and any(isinstance(s, Anything) for s in sources)):
+            # The last call failed on this argument: its retry reads the tool's message.
+            retry = _narrow(tool, arg, prop, sources or (), held, {} if memo is None else memo)
+            if isinstance(retry, Mapping):
+                changed[arg] = retry
+                continue
         if sources is None:
             if not defaults:
                 continue
@@ -622,6 +670,10 @@ def narrow_properties(
             if arg in must:
                 if is_declared and not any(isinstance(s, User) for s in sources):
                     return None  # its values come from a call not made yet
+                if not is_declared and not plain and _is_identifier(arg, prop):
+                    # A workflow's identifier nobody has named yet (not the user, no
+                    # result): a call must find it first; made up, it fails.
+                    return None
                 continue  # the user said nothing for it: the schema decides
             changed[arg] = False
             continue
@@ -629,6 +681,10 @@ def narrow_properties(
     if not changed:
         return schema
     return {**schema, "properties": {**props, **changed}}
+
+
+def _is_identifier(arg: str, prop: Mapping[str, Any]) -> bool:
+    return kind_of(arg, _non_null(prop)) in ("id", "number-id")
 
 
 def _spare_numbers(props: Mapping[str, Any], must: set[str], said: Said) -> bool:
@@ -679,7 +735,13 @@ def _narrow(
             case User():
                 found: Sequence[object] = held.user_values(kind, own)
                 if kind == "string" and "pattern" not in own and "format" not in own:
-                    words = words_pattern(content_words(held.said, held.spent))
+                    words = words_pattern(
+                        in_described_form(
+                            content_words(held.said, held.spent), own.get("description")
+                        )
+                    )
+            case Results(key=key, tokens=True):
+                found = held.tokens_under(key or arg)
             case Results(key=key):
                 found = held.results_under(key or arg)
             case Calls(arg=name_of):
@@ -705,7 +767,36 @@ def _narrow(
             memo[key_of] = (len(found), accepted)
         for value in accepted:
             enum.setdefault((type(value), value), value)
-    values = list(enum.values())[:_MAX_VALUES]
+    values = list(enum.values())
+    failure = held.failures.get(tool)
+    message = failure[1] if failure is not None and arg in blamed(*failure) else None
+    prefixed: str | None = None
+    if kind == "id":
+        examples = identifiers_in(str(own.get("description", "")))
+        if message is not None:
+            examples += identifiers_in(message)
+        formed, matched = in_their_form(values, examples)
+        values = [v for v in formed if check(v)]
+        numbers = [v for v in values if isinstance(v, str) and v.isdigit()]
+        if numbers and not matched and "pattern" not in own and "format" not in own:
+            # A number the user gave may be written with the identifier's prefix
+            # ("7781" as "ORD-7781"), which nothing shows yet: letters, then the number.
+            prefixed = f"^[A-Za-z]{{1,8}}[-_#]?({'|'.join(numbers[:_MAX_VALUES])})$"
+    elif kind == "string" and message is not None and "enum" not in own:
+        # What the tool's own message offers (a list it names, else its words), the
+        # user's among them first when the user is a source: "known: checkout".
+        values = [v for v in error_values(message, _not_values(tool, arg, held)) if check(v)]
+        if any(isinstance(source, User) for source in sources):
+            user = {w.lower() for w in content_words(held.said, held.spent)}
+            values = [v for v in values if str(v).lower() in user] or values
+        words = None
+    failed = held.failed.get((tool, arg))
+    if failed:
+        values = [v for v in values if (v if isinstance(v, str) else repr(v)) not in failed]
+    values = values[:_MAX_VALUES]
+    if prefixed is not None:
+        pattern: dict[str, Any] = {"type": "string", "pattern": prefixed}
+        return {"anyOf": [{"enum": values}, pattern]} if values else pattern
     if words is not None:
         pattern = {"type": "string", "pattern": words}
         if "maxLength" in own:
@@ -716,13 +807,137 @@ def _narrow(
     return {"enum": values}
 
 
-_RETYPED: Final = frozenset({"integer", "number", "id", "string", "date", "time", "date-time"})
+# -- what a failed call's message says --------------------------------------------------------
+
+# A list a message names: three or more items separated by commas, slashes or bars
+# ("one of billing, bug, feature_request, account"); the same in any language.
+_LIST: Final = re.compile(r"[^\W_][\w.\-]*(?:\s*[,/|]\s*[^\W_][\w.\-]*){2,}")
+_LIST_SPLIT: Final = re.compile(r"\s*[,/|]\s*")
+# A word of a message as a value may take it: letters and digits, joined by "_", "-", ".".
+_VALUE_WORD: Final = re.compile(r"[^\W_](?:[\w.\-]{0,62}[^\W_])?")
+
+
+def identifiers_in(text: str) -> list[str]:
+    """The identifiers written in ``text``: tokens holding both a letter and a digit
+    (``E-4417``, ``T-1001``, ``worker-3``), at most 64, in order, each once."""
+    out: dict[str, None] = {}
+    for token in _TOKEN.findall(text[:_MAX_TEXT]):
+        token = token.rstrip(".:/-#")
+        if any(c.isdigit() for c in token) and any(c.isalpha() for c in token):
+            out[token] = None
+            if len(out) >= _MAX_VALUES:
+                break
+    return list(out)
+
+
+def blamed(args: object, message: str) -> frozenset[str]:
+    """The arguments a failed call's message is about: named by it (``category``, or
+    ``order id`` for ``order_id``) or quoting their value (``no log for 'fetch'``)."""
+    if not isinstance(args, Mapping):
+        return frozenset()
+    low = message.lower()
+    words = set(_VALUE_WORD.findall(low))
+    out = set()
+    for name, value in args.items():
+        if not isinstance(name, str):
+            continue
+        spoken = name.lower().replace("_", " ")
+        if name.lower() in words or (" " in spoken and spoken in low):
+            out.add(name)
+        elif isinstance(value, str | int | float) and not isinstance(value, bool):
+            text = str(value).strip().lower()
+            if text and text in low:
+                out.add(name)
+    return frozenset(out)
+
+
+def error_values(message: str, exclude: frozenset[str]) -> list[str]:
+    """The values a failed call's message offers its retry: the items of a list it names,
+    else its words; less function words and ``exclude`` (lower case)."""
+    text = message[:_MAX_TEXT]
+    lists = _LIST.findall(text)
+    items = _LIST_SPLIT.split(max(lists, key=len)) if lists else _VALUE_WORD.findall(text)
+    out: dict[str, None] = {}
+    for item in items:
+        low = item.lower()
+        if len(item) >= 2 and low not in _FUNCTION_WORDS and low not in exclude:
+            out[item] = None
+    return list(out)[:_MAX_VALUES]
+
+
+def _not_values(tool: str, arg: str, held: Held) -> frozenset[str]:
+    """What a retry's value is not: the tool's and its arguments' names, the failed
+    value's words, the user's spent words."""
+    out = {tool.lower(), arg.lower(), *held.spent}
+    failure = held.failures.get(tool)
+    if failure is not None and isinstance(failure[0], Mapping):
+        for name, value in failure[0].items():
+            out.add(str(name).lower())
+            if name == arg and isinstance(value, str):
+                out.update(w.lower() for w in _VALUE_WORD.findall(value))
+                out.add(value.lower())
+    return frozenset(out)
+
+
+def in_described_form(words: list[str], description: object) -> list[str]:
+    """``words`` of the form the description's examples show, when any are: an argument
+    described "IATA code, e.g. CDG" takes "CDG" and "JFK", not "Book". An example is a
+    token of the description in capitals or holding a digit (a plain word shows no
+    form); without one, or with no word of its form, ``words`` as they are."""
+    if not isinstance(description, str):
+        return words
+    shapes = {
+        _shape(t)
+        for t in _VALUE_WORD.findall(description[:_MAX_TEXT])
+        if any(c.isdigit() for c in t) or (len(t) >= 2 and t.isupper())
+    }
+    kept = [w for w in words if _shape(w) in shapes]
+    return kept or words
+
+
+def _shape(token: str) -> str:
+    """An identifier's form: letters as ``A``/``a``, digits as ``9``, the rest kept, runs
+    collapsed (``E-4417`` and ``E-1234`` are both ``A-9``)."""
+    out: list[str] = []
+    for c in token:
+        mark = "9" if c.isdigit() else ("A" if c.isupper() else "a") if c.isalpha() else c
+        if not out or out[-1] != mark:
+            out.append(mark)
+    return "".join(out)
+
+
+_PREFIXED: Final = re.compile(r"(.*?\D)\d+")
+
+
+def in_their_form(values: Sequence[object], examples: Sequence[str]) -> tuple[list[object], bool]:
+    """``values`` in the form the ``examples`` show (a description's ``e.g. E-1234``, an
+    error's ``ids look like ORD-1234``): a number the user wrote gets the examples'
+    prefix (``7781`` -> ``ORD-7781``), and the values of that form are kept when any
+    exist (then True); without examples, or with none of their form, ``values`` as they
+    are (False)."""
+    if not examples:
+        return list(values), False
+    shapes = {_shape(e) for e in examples}
+    prefixes = {m[1] for e in examples if (m := _PREFIXED.fullmatch(e))}
+    out: dict[str, object] = {}
+    for value in values:
+        out.setdefault(str(value), value)
+        if isinstance(value, str) and value.isdigit():
+            for prefix in sorted(prefixes):
+                out.setdefault(prefix + value, prefix + value)
+    kept = [v for v in out.values() if _shape(str(v)) in shapes]
+    return (kept, True) if kept else (list(values), False)
+
+
+_RETYPED: Final = frozenset(
+    {"integer", "number", "number-id", "id", "string", "date", "time", "date-time"}
+)
 
 
 def _typed(kind: Kind, value: object) -> object:
     """A held value as the argument's type: a number written as a string in a result
     (``"24"``) is a number for a number argument, and a number an identifier's string."""
-    if kind in ("integer", "number") and isinstance(value, str):
+    if kind in ("integer", "number", "number-id") and isinstance(value, str):
         try:
             number = float(value.replace(",", "."))
         except ValueError:
@@ -736,7 +951,7 @@ def _typed(kind: Kind, value: object) -> object:
 def _from_user(kind: Kind, prop: Mapping[str, Any], said: Said) -> Iterator[object]:
     """The user's values for an argument of ``kind``, in each rendering its format may take
     (the schema's check picks the ones it accepts)."""
-    if kind in ("integer", "number"):
+    if kind in ("integer", "number", "number-id"):
         yield from said.numbers
     elif kind == "time" or (kind == "string" and "pattern" in prop):
         for t in said.times:
@@ -753,6 +968,9 @@ def _from_user(kind: Kind, prop: Mapping[str, Any], said: Said) -> Iterator[obje
                 yield from (f"{d}T{t}:00", f"{d}T{t}:00Z")
     elif kind == "id":
         yield from said.tokens
+        # "order 7781": an identifier written as a whole number of three digits or more
+        # ("for 2 people" states no identifier).
+        yield from (str(n) for n in said.numbers if isinstance(n, int) and n >= 100)
     elif kind == "string":
         yield from said.tokens  # as written: "T-1001", "ana@example.com" (words are the pattern)
 

@@ -4,6 +4,7 @@ declared sources or the defaults; optional arguments nothing provides left out."
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -14,6 +15,7 @@ from toolforge.core.provenance import (
     Held,
     Results,
     User,
+    blamed,
     narrow_properties,
     parse_sources,
     said_in,
@@ -36,6 +38,7 @@ BOOKING: dict[str, Any] = {
 }
 USER = (User(),)
 DECLARED = {"date": USER, "time": USER, "party_size": USER}
+SEARCHED = (("search", {"query": "thai"}, {"places": [{"place_id": "p-17", "name": "Thai"}]}),)
 
 
 @pytest.mark.parametrize(
@@ -88,7 +91,8 @@ def test_tokens_with_digits_are_identifiers_and_articles_are_not_numbers() -> No
     ],
 )
 def test_a_german_or_french_user_gets_the_values_an_english_one_gets(text: str) -> None:
-    narrowed = narrow_properties("book", BOOKING, DECLARED, Held(said_in(text)), defaults=True)
+    held = Held(said_in(text), calls=SEARCHED)
+    narrowed = narrow_properties("book", BOOKING, DECLARED, held, defaults=True)
     assert narrowed is not None
     props = narrowed["properties"]
     assert props["date"] == {"enum": ["2026-12-03"]}
@@ -96,15 +100,26 @@ def test_a_german_or_french_user_gets_the_values_an_english_one_gets(text: str) 
     assert props["party_size"] == {"enum": [2]}
     # Optional arguments nothing provides are left out, never invented.
     assert props["contact"] is False and props["note"] is False
-    # Nothing holds a place id yet, and it is required: its schema decides (a default).
-    assert props["place_id"] == BOOKING["properties"]["place_id"]
+    # The identifier is one a search returned (a default), not the "two" of the party.
+    assert props["place_id"] == {"enum": ["p-17"]}
+
+
+def test_an_identifier_nobody_named_keeps_a_workflows_tool_out_of_the_turn() -> None:
+    # A workflow's required identifier that neither the user nor a result holds yet: the
+    # call that finds it comes first. A plain request (no workflow) keeps its schema.
+    held = Held(said_in("Book a table for two at 7:30pm on 3 December 2026"))
+    assert narrow_properties("book", BOOKING, DECLARED, held, defaults=True) is None
+    plain = narrow_properties("book", BOOKING, DECLARED, held, defaults=True, plain=True)
+    assert plain is not None
+    assert plain["properties"]["place_id"] == BOOKING["properties"]["place_id"]
 
 
 def test_a_value_the_schema_would_refuse_is_never_offered() -> None:
     # 7:15pm is no slot (the pattern wants :00 or :30), 40 is over the maximum: the user
     # said nothing usable, so each keeps its schema rather than block the call.
     said = said_in("40 of us at 7:15pm on 2026-12-03")
-    narrowed = narrow_properties("book", BOOKING, DECLARED, Held(said), defaults=True)
+    held = Held(said, calls=SEARCHED)
+    narrowed = narrow_properties("book", BOOKING, DECLARED, held, defaults=True)
     assert narrowed is not None
     props = narrowed["properties"]
     assert props["time"] == BOOKING["properties"]["time"]
@@ -241,3 +256,105 @@ def test_a_workflow_declares_provenance_and_its_sources_must_be_its_tools() -> N
         parse_workflow(
             {**base, "provenance": {"bookings.create": {"x": "nobody"}}}, known_tools=tools
         )
+
+
+# -- identifiers, forms, and what a failed call's message says ---------------------------------
+
+
+def test_an_identifier_named_code_or_ref_takes_the_ones_written_inside_results() -> None:
+    # The error code of a log line is inside a string: the identifiers there are offered,
+    # and the description's example ("e.g. E-1234") keeps the ones of its form.
+    tool = {
+        "type": "object",
+        "properties": {
+            "error_code": {"type": "string", "description": "the code, e.g. E-1234"},
+            "other_code": {"type": "string"},
+        },
+        "required": ["error_code", "other_code"],
+    }
+    log = "07:11 INFO worker-1 ok\n07:12 INFO worker-2 ok\n07:17 ERROR payment E-4417 timeout"
+    held = Held(said_in("Record the error"), calls=(("fetch_log", {}, {"log": log}),))
+    props = narrow_properties("record", tool, {}, held, defaults=True)["properties"]  # type: ignore[index]
+    assert props["error_code"] == {"enum": ["E-4417"]}
+    assert props["other_code"] == {"enum": ["worker-1", "worker-2", "E-4417"]}
+
+
+def test_a_number_the_user_gave_for_an_identifier_may_take_its_prefix() -> None:
+    tool = {
+        "type": "object",
+        "properties": {"order_id": {"type": "string"}},
+        "required": ["order_id"],
+    }
+    held = Held(said_in("Refund order 7781 for 2 people"))
+    prop = narrow_properties("get_order", tool, {}, held, defaults=True)["properties"]["order_id"]  # type: ignore[index]
+    # "7781" as written, or with a prefix nothing has shown yet; never the party's "2".
+    assert prop["anyOf"][0] == {"enum": ["7781"]}
+    pattern = prop["anyOf"][1]["pattern"]
+    assert re.fullmatch(pattern, "ORD-7781") and not re.fullmatch(pattern, "ORD-2")
+    # The tool refused "7781" and showed its form: the retry is held to that form.
+    failed = Held(
+        said_in("Refund order 7781"),
+        failures={"get_order": ({"order_id": "7781"}, "bad order id '7781': like ORD-1234")},
+        failed={("get_order", "order_id"): frozenset({"7781"})},
+    )
+    retry = narrow_properties("get_order", tool, {}, failed, defaults=True)
+    assert retry["properties"]["order_id"] == {"enum": ["ORD-7781"]}  # type: ignore[index]
+
+
+@pytest.mark.parametrize(
+    ("message", "args", "blamed_args"),
+    [
+        (
+            "category must be one of billing, bug, account",
+            {"id": "T-1", "category": "x"},
+            {"category"},
+        ),
+        ("no log for 'fetch'; known: checkout", {"service": "fetch"}, {"service"}),
+        ("bad order id '77': ids look like ORD-1", {"order_id": "77"}, {"order_id"}),
+        ("the upstream timed out", {"service": "fetch"}, set()),
+    ],
+)
+def test_a_failed_calls_message_blames_the_arguments_it_names_or_quotes(
+    message: str, args: dict[str, Any], blamed_args: set[str]
+) -> None:
+    assert blamed(args, message) == blamed_args
+
+
+def test_the_retry_of_a_plain_string_takes_what_the_tools_message_offers() -> None:
+    tool = {
+        "type": "object",
+        "properties": {"ticket_id": {"type": "string"}, "category": {"type": "string"}},
+        "required": ["ticket_id", "category"],
+    }
+    args = {"ticket_id": "T-1001", "category": "TicketType1"}
+    message = "category must be one of billing, bug, feature_request, account"
+    held = Held(said_in("Handle ticket T-1001"), failures={"classify": (args, message)})
+    props = narrow_properties("classify", tool, {}, held, defaults=True)["properties"]  # type: ignore[index]
+    # The list the message names, in order; the identifier the message is not about keeps
+    # its own narrowing.
+    assert props["category"] == {"enum": ["billing", "bug", "feature_request", "account"]}
+    assert props["ticket_id"] == {"enum": ["T-1001"]}
+    # With the user as a source, the message's words the user also wrote come first.
+    said = said_in("The checkout service is failing. Fetch its log.")
+    service = {"type": "object", "properties": {"service": {"type": "string"}}}
+    held = Held(
+        said,
+        spent=frozenset({"fetch"}),
+        failures={"fetch_log": ({"service": "fetch"}, "no log for 'fetch'; known: checkout")},
+    )
+    props = narrow_properties("fetch_log", service, {"service": (User(),)}, held, defaults=False)[
+        "properties"
+    ]  # type: ignore[index]
+    assert props["service"] == {"enum": ["log", "checkout"]}
+
+
+def test_a_description_that_shows_a_form_keeps_the_users_words_of_that_form() -> None:
+    tool = {
+        "type": "object",
+        "properties": {"origin": {"type": "string", "description": "IATA code, e.g. CDG"}},
+    }
+    held = Held(said_in("Book the cheapest flight from CDG to JFK on 2026-12-03"))
+    props = narrow_properties("search", tool, {"origin": (User(),)}, held, defaults=False)[
+        "properties"
+    ]  # type: ignore[index]
+    assert props["origin"] == {"type": "string", "pattern": "^(CDG|JFK)( (CDG|JFK)){0,5}$"}

@@ -245,6 +245,7 @@ def read_run(
     terminal = set(scenario.terminal_tools)
     calls: dict[str, tuple[str, Any]] = {}
     graded: list[Call] = []
+    trace: list[list[Any]] = []
     nudges: dict[str, int] = {}
     compactions: dict[str, int] = {}
     rescues = repaired = degraded = tool_errors = 0
@@ -263,6 +264,7 @@ def read_run(
             ok = bool(data["ok"])
             tool_errors += not ok
             graded.append(Call(name, args if isinstance(args, dict) else {}, ok))
+            trace.append([name, args, None if ok else _failure(data)])
             if ok and name in terminal and terminal_args is None:
                 terminal_args = args if isinstance(args, dict) else {}
                 terminal_name = name
@@ -309,4 +311,12 @@ def read_run(
         error_message=error_message,
         terminal=terminal_name,
         config=dict(config),
+        trace=trace,
     )
+
+
+def _failure(result: Mapping[str, Any]) -> str:
+    """A failed tool result's message, short enough for a line of the JSONL."""
+    error = result.get("error")
+    text = error.get("message") if isinstance(error, Mapping) else error
+    return str(text if text is not None else result.get("result", ""))[:160]

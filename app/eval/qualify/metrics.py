@@ -64,6 +64,10 @@ class RunResult:
     error_message: str | None = None  # the error frame's message, cut to 300 characters
     terminal: str | None = None
     config: Mapping[str, Any] = field(default_factory=dict)
+    # The run's calls in order, as [tool, args, error]: error is None for a call that
+    # succeeded, else the tool's message cut to 160 characters. Why a run failed, readable
+    # from the JSONL alone.
+    trace: Sequence[Sequence[Any]] = ()
 
     def key(self) -> tuple[str, str, str, str, int]:
         """What makes a run unique in a batch: a resumed batch skips keys it has."""
