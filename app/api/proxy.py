@@ -30,6 +30,7 @@ from toolforge.api.json_depth import check_depth
 from toolforge.api.models import ChatCompletionRequest
 from toolforge.api.retry_after import retry_headers
 from toolforge.api.sse import FrameStreamResponse
+from toolforge.core.input_content import accepted_input, check_messages
 from toolforge.core.protocol.openai import ChunkWriter, CompletionBuilder, error_body
 from toolforge.errors import ErrorCode, RequestError, ToolForgeError
 from toolforge.runtime.completion_plan import plan_completion, plan_workflow_completion
@@ -164,7 +165,12 @@ async def complete(
     the stream."""
     try:
         body = await read_body(receive, declared, gw.settings.max_body_bytes)
-        req = _parse(body, gw.settings.max_request_depth)
+        settings = gw.settings
+        req = _parse(body, settings.max_request_depth)
+        # An image or file part the upstream is not sent is refused by name, before any
+        # model call (docs/proxy.md, "Images and files"), as the Responses API does.
+        kind = settings.upstream_kind
+        check_messages(req.messages, accepted_input(kind, settings.upstream_input), kind)
         plan = chat_planner(gw, req, key)
         # The same start as every stream's: resumable on any replica, with Redis.
         opened = await gw.streams.open(

@@ -20,11 +20,13 @@ Two facts per ``UPSTREAM_KIND`` (docs/responses.md, "Images and files"):
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from types import MappingProxyType
-from typing import Final
+from typing import Any, Final
 
-__all__ = ["CONTENT_KINDS", "PART_KINDS", "accepted_input"]
+from toolforge.errors import ErrorCode, RequestError
+
+__all__ = ["CONTENT_KINDS", "PART_KINDS", "accepted_input", "check_messages", "check_parts"]
 
 # The kinds of content, as UPSTREAM_INPUT names them.
 CONTENT_KINDS: Final = ("text", "image", "file")
@@ -52,3 +54,47 @@ def accepted_input(kind: str, declared: str | None = None) -> frozenset[str]:
         else _TAKES.get(kind, _TEXT)
     )
     return (takes & _CARRIES.get(kind, _TEXT)) | _TEXT
+
+
+def check_parts(
+    parts: object,
+    field: str,
+    accepts: frozenset[str],
+    upstream: str,
+    kinds: Mapping[str, str] = PART_KINDS,
+) -> None:
+    """Refuse the first part of ``parts`` (a message's content, at ``field``) whose kind
+    the upstream (``UPSTREAM_KIND`` ``upstream``) is not sent: it takes only the kinds in
+    ``accepts`` (:func:`accepted_input`). ``kinds`` maps a part's type to its kind
+    (Chat Completions' by default; the Responses API passes its ``input_image`` and
+    ``input_file``); a type it does not name is not this check's to judge. A string
+    content, or anything not a list, passes. The 400 names the part: ``field[j]``."""
+    if not isinstance(parts, Sequence) or isinstance(parts, str):
+        return
+    for j, part in enumerate(parts):
+        kind = kinds.get(str(part.get("type"))) if isinstance(part, Mapping) else None
+        if kind is not None and kind not in accepts:
+            place = f"{field}[{j}]"
+            message = (
+                f"{part['type']} content cannot go to this upstream (UPSTREAM_KIND={upstream}), "
+                f"which takes {', '.join(sorted(accepts))} only: send it as text, or use a "
+                f"model server that reads {kind}s (UPSTREAM_INPUT declares what the server "
+                "takes)"
+            )
+            raise RequestError(
+                ErrorCode.BAD_REQUEST,
+                f"invalid '{place}': {message}",
+                details=[{"field": place, "message": message}],
+                http_status=400,
+            )
+
+
+def check_messages(
+    messages: Sequence[Mapping[str, Any]], accepts: frozenset[str], upstream: str
+) -> None:
+    """:func:`check_parts` over Chat Completions messages: the first image or file part
+    the upstream is not sent is refused as ``messages[i].content[j]``."""
+    for i, message in enumerate(messages):
+        content = message.get("content")
+        if isinstance(content, list):  # the common case, a string, costs one check
+            check_parts(content, f"messages[{i}].content", accepts, upstream)

@@ -45,6 +45,7 @@ from typing import Any, Final
 
 import orjson
 
+from toolforge.core.input_content import check_parts
 from toolforge.core.native_tools import to_openai_name
 from toolforge.core.protocol.answer import HELD, WorkflowAnswer
 from toolforge.core.protocol.frames import (
@@ -595,24 +596,13 @@ def check_content(items: Sequence[Any], accepts: frozenset[str], upstream: str) 
     """Refuse, by its place in ``input``, the first image or file part that the upstream
     (``UPSTREAM_KIND`` ``upstream``) is not sent: it takes only the kinds in ``accepts``
     (:func:`toolforge.core.input_content.accepted_input`). Call it on items that
-    :func:`chat_messages` has read."""
+    :func:`chat_messages` has read. The proxy's check is the same function
+    (:func:`toolforge.core.input_content.check_parts`)."""
     for i, item in enumerate(items):
         if not isinstance(item, Mapping):
             continue
         where = "output" if item.get("type") == "function_call_output" else "content"
-        parts = item.get(where)
-        if not isinstance(parts, Sequence) or isinstance(parts, str):
-            continue
-        for j, part in enumerate(parts):
-            kind = _PART_KINDS.get(str(part.get("type"))) if isinstance(part, Mapping) else None
-            if kind is not None and kind not in accepts:
-                raise _bad(
-                    f"input[{i}].{where}[{j}]",
-                    f"{part['type']} content cannot go to this upstream (UPSTREAM_KIND="
-                    f"{upstream}), which takes {', '.join(sorted(accepts))} only: send it as "
-                    f"text, or use a model server that reads {kind}s (UPSTREAM_INPUT declares "
-                    "what the server takes)",
-                )
+        check_parts(item.get(where), f"input[{i}].{where}", accepts, upstream, _PART_KINDS)
 
 
 def output_items_of(resource: Mapping[str, Any]) -> list[dict[str, Any]]:
