@@ -29,6 +29,10 @@ arm's format, read by the same code, plus one role chunk first.
 - B4: 200 concurrent streams at ~50 tokens/s; delivered %, gateway RSS, then leaks: active
   streams (``GET /metrics``) and the gateway's sockets to the upstream (/proc) after the
   clients finished, and after 200 clients hung up mid-stream.
+- ``--formats``: B1 and B2 once more for every wire format (the Responses API, AG-UI, the
+  AI SDK UI stream, the WebSocket) beside ``/v1/stream`` and the direct upstream, reported
+  as ratios to ``/v1/stream`` (``bench.formats``); the budget: each format at most 10 %
+  more gateway CPU per token than ``/v1/stream``.
 
 Targets (issue text): B1 added p50 ≤ 1 ms, p99 ≤ 3 ms; B2 ratio ≥ 0.5 (aim 0.8) and
 ≤ 15 µs gateway CPU per plain-text token; B3 p99 |Δgap| ≤ 1 ms and zero bursts; B4 ≥ 99 %
@@ -1157,8 +1161,16 @@ async def run(args: argparse.Namespace, rep: Report) -> None:
         relay = Target("relay", relay_proc.port, "/v1/chat/completions", direct_body)
         if "b1" in args.only:
             await b1(rep, direct, gateway, proxy, relay, gw, args.b1_requests, args.b1_warmup)
+            if args.formats:
+                from bench.formats import b1_formats
+
+                await b1_formats(rep, up.port, gw, args.b1_requests, args.b1_warmup)
         if "b2" in args.only:
             await b2(rep, direct, gateway, proxy, gw, up, args.b2_tokens, args.b2_repeats)
+            if args.formats:
+                from bench.formats import b2_formats
+
+                await b2_formats(rep, up, gw, args.b2_tokens, args.b2_repeats)
         if "b3" in args.only:
             await b3(rep, direct, gateway, gw, args.b3_tokens, seed=11)
         if "b4" not in args.only:
@@ -1188,6 +1200,11 @@ def main() -> None:
         default="b1,b2,b3,b4",
         help="comma-separated subset of b1,b2,b3,b4 to run (implies --no-write)",
     )
+    parser.add_argument(
+        "--formats",
+        action="store_true",
+        help="B1 and B2 for every wire format beside /v1/stream too (bench.formats)",
+    )
     args = parser.parse_args()
     args.only = set(args.only.lower().split(","))
     if not args.only <= {"b1", "b2", "b3", "b4"}:
@@ -1201,6 +1218,7 @@ def main() -> None:
     args.b4_streams, args.b4_tokens = (200, 60) if q else (200, 150)
 
     command = "python -m bench.gateway" + (" --quick" if q else "")
+    command += " --formats" if args.formats else ""
     rep = Report()
     rep.add(
         "",
