@@ -785,11 +785,14 @@ def _narrow(
     elif kind == "string" and message is not None and "enum" not in own:
         # What the tool's own message offers (a list it names, else its words), the
         # user's among them first when the user is a source: "known: checkout".
-        values = [v for v in error_values(message, _not_values(tool, arg, held)) if check(v)]
+        offered = [v for v in error_values(message, _not_values(tool, arg, held)) if check(v)]
         if any(isinstance(source, User) for source in sources):
+            # The user's words the message names ("known: checkout"); a message that
+            # names none of them ("no entity named 'File'") leaves the user's words.
             user = {w.lower() for w in content_words(held.said, held.spent)}
-            values = [v for v in values if str(v).lower() in user] or values
-        words = None
+            offered = [v for v in offered if str(v).lower() in user]
+        if offered:  # else the sources' values, less what failed
+            values, words = offered, None
     failed = held.failed.get((tool, arg))
     if failed:
         values = [v for v in values if (v if isinstance(v, str) else repr(v)) not in failed]

@@ -358,3 +358,19 @@ def test_a_description_that_shows_a_form_keeps_the_users_words_of_that_form() ->
         "properties"
     ]  # type: ignore[index]
     assert props["origin"] == {"type": "string", "pattern": "^(CDG|JFK)( (CDG|JFK)){0,5}$"}
+
+
+def test_a_message_that_names_none_of_the_users_words_leaves_the_users_words() -> None:
+    # "no entity named 'File'": the user is the source, and the message's words are not
+    # the user's; the retry keeps the user's words, less the ones that failed.
+    tool = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}
+    held = Held(
+        said_in("File a report on Acme Robotics"),
+        spent=frozenset({"file"}),
+        failures={"find": ({"name": "File"}, "no entity named 'File'")},
+        failed={("find", "name"): frozenset({"File"})},
+    )
+    prop = narrow_properties("find", tool, {"name": (User(),)}, held, defaults=False)["properties"][
+        "name"
+    ]  # type: ignore[index]
+    assert prop["pattern"].startswith("^(report|Acme|acme|Robotics|robotics)(")
