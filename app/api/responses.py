@@ -26,6 +26,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from fastapi.routing import APIRoute
 from starlette.datastructures import State
+from starlette.routing import Match
 
 from toolforge.api.auth import ApiKey, allowed_tools, check_workflow, own, request_key
 from toolforge.api.body import ClientGone, read_body
@@ -422,3 +423,48 @@ async def list_input_items(
             "has_more": len(items) > len(page),
         }
     )
+
+
+# -- any other path or method under /v1/responses ---------------------------------------------
+
+_ANY_METHOD: Final = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
+
+
+@router.api_route("/v1/responses", methods=_ANY_METHOD, include_in_schema=False)
+@router.api_route("/v1/responses/{rest:path}", methods=_ANY_METHOD, include_in_schema=False)
+async def unrouted(request: Request) -> Response:
+    """A path under ``/v1/responses`` that no route above serves (404), or one served with
+    another method (405, ``Allow`` naming the methods), in OpenAI's error shape instead of
+    Starlette's plain body, so the SDKs raise ``NotFoundError`` with the gateway's message.
+    Registered last: every route above is tried first; a route under ``/v1/responses``
+    belongs in this router, above these."""
+    method, path = request.method, request.url.path
+    allowed = sorted(
+        {
+            allowed_method
+            for route in router.routes
+            if isinstance(route, APIRoute)
+            and route.endpoint is not unrouted
+            and route.matches(request.scope)[0] is Match.PARTIAL
+            for allowed_method in route.methods
+        }
+    )
+    if not allowed:
+        return openai_error(
+            RequestError(
+                ErrorCode.NOT_FOUND,
+                f"no route {method} {path}: the Responses API serves POST /v1/responses, "
+                "GET and DELETE /v1/responses/{id}, POST /v1/responses/{id}/cancel and "
+                "GET /v1/responses/{id}/input_items",
+                http_status=404,
+            )
+        )
+    refused = openai_error(
+        RequestError(
+            ErrorCode.BAD_REQUEST,
+            f"{method} is not a method of {path}: use {', '.join(allowed)}",
+            http_status=405,
+        )
+    )
+    refused.headers["Allow"] = ", ".join(allowed)
+    return refused
