@@ -99,6 +99,24 @@ export function cancelStream(streamId: string, options: ConnectionOptions = {}) 
   );
 }
 
+/** What `POST /v1/streams/{id}/pause` and `…/resume` answer: the state after the command. */
+export interface PauseState {
+  stream_id: string;
+  paused: boolean;
+}
+
+/**
+ * `POST /v1/streams/{id}/pause` (`paused: true`) or `…/resume` (`false`): the gateway
+ * stops reading the model, or reads it again (docs/protocol.md §7).
+ */
+export function pauseStream(streamId: string, paused: boolean, options: ConnectionOptions = {}) {
+  return call<PauseState>(
+    options,
+    "POST",
+    `/v1/streams/${segment(streamId)}/${paused ? "pause" : "resume"}`,
+  );
+}
+
 /** `POST /v1/streams/{id}/approvals/{call_id}`: run (`true`) or refuse a waiting call. */
 export function approveCall(
   streamId: string,

@@ -12,6 +12,8 @@ export {
   type ConnectionOptions,
   getRun,
   listRuns,
+  pauseStream,
+  type PauseState,
   postToolResult,
   type RunDetail,
   type RunSummary,

@@ -5,11 +5,13 @@
  *
  * Theory of operation. One loop reads the response body with a `ReadableStream` reader,
  * feeds the bytes to `eventsource-parser`, and dispatches the parsed events one by one.
- * `pause()` closes a gate the loop waits at before dispatching the next event and before
- * the next `read()`: nothing more is read from the socket, so the kernel's buffers fill,
- * the gateway's bounded queue fills behind them, and the gateway stops reading the model
- * (docs/protocol.md §7, backpressure). A client tool runs beside the loop (the stream
- * goes on: pings keep coming), and its result is posted to `…/tool_results/{call_id}`.
+ * `pause()` and `resume()` are the gateway's commands (docs/protocol.md §7): `pause` on the
+ * socket with `transport: "ws"`, else `POST /v1/streams/{id}/pause` (and `…/resume`); the
+ * gateway stops reading the model, so the model really stops, and the loop goes on
+ * delivering what was made before (`stream.paused`, then at most one read's frames). A
+ * pause asked before the stream id is known is sent with `stream.begin`, as a cancel is.
+ * A client tool runs beside the loop (the stream goes on: pings keep coming), and its
+ * result is posted to `…/tool_results/{call_id}`.
  * When the body fails or ends before `done`, the loop reconnects with
  * `GET /v1/streams/{id}` and the last frame id it saw, so every frame arrives exactly once.
  *
@@ -36,6 +38,8 @@ import {
   type ConnectionOptions,
   fetchOf,
   headersOf,
+  type PauseState,
+  pauseStream,
   postToolResult,
   type ToolResultBody,
 } from "./http.js";
@@ -154,8 +158,7 @@ export interface StreamOptions extends ConnectionOptions {
   /**
    * `"sse"` (default): the frames over SSE, tool results and approvals as HTTP posts.
    * `"ws"`: one WebSocket for both ways (docs/websocket.md); the API key goes as the
-   * `token` query parameter. `pause()` then stops delivering, but a WebSocket keeps
-   * reading underneath: the gateway's backpressure does not reach the model.
+   * `token` query parameter; `pause()` and `resume()` go on the socket.
    */
   transport?: "sse" | "ws";
   /** The WebSocket constructor for `transport: "ws"` (default: the global `WebSocket`). */
@@ -186,11 +189,17 @@ export interface StreamOutcome {
 export interface StreamHandle {
   /** The gateway's stream id, once the response has started. */
   readonly streamId: string | undefined;
+  /** Whether the last of `pause()` / `resume()` asked was `pause()`, and the stream runs on. */
   readonly paused: boolean;
-  /** Stop reading (and delivering): the gateway's backpressure reaches the model. */
-  pause(): void;
-  /** Read and deliver again. */
-  resume(): void;
+  /**
+   * Pause the model on the gateway (`pause` on the socket, else `POST …/pause`): it reads
+   * no more of the model until `resume()`, or `PAUSE_MAX_S`. Events keep coming: the
+   * `stream.paused` event, and what the model made before. Resolves with the gateway's
+   * answer (`{stream_id, paused}`; `undefined` when sent later, with `stream.begin`).
+   */
+  pause(): Promise<PauseState | undefined>;
+  /** Read the model again (`resume` on the socket, else `POST …/resume`): `stream.resumed`. */
+  resume(): Promise<PauseState | undefined>;
   /** Cancel the stream on the gateway; `done` then resolves with reason `cancelled`. */
   cancel(): Promise<void>;
   /** Approve (or, with `false`, refuse) a tool call that waits for approval. */
@@ -219,8 +228,8 @@ class StreamRun {
   private lastId = 0;
   private reconnects = 0;
   private paused = false;
-  private openGate: (() => void) | undefined;
-  private gate: Promise<void> | undefined;
+  /** The pause state asked before the stream id was known: sent with `stream.begin`. */
+  private pendingPause: boolean | undefined;
   private connection: AbortController | undefined;
   private socket: StreamSocket | undefined;
   /** Why the run stops early (timeout, abort, a callback's error): set once. */
@@ -255,7 +264,7 @@ class StreamRun {
         return self.streamId;
       },
       get paused() {
-        return self.paused;
+        return self.paused && !self.finished;
       },
       pause: () => this.pause(),
       resume: () => this.resume(),
@@ -267,27 +276,43 @@ class StreamRun {
 
   // -- the handle ---------------------------------------------------------------------
 
-  private pause(): void {
-    if (this.paused || this.finished) return;
-    this.paused = true;
-    this.gate = new Promise((resolve) => {
-      this.openGate = resolve;
-    });
+  private pause(): Promise<PauseState | undefined> {
+    return this.setPaused(true);
   }
 
-  private resume(): void {
-    if (!this.paused) return;
-    this.paused = false;
-    this.openGate?.();
-    this.gate = this.openGate = undefined;
+  private resume(): Promise<PauseState | undefined> {
+    return this.setPaused(false);
+  }
+
+  /** The gateway's pause or resume: on the socket when there is one, else over HTTP. */
+  private async setPaused(paused: boolean): Promise<PauseState | undefined> {
+    if (this.finished || this.stopped) return undefined;
+    this.paused = paused;
+    if (this.socket?.isOpen) {
+      try {
+        return (await this.socket.command({ type: paused ? "pause" : "resume" })) as PauseState;
+      } catch (error) {
+        if (this.doneData !== undefined) return undefined; // the stream ended meanwhile
+        throw error;
+      }
+    }
+    if (this.streamId === undefined) {
+      this.pendingPause = paused; // sent with `stream.begin` (see `deliver`)
+      return undefined;
+    }
+    return pauseStream(this.streamId, paused, this.conn);
   }
 
   private async cancel(): Promise<void> {
     if (this.finished || this.cancelRequested) return;
     this.cancelRequested = true;
-    this.resume(); // the cancelled stream's last frames must be read for `done` to come
-    if (this.socket?.isOpen) await this.socket.command({ type: "cancel" });
-    else if (this.streamId !== undefined) await cancelStream(this.streamId, this.conn);
+    if (this.socket?.isOpen) {
+      // The gateway answers a cancel once the stream has ended, after its `done`, which
+      // closes the socket: the answer may never be read, and the cancel has worked.
+      await this.socket.command({ type: "cancel" }).catch((error: unknown) => {
+        if (this.doneData === undefined) throw error;
+      });
+    } else if (this.streamId !== undefined) await cancelStream(this.streamId, this.conn);
     // else: posted as soon as the stream id is known (see `dispatch`)
   }
 
@@ -312,7 +337,6 @@ class StreamRun {
     if (this.stopped || this.finished) return;
     this.stopped = true;
     this.failure = failure;
-    this.resume();
     this.connection?.abort(failure);
     this.socket?.close();
     if (this.streamId !== undefined) {
@@ -493,7 +517,6 @@ class StreamRun {
   private async readSocket(socket: StreamSocket): Promise<boolean> {
     try {
       for (;;) {
-        if (this.gate) await this.gate;
         if (this.stopped) throw this.failure;
         const message: SocketMessage | undefined = await socket.next();
         if (this.stopped) throw this.failure;
@@ -560,12 +583,10 @@ class StreamRun {
     try {
       for (;;) {
         while (queue.length > 0) {
-          if (this.gate) await this.gate;
           if (this.stopped) throw this.failure;
           this.dispatch(queue.shift() as EventSourceMessage);
           if (this.doneData !== undefined) return true;
         }
-        if (this.gate) await this.gate;
         if (this.stopped) throw this.failure;
         let chunk: ReadableStreamReadResult<Uint8Array>;
         try {
@@ -619,6 +640,7 @@ class StreamRun {
       case "stream.begin":
         this.streamId = event.data.stream_id;
         if (this.cancelRequested) cancelStream(this.streamId, this.conn).catch(() => undefined);
+        else if (this.pendingPause !== undefined) this.sendPendingPause();
         break;
       case "text.delta":
         this.text += event.data.chunk;
@@ -657,6 +679,16 @@ class StreamRun {
       default:
         break; // the other frames reach onEvent only
     }
+  }
+
+  /** A pause asked before the stream id was known, now that it is (best effort). */
+  private sendPendingPause(): void {
+    const paused = this.pendingPause as boolean;
+    this.pendingPause = undefined;
+    const sent = this.socket?.isOpen
+      ? this.socket.command({ type: paused ? "pause" : "resume" })
+      : pauseStream(this.streamId as string, paused, this.conn);
+    sent.catch(() => undefined);
   }
 
   private protocol(message: string): ToolForgeError {
