@@ -446,7 +446,7 @@ async def unrouted(request: Request) -> Response:
             if isinstance(route, APIRoute)
             and route.endpoint is not unrouted
             and route.matches(request.scope)[0] is Match.PARTIAL
-            for allowed_method in route.methods
+            for allowed_method in route.methods or ()
         }
     )
     if not allowed:
