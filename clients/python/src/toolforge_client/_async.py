@@ -107,6 +107,14 @@ class AsyncToolForge(ClientBase):
     async def cancel(self, stream_id: str) -> dict[str, Any]:
         return await self._post(f"/v1/streams/{stream_id}/cancel", None)
 
+    async def pause(self, stream_id: str) -> dict[str, Any]:
+        """As :meth:`ToolForge.pause`: ``POST /v1/streams/{id}/pause``."""
+        return await self._post(f"/v1/streams/{stream_id}/pause", None)
+
+    async def unpause(self, stream_id: str) -> dict[str, Any]:
+        """As :meth:`ToolForge.unpause`: ``POST /v1/streams/{id}/resume``."""
+        return await self._post(f"/v1/streams/{stream_id}/resume", None)
+
     async def approve(self, stream_id: str, call_id: str, approve: bool = True) -> dict[str, Any]:
         return await self._post(
             f"/v1/streams/{stream_id}/approvals/{call_id}", {"approve": approve}
@@ -188,6 +196,18 @@ class AsyncStream(StreamBase[AsyncToolForge], AbstractAsyncContextManager["Async
         if self._socket is not None:
             return await self._socket.command({"type": "cancel"})
         return await self._client.cancel(self._require_id())
+
+    async def pause(self) -> dict[str, Any]:
+        """As :meth:`Stream.pause`: the model stops on the gateway until :meth:`resume`."""
+        if self._socket is not None:
+            return await self._socket.command({"type": "pause"})
+        return await self._client.pause(self._require_id())
+
+    async def resume(self) -> dict[str, Any]:
+        """As :meth:`Stream.resume`."""
+        if self._socket is not None:
+            return await self._socket.command({"type": "resume"})
+        return await self._client.unpause(self._require_id())
 
     async def approve(self, call_id: str, approve: bool = True) -> dict[str, Any]:
         if self._socket is not None:

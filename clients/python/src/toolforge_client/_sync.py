@@ -132,6 +132,17 @@ class ToolForge(ClientBase):
         """``POST /v1/streams/{id}/cancel``: answers once the stream has ended."""
         return self._post(f"/v1/streams/{stream_id}/cancel", None)
 
+    def pause(self, stream_id: str) -> dict[str, Any]:
+        """``POST /v1/streams/{id}/pause``: the gateway stops reading the model (the model
+        really stops; the stream stays open and sends ``stream.paused``). Answers
+        ``{"stream_id", "paused"}``, the state after the command."""
+        return self._post(f"/v1/streams/{stream_id}/pause", None)
+
+    def unpause(self, stream_id: str) -> dict[str, Any]:
+        """``POST /v1/streams/{id}/resume``: the model is read again (``stream.resumed``).
+        Named apart from :meth:`resume`, which follows a stream after a dropped connection."""
+        return self._post(f"/v1/streams/{stream_id}/resume", None)
+
     def approve(self, stream_id: str, call_id: str, approve: bool = True) -> dict[str, Any]:
         """Approve (or, ``approve=False``, deny) a tool call that needs approval."""
         return self._post(f"/v1/streams/{stream_id}/approvals/{call_id}", {"approve": approve})
@@ -212,6 +223,21 @@ class Stream(StreamBase[ToolForge], AbstractContextManager["Stream"]):
         if self._socket is not None:
             return self._socket.command({"type": "cancel"})
         return self._client.cancel(self._require_id())
+
+    def pause(self) -> dict[str, Any]:
+        """Pause the model on the gateway (``pause`` on the socket with ``transport="ws"``,
+        else ``POST /v1/streams/{id}/pause``): it reads no more of the model until
+        :meth:`resume` (or ``PAUSE_MAX_S``). Iterating goes on: ``stream.paused`` and the
+        frames already made still come. Answers ``{"stream_id", "paused"}``."""
+        if self._socket is not None:
+            return self._socket.command({"type": "pause"})
+        return self._client.pause(self._require_id())
+
+    def resume(self) -> dict[str, Any]:
+        """Read the model again after :meth:`pause` (``stream.resumed``)."""
+        if self._socket is not None:
+            return self._socket.command({"type": "resume"})
+        return self._client.unpause(self._require_id())
 
     def approve(self, call_id: str, approve: bool = True) -> dict[str, Any]:
         if self._socket is not None:
