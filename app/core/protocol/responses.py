@@ -430,33 +430,35 @@ class ResponseWriter:
         """The SSE events for one batch of encoded frames (``id/event/data`` blocks), with
         the first two events in front of the first batch."""
         out = [sse_event(event) for event in self.start()] if not self.started else []
+        join = b"".join
+        in_text = self._in_text()  # a message item is open: text deltas take the fast path
         for block in encoded.split(b"\n\n"):
             if not block:
                 continue
             # b"id: N\nevent: NAME\ndata: JSON" (orjson leaves no newline in the JSON)
             _, event_line, data_line = block.split(b"\n", 2)
-            open_ = self._open
-            if (
-                event_line == b"event: text.delta"
-                and open_ is not None
-                and open_["type"] == "message"
-            ):
+            if in_text and event_line == b"event: text.delta":
                 # The per-token path: the frame's JSON string spliced into the event, no
-                # dict built (the same bytes as sse_event's, tests/core/test_wire_encoders.py).
+                # dict built (the same bytes as sse_event's, tests/core/test_wire_encoders.py);
+                # one join, not four concatenations (bench.gateway --formats, B2).
                 chunk = data_line[15:-1]  # data: {"chunk":<this>}
                 self._text.append(chunk)
+                seq = self._seq
+                self._seq = seq + 1
                 out.append(
-                    _TEXT_DELTA_HEAD
-                    + b"%d," % self._seq
-                    + self._delta_head
-                    + chunk
-                    + _TEXT_DELTA_TAIL
+                    join(
+                        (_TEXT_DELTA_HEAD, b"%d," % seq, self._delta_head, chunk, _TEXT_DELTA_TAIL)
+                    )
                 )
-                self._seq += 1
                 continue
             events = self.frame(event_line[7:].decode(), orjson.loads(data_line[6:]), now=now)
             out.extend(sse_event(event) for event in events)
-        return b"".join(out)
+            in_text = self._in_text()
+        return join(out)
+
+    def _in_text(self) -> bool:
+        open_ = self._open
+        return open_ is not None and open_["type"] == "message"
 
 
 # -- input items -> chat messages ---------------------------------------------------------------
