@@ -1218,6 +1218,8 @@ def main() -> None:
     args.b4_streams, args.b4_tokens = (200, 60) if q else (200, 150)
 
     command = "python -m bench.gateway" + (" --quick" if q else "")
+    if args.only != {"b1", "b2", "b3", "b4"}:
+        command += " --only " + ",".join(sorted(args.only))
     command += " --formats" if args.formats else ""
     rep = Report()
     rep.add(
