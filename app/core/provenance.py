@@ -39,6 +39,10 @@ Where a workflow declares nothing for an argument, a default applies (:func:`def
                                                 earlier calls
     required identifier                         earlier results (under its name or ``id``),
                                                 earlier calls, the user's tokens
+    required identifier, integer identifier     (also) the identifiers written inside earlier
+                                                results' strings; nothing held: the tool is left
+                                                out of a workflow's turn
+    required e-mail address                     the user's addresses, earlier results and calls
     required plain string                       the schema alone (free text: a resolution, a
                                                 message)
     optional argument                           earlier results and calls under its name
@@ -49,6 +53,11 @@ its ``provenance`` guardrail) gets the same defaults, except that an optional pl
 keeps its schema, and an optional number may take the user's numbers only when the user
 wrote more numbers than the tool's required number arguments take ("height 150" is no
 gravity; "10 m/s for 5 s at 9.8" has a number for the optional acceleration).
+
+A call that failed for good teaches its retry (:func:`blamed`, :func:`error_values`,
+:func:`in_their_form`): the arguments its message names or quotes take what the message
+offers (a list it names, its words, the form of an identifier it shows), never the value
+that failed (docs/workflows.md).
 
 A declared source that holds nothing leaves the tool out of the turn while the argument is
 required (its values do not exist yet: call what produces them first), unless the user is
@@ -543,8 +552,19 @@ def values_under(data: object, key: str, depth: int = 0) -> Iterator[object]:
 # -- narrowing ---------------------------------------------------------------------------------
 
 Kind = Literal[
-    "integer", "number", "date", "time", "date-time", "id", "number-id", "string", "other"
+    "integer",
+    "number",
+    "date",
+    "time",
+    "date-time",
+    "id",
+    "number-id",
+    "email",
+    "string",
+    "other",
 ]
+# An e-mail address by its name (``email``, ``*_email``, ``*Email``), as with identifiers.
+_EMAIL_NAME: Final = re.compile(r"(?:^|_)e?mail$|[a-z]E?[mM]ail$|^e?mail_?address$")
 # An identifier by its name: ``id``, ``*_id``/``*Id``, and the same for ``code`` and ``ref``
 # (``error_code``, ``booking_ref``): API naming, not the user's language.
 _ID_NAME: Final = re.compile(
@@ -574,6 +594,8 @@ def kind_of(name: str, prop: Mapping[str, Any]) -> Kind:
         return "date-time"
     if fmt == "uuid" or _ID_NAME.search(name):
         return "id"
+    if fmt == "email" or _EMAIL_NAME.search(name):
+        return "email"
     return "string"
 
 
@@ -608,6 +630,8 @@ def default_sources(
         return (Results(), Results(key="id"), Calls(), User(), Results(key=ANY_KEY, tokens=True))
     if kind == "number-id":
         return (Results(), Results(key="id"), Calls(), User())
+    if kind == "email":
+        return (User(), Results(), Calls())
     return ()
 
 
@@ -933,7 +957,7 @@ def in_their_form(values: Sequence[object], examples: Sequence[str]) -> tuple[li
 
 
 _RETYPED: Final = frozenset(
-    {"integer", "number", "number-id", "id", "string", "date", "time", "date-time"}
+    {"integer", "number", "number-id", "id", "email", "string", "date", "time", "date-time"}
 )
 
 
@@ -946,7 +970,9 @@ def _typed(kind: Kind, value: object) -> object:
         except ValueError:
             return value
         return int(number) if number.is_integer() else number
-    if kind in ("id", "string", "date", "time", "date-time") and isinstance(value, int | float):
+    if kind in ("id", "email", "string", "date", "time", "date-time") and isinstance(
+        value, int | float
+    ):
         return str(value)
     return value
 
@@ -974,6 +1000,8 @@ def _from_user(kind: Kind, prop: Mapping[str, Any], said: Said) -> Iterator[obje
         # "order 7781": an identifier written as a whole number of three digits or more
         # ("for 2 people" states no identifier).
         yield from (str(n) for n in said.numbers if isinstance(n, int) and n >= 100)
+    elif kind == "email":
+        yield from (t for t in said.tokens if "@" in t)
     elif kind == "string":
         yield from said.tokens  # as written: "T-1001", "ana@example.com" (words are the pattern)
 

@@ -55,11 +55,12 @@ TICKETS = parse_workflow(
 @pytest.mark.parametrize(
     ("succeeded", "legal"),
     [
-        # In order: only the first required step; the terminal waits; notify needs the kb.
-        ((), ["read_ticket", "lookup_kb"]),
-        (("read_ticket",), ["classify_ticket", "lookup_kb"]),
-        # A side tool is called once (a small model loops on it while a step waits).
-        (("lookup_kb",), ["read_ticket", "notify"]),
+        # In order: only the first required step; the terminal waits; a side tool whose
+        # arguments only invention could fill (a free query) is no detour before a step
+        # that can be made now.
+        ((), ["read_ticket"]),
+        (("read_ticket",), ["classify_ticket"]),
+        (("lookup_kb",), ["read_ticket"]),
         # Every step done: the end is open, and what was done leaves the choice.
         (("read_ticket", "classify_ticket"), ["close_ticket", "lookup_kb"]),
         (("read_ticket", "classify_ticket", "lookup_kb"), ["close_ticket", "notify"]),
@@ -70,6 +71,20 @@ def test_only_the_tools_legal_now_are_offered(succeeded: tuple[str, ...], legal:
     assert list(constraint.tools) == legal
     assert set(constraint.left_out) == set(SCHEMAS) - set(legal)
     assert constraint.call_required
+
+
+def test_side_tools_are_offered_where_a_step_cannot_be_made_or_their_values_are_held() -> None:
+    # The next step needs a value nobody has (narrowed to None): side tools find it, and
+    # are called once (a small model loops on them); notify needs the kb by name.
+    waiting = {"read_ticket": None}
+    assert list(compile_turn(TICKETS, waiting, SCHEMAS, succeeded=()).tools) == ["lookup_kb"]
+    constraint = compile_turn(TICKETS, waiting, SCHEMAS, succeeded=("lookup_kb",))
+    assert list(constraint.tools) == ["notify"]
+    # A side tool whose required arguments are all held values stays a choice beside a
+    # step that can be made.
+    held = {"lookup_kb": _obj(query={"enum": ["refund"]})}
+    constraint = compile_turn(TICKETS, held, SCHEMAS, succeeded=())
+    assert list(constraint.tools) == ["read_ticket", "lookup_kb"]
 
 
 def test_a_done_step_comes_back_while_the_end_cannot_be_called() -> None:

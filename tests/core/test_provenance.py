@@ -374,3 +374,15 @@ def test_a_message_that_names_none_of_the_users_words_leaves_the_users_words() -
         "name"
     ]  # type: ignore[index]
     assert prop["pattern"].startswith("^(report|Acme|acme|Robotics|robotics)(")
+
+
+def test_an_email_argument_takes_the_addresses_the_user_wrote_not_their_words() -> None:
+    tool = {
+        "type": "object",
+        "properties": {"email": {"type": "string"}, "cc": {"type": "string", "format": "email"}},
+        "required": ["email", "cc"],
+    }
+    held = Held(said_in("Send it to Ana Lima, ana@example.com, and copy bo@corp.io"))
+    props = narrow_properties("send", tool, {"email": (User(),)}, held, defaults=True)["properties"]  # type: ignore[index]
+    assert props["email"] == {"enum": ["ana@example.com", "bo@corp.io"]}
+    assert props["cc"] == {"enum": ["ana@example.com", "bo@corp.io"]}
