@@ -54,6 +54,7 @@ __all__ = [
     "redact_serialisable",
     "redact_text",
     "remember_secrets",
+    "remembered_generation",
     "url_credentials",
 ]
 
@@ -197,11 +198,12 @@ class _Remembered:
     """The configured secret values, as one alternation (longest first, so a secret that
     contains another is replaced whole)."""
 
-    __slots__ = ("pattern", "values")
+    __slots__ = ("generation", "pattern", "values")
 
     def __init__(self) -> None:
         self.values: set[str] = set()
         self.pattern: re.Pattern[str] | None = None
+        self.generation = 0  # one more each time the set of values grows
 
     def add(self, values: Iterable[str | None]) -> None:
         fresh = set(self.values)
@@ -221,6 +223,7 @@ class _Remembered:
         self.values = fresh
         ordered = sorted(fresh, key=lambda v: (-len(v), v))
         self.pattern = re.compile("|".join(re.escape(v) for v in ordered))
+        self.generation += 1
 
 
 _remembered: Final = _Remembered()
@@ -235,6 +238,12 @@ def remember_secrets(values: Iterable[str | None]) -> None:
     remembered with it. Remembering only adds: what was remembered stays remembered.
     """
     _remembered.add(values)
+
+
+def remembered_generation() -> int:
+    """Changes whenever :func:`remember_secrets` adds a value: a copy redacted under an
+    older generation may still hold a secret remembered since."""
+    return _remembered.generation
 
 
 def url_credentials(url: str | None) -> list[str]:
