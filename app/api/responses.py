@@ -322,7 +322,10 @@ async def _finish(
         mode=writer.toolforge["mode"],
         workflow=session.plan.workflow is not None,
     )
-    done.feed(decode_events(session.log.encoded_after(0)), now=int(time.time()))
+    # Through the writer's per-batch path, whose text deltas are spliced bytes: the same
+    # object as frame by frame, without a decoded frame and an event dict per token
+    # (bench.gateway --formats, B2: the store ran beside the stream's last writes).
+    done.batch(b"".join(session.log.encoded_after(0)), now=int(time.time()))
     resource = done.resource()
     final = {**record, "response": resource, "context": [*record["context"], *done.output]}
     await state.store.put(writer.id, final)
