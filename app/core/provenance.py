@@ -214,6 +214,7 @@ class Said:
     numbers: tuple[int | float, ...] = ()
     times: tuple[str, ...] = ()
     dates: tuple[str, ...] = ()
+    names: tuple[str, ...] = ()  # the things the user named (:func:`names_in`)
 
 
 def said_in(text: str) -> Said:
@@ -274,6 +275,7 @@ def said_in(text: str) -> Said:
         if (n := _NUMBER_WORDS.get(word.lower())) is not None:
             numbers[n] = None
     return Said(
+        names=names_in(text),
         words=tuple(words),
         tokens=tuple(tokens)[:_MAX_WORDS],
         numbers=tuple(numbers)[:_MAX_VALUES],
@@ -341,6 +343,60 @@ def words_pattern(words: Sequence[str]) -> str | None:
         return None
     alternatives = "|".join(words)
     return f"^({alternatives})( ({alternatives})){{0,{_SPAN_WORDS - 1}}}$"
+
+
+# A token as a name may be written: letters and digits joined by "-", ".", "'" ("INC-88",
+# "O'Neil", "St.-Denis").
+_NAME_TOKEN: Final = re.compile(r"[^\W_](?:[\w\-.']{0,62}[^\W_])?")
+_SENTENCE_GAP: Final = re.compile(r"[.!?]")
+
+
+def names_in(text: str) -> tuple[str, ...]:
+    """What the message names: runs of capitalised tokens ("Acme Robotics", "Ana Lima",
+    "INC-88", "CDG"), where capitals mark names. A single capitalised word opening a
+    sentence is the sentence's first word, not a name; and where single capitalised words
+    inside sentences outnumber the lower-case ones (German capitalises its nouns),
+    capitals mark nothing and there are no names. Codes in capitals ("CDG") and tokens
+    with digits are names either way. The same in any language written with capitals."""
+    runs: list[list[str]] = []
+    run: list[str] = []
+    opens = True  # the next token opens a sentence
+    run_opens = False
+    lower = 0
+    end = 0
+
+    def close() -> None:
+        if run and (len(run) > 1 or not run_opens):
+            runs.append(list(run))
+        run.clear()
+
+    for m in _NAME_TOKEN.finditer(text[:_MAX_TEXT]):
+        gap = text[end : m.start()]
+        end = m.end()
+        if run and gap.strip():  # punctuation between: the run ends
+            close()
+        if _SENTENCE_GAP.search(gap):
+            opens = True
+        token = m[0]
+        if token[0].isupper():
+            if not run:
+                run_opens = opens
+            run.append(token)
+        else:
+            close()
+            if not opens and token[0].isalpha() and token.lower() not in _FUNCTION_WORDS:
+                lower += 1
+        opens = False
+    close()
+    nouns = sum(1 for r in runs if len(r) == 1 and _is_word(r[0]))
+    if not runs or nouns > lower:
+        return ()
+    return tuple(dict.fromkeys(" ".join(r) for r in runs))[:_MAX_VALUES]
+
+
+def _is_word(token: str) -> bool:
+    """A capitalised word ("Tisch"), not a code ("CDG", "INC-88")."""
+    return not token.isupper() and not any(c.isdigit() for c in token)
 
 
 def content_words(said: Said, spent: frozenset[str] | set[str] = frozenset()) -> list[str]:
@@ -760,9 +816,7 @@ def _narrow(
                 found: Sequence[object] = held.user_values(kind, own)
                 if kind == "string" and "pattern" not in own and "format" not in own:
                     words = words_pattern(
-                        in_described_form(
-                            content_words(held.said, held.spent), own.get("description")
-                        )
+                        in_described_form(_named_words(held), own.get("description"))
                     )
             case Results(key=key, tokens=True):
                 found = held.tokens_under(key or arg)
@@ -906,6 +960,15 @@ def _not_values(tool: str, arg: str, held: Held) -> frozenset[str]:
     return frozenset(out)
 
 
+def _named_words(held: Held) -> list[str]:
+    """The user's words a plain string may use: of the names the user gave when there
+    are any left ("Acme Robotics", not "File" or "report"), else every content word."""
+    words = content_words(held.said, held.spent)
+    named = {w.lower() for n in held.said.names for w in _WORD.findall(n)}
+    kept = [w for w in words if w.lower() in named]
+    return kept or words
+
+
 def in_described_form(words: list[str], description: object) -> list[str]:
     """``words`` of the form the description's examples show, when any are: an argument
     described "IATA code, e.g. CDG" takes "CDG" and "JFK", not "Book". An example is a
@@ -1003,6 +1066,7 @@ def _from_user(kind: Kind, prop: Mapping[str, Any], said: Said) -> Iterator[obje
     elif kind == "email":
         yield from (t for t in said.tokens if "@" in t)
     elif kind == "string":
+        yield from said.names  # whole: "Acme Robotics", "INC-88"
         yield from said.tokens  # as written: "T-1001", "ana@example.com" (words are the pattern)
 
 

@@ -357,7 +357,47 @@ def test_a_description_that_shows_a_form_keeps_the_users_words_of_that_form() ->
     props = narrow_properties("search", tool, {"origin": (User(),)}, held, defaults=False)[
         "properties"
     ]  # type: ignore[index]
-    assert props["origin"] == {"type": "string", "pattern": "^(CDG|JFK)( (CDG|JFK)){0,5}$"}
+    assert props["origin"] == {
+        "anyOf": [
+            {"enum": ["CDG", "JFK"]},  # the names the user gave, whole
+            {"type": "string", "pattern": "^(CDG|JFK)( (CDG|JFK)){0,5}$"},
+        ]
+    }
+
+
+@pytest.mark.parametrize(
+    ("text", "names"),
+    [
+        ("File a compliance report on Acme Robotics with its current status.", ("Acme Robotics",)),
+        ("Triage incident INC-88: find the team. Page them if it is high.", ("INC-88",)),
+        ("Jon Smith says his last order arrived damaged.", ("Jon Smith",)),
+        ("Book a flight from CDG to JFK for Ana Lima.", ("CDG", "JFK", "Ana Lima")),
+        ("Réserve une table pour deux chez Paul Bocuse.", ("Paul Bocuse",)),
+        # A sentence's first word is no name; German capitalises its nouns: no names.
+        ("Find pizza near me; book a table at 7pm if open.", ()),
+        ("Bitte reserviere einen Tisch für zwei Personen um 19:30 Uhr.", ()),
+    ],
+)
+def test_names_are_runs_of_capitals_where_capitals_mark_names(
+    text: str, names: tuple[str, ...]
+) -> None:
+    assert said_in(text).names == names
+
+
+def test_a_users_string_takes_the_names_they_gave_before_their_other_words() -> None:
+    tool = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}
+    held = Held(said_in("File a compliance report on Acme Robotics with its current status."))
+    prop = narrow_properties("find", tool, {"name": (User(),)}, held, defaults=False)["properties"][
+        "name"
+    ]  # type: ignore[index]
+    assert prop["anyOf"][0] == {"enum": ["Acme Robotics"]}
+    assert prop["anyOf"][1]["pattern"].startswith("^(Acme|acme|Robotics|robotics)(")
+    # Once those words are spent (the search found nothing), the other words come back.
+    spent = Held(held.said, spent=frozenset({"acme", "robotics"}))
+    prop = narrow_properties("find", tool, {"name": (User(),)}, spent, defaults=False)[
+        "properties"
+    ]["name"]  # type: ignore[index]
+    assert "compliance" in prop["anyOf"][1]["pattern"]
 
 
 def test_a_message_that_names_none_of_the_users_words_leaves_the_users_words() -> None:
@@ -373,7 +413,9 @@ def test_a_message_that_names_none_of_the_users_words_leaves_the_users_words() -
     prop = narrow_properties("find", tool, {"name": (User(),)}, held, defaults=False)["properties"][
         "name"
     ]  # type: ignore[index]
-    assert prop["pattern"].startswith("^(report|Acme|acme|Robotics|robotics)(")
+    # The names the user gave come first ("File" was the sentence's first word anyway).
+    assert prop["anyOf"][0] == {"enum": ["Acme Robotics"]}
+    assert prop["anyOf"][1]["pattern"].startswith("^(Acme|acme|Robotics|robotics)(")
 
 
 def test_an_email_argument_takes_the_addresses_the_user_wrote_not_their_words() -> None:

@@ -1062,17 +1062,18 @@ def _chain(name: str, budget: int | None, tags: set[str]) -> Scenario:
 
 
 # Budgets picked against the chain's ideal transcript through the gateway (its system
-# prompt with the frame protocol and the ten tools; ~4,200 tokens by chars/4 at the last
-# turn), scanned with the scripted perfect model in sentinel and native mode: no budget
-# never compacts; at 3,500 phase 1 is enough, at 2,500 phase 2; 2,100 is the tightest the
-# perfect model still finishes (phase 2: its transcript has no text for phase 3 to drop,
-# a model that writes text between calls needs phase 3 there); under ~1,900 nothing fits.
+# prompt with the frame protocol and the ten tools as signature lines), scanned with the
+# scripted perfect model in sentinel and native mode: no budget never compacts; at 3,000
+# phase 1 is enough (and the run fits without compaction from 2,900); from 2,400 down
+# phase 2 is needed; 1,600 is near the tightest the perfect model still finishes (1,500;
+# phase 2: its transcript has no text for phase 3 to drop, a model that writes text
+# between calls needs phase 3 there); at 1,400 nothing fits.
 # tests/eval/test_catalog.py checks the ordering; test_offline the perfect model's runs.
 COMPACTION_CHAIN: Final = (
     _chain("compaction_chain_baseline", None, set()),
-    _chain("compaction_chain_p1", 3500, {"compaction"}),
-    _chain("compaction_chain_p2", 2500, {"compaction"}),
-    _chain("compaction_chain_p3", 2100, {"compaction"}),
+    _chain("compaction_chain_p1", 3000, {"compaction"}),
+    _chain("compaction_chain_p2", 2000, {"compaction"}),
+    _chain("compaction_chain_p3", 1600, {"compaction"}),
 )
 
 ALL_SCENARIOS: Final = (
