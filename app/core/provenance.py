@@ -870,7 +870,7 @@ def _narrow(
             user = {w.lower() for w in content_words(held.said, held.spent)}
             offered = [v for v in offered if str(v).lower() in user]
         if offered:  # else the sources' values, less what failed
-            values, words = offered, None
+            values, words = list[object](offered), None
     failed = held.failed.get((tool, arg))
     if failed:
         values = [v for v in values if (v if isinstance(v, str) else repr(v)) not in failed]
