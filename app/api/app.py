@@ -114,6 +114,7 @@ def session_limits(settings: Settings) -> SessionLimits:
     """The per-stream limits the settings give (built once per app: see ``Gateway``)."""
     return SessionLimits(
         queue_max_frames=settings.queue_max_frames,
+        stream_relay=settings.stream_relay,
         max_frame_bytes=settings.max_frame_bytes,
         max_json_depth=settings.max_json_depth,
         frame_timeout_s=settings.frame_timeout_ms / 1000,

@@ -16,6 +16,17 @@ A reader takes everything already appended in one batch and writes it at once: f
 that are buffered are coalesced into one write, and a lone frame is written immediately,
 without waiting for company.
 
+**The relay.** While the primary reader has written everything and waits for more, it
+may lend the log a *relay* (:meth:`FrameLog.wait_relaying`): a plain function that writes
+one encoded frame to its client at once. Then :meth:`FrameLog.append` hands the frame to the
+relay in the producer's own step, and the reader's task is not woken at all: a paced token
+costs one task step (the producer's) instead of two. The relay takes a frame only in the
+common case — the primary reader caught up, the frame not the stream's last — and gives
+the reader back its queue the moment anything else is needed: a frame it declines (its
+client is slow, gone, or a ping is due), the ``done`` frame, :meth:`FrameLog.close`,
+:meth:`FrameLog.wake`, or :meth:`FrameLog.unrelay`. The bytes a client receives are the
+same either way: the same encoded frames, in the same order, each written once.
+
 Why one structure rather than an ``asyncio.Queue`` plus a replay list: the two would hold
 the same frames twice and could disagree about ids; here an id is an index. Only the
 encoded bytes are kept, back to back in one buffer with an offset per frame: a few dozen
@@ -38,7 +49,12 @@ import orjson
 from toolforge.core.protocol.frames import Frame, decode, encode_frame
 from toolforge.core.protocol.sse_blocks import event_data
 
-__all__ = ["FrameLog", "decode_events", "decode_frames"]
+__all__ = ["FrameLog", "Relay", "decode_events", "decode_frames"]
+
+Relay = Callable[[bytes, int], bool]
+"""Writes one encoded frame (its bytes, its id) to the primary reader's client now, and
+reports it with :meth:`FrameLog.written`; returns False to be woken instead (it then wrote
+nothing, or handed the bytes on in a way its reader finishes itself)."""
 
 
 class FrameLog:
@@ -49,7 +65,10 @@ class FrameLog:
         *,
         max_pending: int,
         clock: Callable[[], float] = time.monotonic,
+        relay: bool = True,
     ) -> None:
+        """``relay``: whether a primary reader may write frames from :meth:`append`
+        (``STREAM_RELAY``); off, every frame wakes the reader's task."""
         self._buffer = bytearray()  # every frame's bytes, back to back
         self._ends = array("I")  # where frame i (id i + 1) ends in the buffer
         self.event_counts: dict[str, int] = {}
@@ -62,6 +81,12 @@ class FrameLog:
         self._readers: list[asyncio.Future[None]] = []
         self._producer: asyncio.Future[None] | None = None
         self._primary_cursor: int | None = None  # None: no primary reader attached
+        self.relay_allowed = relay
+        # The primary reader's relay while it waits caught up (wait_relaying), and the
+        # future it sleeps on meanwhile: woken only when the relay gives the reader back.
+        self._relay: Relay | None = None
+        self._relay_waiter: asyncio.Future[None] | None = None
+        self.relayed = 0  # frames the relay wrote (tests, bench)
         self.high_water = 0  # the most frames ever waiting for the primary reader
         self.paused_s = 0.0  # total time the producer waited for room
         self.bytes_written = 0
@@ -98,10 +123,20 @@ class FrameLog:
         if self._closed:
             raise RuntimeError("append() after close(): a stream has exactly one end")
         seq = len(self._ends) + 1
-        self._buffer += encode_frame(seq, frame)
+        data = encode_frame(seq, frame)
+        self._buffer += data
         self._ends.append(len(self._buffer))
+        event = frame.event
         counts = self.event_counts
-        counts[frame.event] = counts.get(frame.event, 0) + 1
+        counts[event] = counts.get(event, 0) + 1
+        relay = self._relay
+        if relay is not None:
+            # The primary reader waits caught up (this frame alone is pending). ``done`` is
+            # left to it: it ends the body in the same write as its last frame.
+            if event != "done" and relay(data, seq):
+                self.relayed += 1
+            else:
+                self.unrelay()
         pending = self.pending()
         if pending > self.high_water:
             self.high_water = pending
@@ -111,6 +146,7 @@ class FrameLog:
     def close(self) -> None:
         """No more frames: readers return once they have written everything."""
         self._closed = True
+        self.unrelay()
         self._wake_readers()
 
     def _wake_readers(self) -> None:
@@ -129,6 +165,7 @@ class FrameLog:
     def detach_primary(self) -> None:
         """The primary reader left: it no longer throttles the producer."""
         self._primary_cursor = None
+        self.unrelay()
         self._wake_producer()
 
     def _wake_producer(self) -> None:
@@ -186,7 +223,45 @@ class FrameLog:
 
     def wake(self) -> None:
         """Wake every waiting reader (a ping is due, a client left): each checks why."""
+        self.unrelay()
         self._wake_readers()
+
+    async def wait_relaying(self, relay: Relay) -> None:
+        """Like :meth:`wait`, for the primary reader once it has written everything:
+        meanwhile ``relay`` writes each new frame from :meth:`append`. Returns when the
+        relay gives the reader back its queue (see the module's docstring); without a
+        primary reader caught up, or with the relay off (``STREAM_RELAY``), this is
+        :meth:`wait`."""
+        if (
+            not self.relay_allowed
+            or self._closed
+            or self._relay is not None
+            or self._primary_cursor != len(self._ends)
+        ):
+            await self.wait()
+            return
+        waiter = asyncio.get_running_loop().create_future()
+        self._relay, self._relay_waiter = relay, waiter
+        try:
+            await waiter
+        finally:
+            if self._relay_waiter is waiter:  # a cancel: no relay without its reader
+                self._relay = self._relay_waiter = None
+
+    @property
+    def relaying(self) -> bool:
+        """A relay writes the next frame (the primary reader waits caught up)."""
+        return self._relay is not None
+
+    def unrelay(self) -> None:
+        """Give the primary reader back its queue: the next frame wakes its task. The hook
+        for anything that needs the queued path from now on (it is also taken on its own
+        by the cases the module's docstring lists)."""
+        waiter = self._relay_waiter
+        if waiter is not None:
+            self._relay = self._relay_waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
 
     async def follow(self, after: int = 0, *, primary: bool = False) -> AsyncIterator[bytes]:
         """Yield the frames after id ``after`` in coalesced batches until the log closes.

@@ -164,6 +164,8 @@ class StreamPlan:
 @dataclass(frozen=True, slots=True)
 class SessionLimits:
     queue_max_frames: int = 128
+    # Frames may be written from the producer's step while the client keeps up (the relay).
+    stream_relay: bool = True
     max_frame_bytes: int = 64 * 1024
     max_json_depth: int = 16
     frame_timeout_s: float = 15.0

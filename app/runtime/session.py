@@ -135,7 +135,9 @@ class StreamSession:
         )
         # Measures the prompt for compaction (docs/context.md): only streams with a budget use it.
         self._counter = TokenCounter(upstream) if plan.context is not None else None
-        self.log = FrameLog(max_pending=limits.queue_max_frames, clock=clock)
+        self.log = FrameLog(
+            max_pending=limits.queue_max_frames, clock=clock, relay=limits.stream_relay
+        )
         self._task: asyncio.Task[None] | None = None
         self._scope = anyio.CancelScope()
         self._cancel_reason: str | None = None

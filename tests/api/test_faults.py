@@ -160,15 +160,16 @@ async def test_client_gone_before_the_upstream_answered(
         assert session.log.bytes_written == 0  # nothing went out, not even the head
 
 
+@pytest.mark.parametrize("relay", [True, False], ids=["relay", "queued"])
 async def test_slow_client_pauses_the_upstream_and_loses_nothing(
-    make_gateway: HarnessFactory,
+    make_gateway: HarnessFactory, relay: bool
 ) -> None:
     # 2,000 frames of 10 KB: far more than the kernel's socket buffers hold (up to 4 MB
     # each way on loopback), so a client that stops reading must stop the gateway, and
     # the gateway must stop reading the upstream.
     token = "x" * 10_000
     script = Script.from_tokens([token] * 2000)
-    gw = await make_gateway([script], queue_max_frames=8)
+    gw = await make_gateway([script], queue_max_frames=8, stream_relay=relay)
     reader, writer = await open_raw_stream(gw, {"input": "x"}, rcvbuf=4096)
     await reader.readuntil(b"event: stream.begin")
     await asyncio.sleep(0.5)  # the client stalls

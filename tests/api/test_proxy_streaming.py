@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 
 import orjson
+import pytest
 
 from tests.api.conftest import HarnessFactory, upstream_closed_within
 from toolforge.eval.loopback import open_raw_stream
@@ -46,11 +47,13 @@ async def test_a_waiting_client_that_leaves_closes_the_upstream(
     await gw.settle()
 
 
+@pytest.mark.parametrize("relay", [True, False], ids=["relay", "queued"])
 async def test_a_slow_client_pauses_the_upstream_and_loses_nothing(
-    make_gateway: HarnessFactory,
+    make_gateway: HarnessFactory, relay: bool
 ) -> None:
     token = "x" * 10_000
-    gw = await make_gateway([Script.from_tokens([token] * 1000)], queue_max_frames=8)
+    script = Script.from_tokens([token] * 1000)
+    gw = await make_gateway([script], queue_max_frames=8, stream_relay=relay)
     body = {"model": "m", "messages": USER, "stream": True}
     reader, writer = await open_raw_stream(gw, body, path=PROXY, rcvbuf=4096)
     await reader.readuntil(b"\r\n\r\n")

@@ -1,0 +1,88 @@
+"""The relay (``STREAM_RELAY``): a caught-up client's frames are written from the
+producer's step, and the queued path takes over whenever it is needed (docs/performance.md).
+
+The byte-for-byte comparison of the two paths over every conformance case is
+``tests/conformance/test_relay_identity.py``; the slow-client tests of ``test_faults.py``
+and ``test_proxy_streaming.py`` run on both paths.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from tests.api.conftest import HarnessFactory, assert_well_formed, frames
+from toolforge.eval.loopback import open_raw_stream
+from toolforge.eval.scripted_upstream import Script
+
+
+@pytest.mark.parametrize("relay", [True, False], ids=["relay", "queued"])
+async def test_paced_tokens_take_the_relay_when_it_is_on(
+    make_gateway: HarnessFactory, relay: bool
+) -> None:
+    tokens = [f"t{i} " for i in range(20)]
+    gw = await make_gateway([Script.from_tokens(tokens, delay_ms=5)], stream_relay=relay)
+    events = await gw.stream()
+    assert_well_formed(events)
+    assert [f.data["chunk"] for f in frames(events) if f.event == "text.delta"] == tokens
+    await gw.settle()
+    (session,) = gw.gateway.registry._sessions.values()
+    if relay:  # all but the first frame (it waits for the head) and done
+        assert session.log.relayed >= len(tokens) - 2
+    else:
+        assert session.log.relayed == 0
+
+
+async def test_a_client_that_falls_behind_the_relay_stops_the_upstream(
+    make_gateway: HarnessFactory,
+) -> None:
+    # Paced tokens of 10 KB: the writer is caught up whenever one arrives, so each goes out
+    # through the relay until the kernel's socket buffers (a few MB on loopback) and the
+    # server's are full; then a send must wait, the relay hands it to the writer's task,
+    # and the queue's bound stops the producer.
+    token = "y" * 10_000
+    script = Script.from_tokens([token] * 600, delay_ms=1)
+    gw = await make_gateway([script], queue_max_frames=8, stream_relay=True)
+    reader, writer = await open_raw_stream(gw, {"input": "x"}, rcvbuf=4096)
+    try:
+        await reader.readuntil(b"event: stream.begin")
+        await asyncio.sleep(1.0)  # the client stalls
+        (session,) = gw.gateway.registry._sessions.values()
+        assert session.running, "the stream finished although the client read nothing"
+        assert session.log.relayed > 0
+        assert not session.log.relaying
+        assert session.log.pending() == 8  # the queue is full: the producer waits for room
+        stalled_at = session.log.last_id
+        await asyncio.sleep(0.2)
+        assert session.log.last_id == stalled_at, "the producer kept going while the queue was full"
+        body = b""
+        while b"event: done" not in body[-4096:]:
+            chunk = await reader.read(1 << 16)
+            assert chunk, "the stream ended without done"
+            body += chunk
+        assert body.count(b"event: text.delta") == 600
+        assert body.count(token.encode()) == 600
+    finally:
+        writer.transport.abort()
+    await gw.settle()
+    assert session.log.high_water <= 8
+    assert session.log.paused_s > 0
+    assert session.reason == "stop"
+
+
+async def test_a_client_that_leaves_during_a_relayed_stream_cancels_it(
+    make_gateway: HarnessFactory,
+) -> None:
+    tokens = [f"t{i} " for i in range(2000)]
+    gw = await make_gateway([Script.from_tokens(tokens, delay_ms=2)], stream_relay=True)
+    body = {"input": "x", "on_disconnect": "cancel"}
+    reader, writer = await open_raw_stream(gw, body)
+    for _ in range(5):
+        await reader.readuntil(b"event: text.delta")
+    (session,) = gw.gateway.registry._sessions.values()
+    assert session.log.relayed > 0
+    writer.transport.abort()
+    await gw.settle()
+    assert session.reason == "client_disconnected"
+    assert not session.log.relaying
