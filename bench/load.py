@@ -627,7 +627,7 @@ def main() -> None:
         parser.error(f"--only: unknown benchmark in {sorted(args.only)}")
     q = args.quick
     default_n = "50,100" if q else "500,1000,2000"
-    default_rates = "100,200" if q else "100,200,300,500,1000,2000"
+    default_rates = "100,200" if q else "100,200,300,400,500,750,1000,1500,2000"
     if args.only != {"b5", "b6"} or args.n or args.rates:
         args.no_write = True
     args.n = [int(x) for x in (args.n or default_n).split(",")]
