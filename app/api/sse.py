@@ -17,9 +17,10 @@ about 0.5 ms per request on this stack (bench/RESULTS.md). Here one response cos
   (uvicorn's flow control), the primary cursor stays put, and the session stops reading
   the upstream (docs/protocol.md backpressure);
 * the relay (``STREAM_RELAY``, on by default): once the primary response has written
-  everything, it lends the log a relay (:meth:`FrameLog.wait_relaying`), and each new frame
-  is sent from the producer's own step, without waking this task (one task step less per
-  paced token; what it saves is measured in bench/RESULTS.md, paced tokens).
+  everything, it lends the log a relay (:meth:`FrameLog.wait_relaying`), and new frames are
+  sent by a callback at the end of the producer's step, without waking this task (a
+  callback instead of a task step per paced token; measured in bench/RESULTS.md, paced
+  tokens).
   ``send`` is driven there as a plain call: the server's ``send`` finishes without
   waiting unless its client is slow, and then the relay hands the unfinished ``send`` to
   this task, which finishes it (the same bytes, once) before it writes anything else, the
@@ -161,20 +162,21 @@ class FrameStreamResponse(Response):
                 nonlocal cursor, unfinished, failure
                 if gone or ping_due:
                     return False
-                body = batch if encoder is None else encoder(batch)
-                if body:
-                    message = {"type": "http.response.body", "body": body, "more_body": True}
-                    sending = send(message).__await__()
-                    try:
-                        waits_on = sending.send(None)
-                    except StopIteration:
-                        pass
-                    except BaseException as exc:  # the task raises it, where send would
-                        failure = exc
-                        return False
-                    else:  # flow control: the rest of this send is the task's
-                        unfinished = (sending, waits_on, seq, len(batch))
-                        return False
+                try:
+                    body = batch if encoder is None else encoder(batch)
+                    if body:
+                        message = {"type": "http.response.body", "body": body, "more_body": True}
+                        sending = send(message).__await__()
+                        try:
+                            waits_on = sending.send(None)
+                        except StopIteration:
+                            pass
+                        else:  # flow control: the rest of this send is the task's
+                            unfinished = (sending, waits_on, seq, len(batch))
+                            return False
+                except BaseException as exc:  # the task raises it, where it would have
+                    failure = exc
+                    return False
                 cursor = seq
                 log.written(seq, len(batch), primary=True)
                 return True

@@ -18,14 +18,16 @@ without waiting for company.
 
 **The relay.** While the primary reader has written everything and waits for more, it
 may lend the log a *relay* (:meth:`FrameLog.wait_relaying`): a plain function that writes
-one encoded frame to its client at once. Then :meth:`FrameLog.append` hands the frame to the
-relay in the producer's own step, and the reader's task is not woken at all: a paced token
-costs one task step (the producer's) instead of two. The relay takes a frame only in the
-common case — the primary reader caught up, the frame not the stream's last — and gives
-the reader back its queue the moment anything else is needed: a frame it declines (its
-client is slow, gone, or a ping is due), the ``done`` frame, :meth:`FrameLog.close`,
-:meth:`FrameLog.wake`, or :meth:`FrameLog.unrelay`. The bytes a client receives are the
-same either way: the same encoded frames, in the same order, each written once.
+encoded frames to its client at once. Then the frames :meth:`FrameLog.append` stores are
+handed to the relay by one callback at the end of the producer's step (``call_soon``:
+every frame of one upstream read still goes out in one write), and the reader's task is
+not woken at all: a paced token costs the producer's task step and a callback, not two
+task steps. The relay is used only in the common case — the primary reader caught up,
+the frame not the stream's last — and gives the reader back its queue the moment
+anything else is needed: frames it declines (its client is slow, gone, or a ping is
+due), the ``done`` frame, :meth:`FrameLog.close`, :meth:`FrameLog.wake`, the primary
+reader leaving, or :meth:`FrameLog.unrelay`. The bytes a client receives are the same
+either way: the same encoded frames, in the same order, each written once.
 
 Why one structure rather than an ``asyncio.Queue`` plus a replay list: the two would hold
 the same frames twice and could disagree about ids; here an id is an index. Only the
@@ -52,9 +54,10 @@ from toolforge.core.protocol.sse_blocks import event_data
 __all__ = ["FrameLog", "Relay", "decode_events", "decode_frames"]
 
 Relay = Callable[[bytes, int], bool]
-"""Writes one encoded frame (its bytes, its id) to the primary reader's client now, and
-reports it with :meth:`FrameLog.written`; returns False to be woken instead (it then wrote
-nothing, or handed the bytes on in a way its reader finishes itself)."""
+"""Writes a batch of encoded frames (their bytes, the last one's id) to the primary
+reader's client now, and reports it with :meth:`FrameLog.written`; returns False to be
+woken instead (it then wrote nothing, or handed the bytes on in a way its reader finishes
+itself)."""
 
 
 class FrameLog:
@@ -86,6 +89,7 @@ class FrameLog:
         # future it sleeps on meanwhile: woken only when the relay gives the reader back.
         self._relay: Relay | None = None
         self._relay_waiter: asyncio.Future[None] | None = None
+        self._relay_due: asyncio.Handle | None = None  # the callback that hands frames over
         self.relayed = 0  # frames the relay wrote (tests, bench)
         self.high_water = 0  # the most frames ever waiting for the primary reader
         self.paused_s = 0.0  # total time the producer waited for room
@@ -129,14 +133,13 @@ class FrameLog:
         event = frame.event
         counts = self.event_counts
         counts[event] = counts.get(event, 0) + 1
-        relay = self._relay
-        if relay is not None:
-            # The primary reader waits caught up (this frame alone is pending). ``done`` is
-            # left to it: it ends the body in the same write as its last frame.
-            if event != "done" and relay(data, seq):
-                self.relayed += 1
-            else:
+        if self._relay is not None:
+            # The primary reader waits caught up. ``done`` is left to it: it ends the body
+            # in the same write as the frames before it.
+            if event == "done":
                 self.unrelay()
+            elif self._relay_due is None:
+                self._relay_due = asyncio.get_running_loop().call_soon(self._hand_over)
         pending = self.pending()
         if pending > self.high_water:
             self.high_water = pending
@@ -248,6 +251,20 @@ class FrameLog:
             if self._relay_waiter is waiter:  # a cancel: no relay without its reader
                 self._relay = self._relay_waiter = None
 
+    def _hand_over(self) -> None:
+        """The relay's callback: everything the primary reader has not written, at once."""
+        self._relay_due = None
+        relay, cursor = self._relay, self._primary_cursor
+        if relay is None or cursor is None:
+            return
+        batch, end = self.take(cursor)
+        if batch is None:
+            return
+        if relay(batch, end):
+            self.relayed += end - cursor
+        else:
+            self.unrelay()
+
     @property
     def relaying(self) -> bool:
         """A relay writes the next frame (the primary reader waits caught up)."""
@@ -257,6 +274,10 @@ class FrameLog:
         """Give the primary reader back its queue: the next frame wakes its task. The hook
         for anything that needs the queued path from now on (it is also taken on its own
         by the cases the module's docstring lists)."""
+        due = self._relay_due
+        if due is not None:
+            self._relay_due = None
+            due.cancel()
         waiter = self._relay_waiter
         if waiter is not None:
             self._relay = self._relay_waiter = None
