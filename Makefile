@@ -170,6 +170,7 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.parse
 	$(BIN)/python -m bench.compaction
 	$(BIN)/python -m bench.gateway
+	$(BIN)/python -m bench.load
 	$(BIN)/python -m bench.tool_roundtrip
 	$(BIN)/python -m bench.llama
 	$(BIN)/python -m bench.llama_grammar
