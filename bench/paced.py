@@ -188,9 +188,9 @@ async def _run(args: argparse.Namespace) -> None:
             order = list(gateways.items())
             if r % 2 == 0:
                 order.reverse()
-            for name, (target, proc) in order:
-                short = await _round(target, proc, up, args.streams, args.short, delay_ms)
-                long = await _round(target, proc, up, args.streams, args.tokens, delay_ms)
+            for name, (target, gateway) in order:
+                short = await _round(target, gateway, up, args.streams, args.short, delay_ms)
+                long = await _round(target, gateway, up, args.streams, args.tokens, delay_ms)
                 print(_line(name, r, long, short, args.streams), flush=True)
 
 
