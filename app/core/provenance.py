@@ -808,16 +808,14 @@ def _narrow(
     own, kind, check = entry
     if check is None:
         return None
-    words: str | None = None
+    words: list[str] | None = None  # a plain string's words from the user (the pattern)
     enum: dict[tuple[type, object], object] = {}
     for source in sources:
         match source:
             case User():
                 found: Sequence[object] = held.user_values(kind, own)
                 if kind == "string" and "pattern" not in own and "format" not in own:
-                    words = words_pattern(
-                        in_described_form(_named_words(held), own.get("description"))
-                    )
+                    words = _named_words(held)
             case Results(key=key, tokens=True):
                 found = held.tokens_under(key or arg)
             case Results(key=key):
@@ -871,6 +869,14 @@ def _narrow(
             offered = [v for v in offered if str(v).lower() in user]
         if offered:  # else the sources' values, less what failed
             values, words = list[object](offered), None
+    if kind == "string" and "pattern" not in own and "format" not in own:
+        # The form the description shows, where anything offered has it: both the values
+        # and the words ("IATA code, e.g. CDG": "CDG", never "Ana Lima").
+        shapes = described_shapes(own.get("description"))
+        formed = [v for v in values if _shape(str(v)) in shapes]
+        formed_words = [w for w in words or () if _shape(w) in shapes]
+        if formed or formed_words:
+            values, words = list[object](formed), formed_words if words is not None else None
     failed = held.failed.get((tool, arg))
     if failed:
         values = [v for v in values if (v if isinstance(v, str) else repr(v)) not in failed]
@@ -878,8 +884,9 @@ def _narrow(
     if prefixed is not None:
         pattern: dict[str, Any] = {"type": "string", "pattern": prefixed}
         return {"anyOf": [{"enum": values}, pattern]} if values else pattern
-    if words is not None:
-        pattern = {"type": "string", "pattern": words}
+    pattern_text = words_pattern(words) if words is not None else None
+    if pattern_text is not None:
+        pattern = {"type": "string", "pattern": pattern_text}
         if "maxLength" in own:
             pattern["maxLength"] = own["maxLength"]
         return {"anyOf": [{"enum": values}, pattern]} if values else pattern
@@ -961,28 +968,35 @@ def _not_values(tool: str, arg: str, held: Held) -> frozenset[str]:
 
 
 def _named_words(held: Held) -> list[str]:
-    """The user's words a plain string may use: of the names the user gave when there
-    are any left ("Acme Robotics", not "File" or "report"), else every content word."""
+    """The user's words a plain string may use: while a name the user gave is left (not
+    spent), the words of those names ("Acme Robotics", not "File" or "report"), and none
+    for a code ("INC-88" is offered whole, never "88"); else every content word."""
     words = content_words(held.said, held.spent)
-    named = {w.lower() for n in held.said.names for w in _WORD.findall(n)}
-    kept = [w for w in words if w.lower() in named]
-    return kept or words
-
-
-def in_described_form(words: list[str], description: object) -> list[str]:
-    """``words`` of the form the description's examples show, when any are: an argument
-    described "IATA code, e.g. CDG" takes "CDG" and "JFK", not "Book". An example is a
-    token of the description in capitals or holding a digit (a plain word shows no
-    form); without one, or with no word of its form, ``words`` as they are."""
-    if not isinstance(description, str):
+    left = [
+        n for n in held.said.names if any(w.lower() not in held.spent for w in _WORD.findall(n))
+    ]
+    if not left:
         return words
-    shapes = {
+    named = {w.lower() for n in left if _is_word_name(n) for w in _WORD.findall(n)}
+    return [w for w in words if w.lower() in named]
+
+
+def _is_word_name(name: str) -> bool:
+    """A name of words ("Ana Lima"), not a code ("INC-88", "CDG")."""
+    return all(_is_word(token) for token in name.split())
+
+
+def described_shapes(description: object) -> frozenset[str]:
+    """The forms an argument's description shows by example: its tokens in capitals or
+    holding a digit ("IATA code, e.g. CDG": ``A``; "e.g. E-1234": ``A-9``); a plain word
+    shows no form."""
+    if not isinstance(description, str):
+        return frozenset()
+    return frozenset(
         _shape(t)
         for t in _VALUE_WORD.findall(description[:_MAX_TEXT])
         if any(c.isdigit() for c in t) or (len(t) >= 2 and t.isupper())
-    }
-    kept = [w for w in words if _shape(w) in shapes]
-    return kept or words
+    )
 
 
 def _shape(token: str) -> str:

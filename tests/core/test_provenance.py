@@ -357,12 +357,23 @@ def test_a_description_that_shows_a_form_keeps_the_users_words_of_that_form() ->
     props = narrow_properties("search", tool, {"origin": (User(),)}, held, defaults=False)[
         "properties"
     ]  # type: ignore[index]
-    assert props["origin"] == {
-        "anyOf": [
-            {"enum": ["CDG", "JFK"]},  # the names the user gave, whole
-            {"type": "string", "pattern": "^(CDG|JFK)( (CDG|JFK)){0,5}$"},
-        ]
-    }
+    # The codes the user gave, whole (never a part of one).
+    assert props["origin"] == {"enum": ["CDG", "JFK"]}
+    # A name of another form ("Ana Lima" is no IATA code) is not offered either.
+    held = Held(said_in("Book the cheapest flight from CDG to JFK for Ana Lima."))
+    props = narrow_properties("search", tool, {"origin": (User(),)}, held, defaults=False)[
+        "properties"
+    ]  # type: ignore[index]
+    assert props["origin"] == {"enum": ["CDG", "JFK"]}
+
+
+def test_a_code_the_user_gave_is_offered_whole_and_its_parts_never() -> None:
+    tool = {"type": "object", "properties": {"incident": {"type": "string"}}}
+    held = Held(said_in("Triage incident INC-88: find the owning team."))
+    props = narrow_properties("get", tool, {"incident": (User(),)}, held, defaults=False)[
+        "properties"
+    ]  # type: ignore[index]
+    assert props["incident"] == {"enum": ["INC-88"]}
 
 
 @pytest.mark.parametrize(
