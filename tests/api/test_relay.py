@@ -42,7 +42,7 @@ async def test_a_client_that_falls_behind_the_relay_stops_the_upstream(
     # server's are full; then a send must wait, the relay hands it to the writer's task,
     # and the queue's bound stops the producer.
     token = "y" * 10_000
-    script = Script.from_tokens([token] * 600, delay_ms=1)
+    script = Script.from_tokens([token] * 2000, delay_ms=0.5)
     gw = await make_gateway([script], queue_max_frames=8, stream_relay=True)
     reader, writer = await open_raw_stream(gw, {"input": "x"}, rcvbuf=4096)
     try:
@@ -61,8 +61,8 @@ async def test_a_client_that_falls_behind_the_relay_stops_the_upstream(
             chunk = await reader.read(1 << 16)
             assert chunk, "the stream ended without done"
             body += chunk
-        assert body.count(b"event: text.delta") == 600
-        assert body.count(token.encode()) == 600
+        assert body.count(b"event: text.delta") == 2000
+        assert body.count(token.encode()) == 2000
     finally:
         writer.transport.abort()
     await gw.settle()
