@@ -72,6 +72,7 @@ call it with what the run holds.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -850,9 +851,11 @@ def _narrow(
     if kind == "id":
         examples = identifiers_in(str(own.get("description", "")))
         if message is not None:
-            examples += identifiers_in(message)
+            examples = [*examples, *identifiers_in(message)]
         formed, matched = in_their_form(values, examples)
-        values = [v for v in formed if check(v)]
+        if matched:  # values it made ("ORD-7781") are checked once, the sources' were
+            held_values = set(values)
+            values = [v for v in formed if v in held_values or _checked(memo, prop, check, v)]
         numbers = [v for v in values if isinstance(v, str) and v.isdigit()]
         if numbers and not matched and "pattern" not in own and "format" not in own:
             # A number the user gave may be written with the identifier's prefix
@@ -861,7 +864,11 @@ def _narrow(
     elif kind == "string" and message is not None and "enum" not in own:
         # What the tool's own message offers (a list it names, else its words), the
         # user's among them first when the user is a source: "known: checkout".
-        offered = [v for v in error_values(message, _not_values(tool, arg, held)) if check(v)]
+        offered = [
+            v
+            for v in error_values(message, _not_values(tool, arg, held))
+            if _checked(memo, prop, check, v)
+        ]
         if any(isinstance(source, User) for source in sources):
             # The user's words the message names ("known: checkout"); a message that
             # names none of them ("no entity named 'File'") leaves the user's words.
@@ -895,6 +902,15 @@ def _narrow(
     return {"enum": values}
 
 
+def _checked(memo: dict[object, Any], prop: Mapping[str, Any], check: Any, value: object) -> bool:
+    """``check(value)``, once per argument and value over a run (the memo)."""
+    key = ("checked", id(prop), type(value), value)
+    found = memo.get(key)
+    if found is None:
+        found = memo[key] = bool(check(value))
+    return bool(found)
+
+
 # -- what a failed call's message says --------------------------------------------------------
 
 # A list a message names: three or more items separated by commas, slashes or bars
@@ -905,7 +921,18 @@ _LIST_SPLIT: Final = re.compile(r"\s*[,/|]\s*")
 _VALUE_WORD: Final = re.compile(r"[^\W_](?:[\w.\-]{0,62}[^\W_])?")
 
 
+@functools.lru_cache(maxsize=4096)
+def _identifiers(text: str) -> tuple[str, ...]:
+    return tuple(_scan_identifiers(text))
+
+
 def identifiers_in(text: str) -> list[str]:
+    """The identifiers written in ``text`` (:func:`_scan_identifiers`), cached by text: a
+    run reads the same results and descriptions every turn."""
+    return list(_identifiers(text)) if len(text) <= _MAX_TEXT else _scan_identifiers(text)
+
+
+def _scan_identifiers(text: str) -> list[str]:
     """The identifiers written in ``text``: tokens holding both a letter and a digit
     (``E-4417``, ``T-1001``, ``worker-3``), at most 64, in order, each once."""
     out: dict[str, None] = {}
@@ -986,17 +1013,20 @@ def _is_word_name(name: str) -> bool:
     return all(_is_word(token) for token in name.split())
 
 
-def described_shapes(description: object) -> frozenset[str]:
-    """The forms an argument's description shows by example: its tokens in capitals or
-    holding a digit ("IATA code, e.g. CDG": ``A``; "e.g. E-1234": ``A-9``); a plain word
-    shows no form."""
-    if not isinstance(description, str):
-        return frozenset()
+@functools.lru_cache(maxsize=4096)
+def _shapes_of(description: str) -> frozenset[str]:
     return frozenset(
         _shape(t)
         for t in _VALUE_WORD.findall(description[:_MAX_TEXT])
         if any(c.isdigit() for c in t) or (len(t) >= 2 and t.isupper())
     )
+
+
+def described_shapes(description: object) -> frozenset[str]:
+    """The forms an argument's description shows by example: its tokens in capitals or
+    holding a digit ("IATA code, e.g. CDG": ``A``; "e.g. E-1234": ``A-9``); a plain word
+    shows no form."""
+    return _shapes_of(description) if isinstance(description, str) else frozenset()
 
 
 def _shape(token: str) -> str:
