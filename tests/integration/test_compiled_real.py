@@ -68,4 +68,3 @@ def test_three_scenarios_pass_compiled_and_fail_without_the_constraint(
         compiled, loose = got[(scenario, "reforged")], got[(scenario, "no_grammar")]
         assert compiled["correct"], (scenario, compiled["error_code"], compiled["trace"])
         assert not loose["correct"], (scenario, loose["trace"])
-
