@@ -22,9 +22,9 @@ A tool is legal now when:
   the end needs must come from somewhere);
 * it is another tool not called yet (a tool other than a step or an end is called once,
   unless ``max_calls`` gives it more, or no step is left and no end can be called yet: a
-  small model loops on side tools); while the next required step can be called, only
-  if every required argument of it is narrowed to values the run holds (a side tool
-  only invention could fill is a detour);
+  small model loops on side tools); while the next required step or a terminal tool can
+  be called, only if every required argument of it is narrowed to values the run holds
+  (a side tool only invention could fill is a detour);
 * its prerequisites by name have succeeded, and each argument whose values must come from
   somewhere (an argument-matched prerequisite, a declared provenance,
   :mod:`toolforge.core.provenance`) has a value to take.
@@ -130,7 +130,7 @@ def compile_turn(
     terminal_callable = not pending and any(
         schema_of(t) is not None and named_prereqs_met(t) for t in workflow.terminal_tools
     )
-    # The next step can be made now: a side tool only the model's invention could fill
+    # The next step or the end can be made now: a side tool only invention could fill
     # (a free string nothing narrows: the distractors of a flight booking) is a detour.
     step_ready = (
         bool(pending) and schema_of(pending[0]) is not None and named_prereqs_met(pending[0])
@@ -155,7 +155,7 @@ def compile_turn(
                 continue  # in order: only the first step not done
             if not pending and terminal_callable and budget is None:
                 continue  # done, and the end is open: the step leaves the choice
-        elif step_ready and not _grounded(schema, schemas.get(tool)):
+        elif (step_ready or terminal_callable) and not _grounded(schema, schemas.get(tool)):
             continue
         elif tool in succeeded and budget is None and (pending or terminal_callable):
             # Called once already: a small model loops on side tools while a step waits,

@@ -61,9 +61,10 @@ TICKETS = parse_workflow(
         ((), ["read_ticket"]),
         (("read_ticket",), ["classify_ticket"]),
         (("lookup_kb",), ["read_ticket"]),
-        # Every step done: the end is open, and what was done leaves the choice.
-        (("read_ticket", "classify_ticket"), ["close_ticket", "lookup_kb"]),
-        (("read_ticket", "classify_ticket", "lookup_kb"), ["close_ticket", "notify"]),
+        # Every step done: the end is open, what was done leaves the choice, and so does
+        # a side tool only invention could fill (the kb's free query, notify's message).
+        (("read_ticket", "classify_ticket"), ["close_ticket"]),
+        (("read_ticket", "classify_ticket", "lookup_kb"), ["close_ticket"]),
     ],
 )
 def test_only_the_tools_legal_now_are_offered(succeeded: tuple[str, ...], legal: list[str]) -> None:
@@ -241,3 +242,21 @@ def test_a_bad_budget_is_refused_by_name() -> None:
     ):
         with pytest.raises(RequestError, match=says):
             parse_workflow({**base, "max_calls": budget}, known_tools=["report", "audit"])
+
+
+def test_a_free_side_tool_is_no_detour_once_the_end_can_be_called() -> None:
+    # No required step: the answer is legal from the first turn, and a side tool only
+    # invention could fill is left out beside it; one whose arguments are held stays.
+    schemas = {
+        "lookup_stock": _obj(text={"type": "string"}),
+        "get_weather": _obj(city={"type": "string"}),
+        "answer": _obj(answer={"type": "string"}),
+    }
+    workflow = parse_workflow(
+        {"name": "qa", "tools": list(schemas), "terminal_tools": ["answer"]},
+        known_tools=list(schemas),
+    )
+    assert list(compile_turn(workflow, {}, schemas, succeeded=()).tools) == ["answer"]
+    held = {"get_weather": _obj(city={"enum": ["Paris"]})}
+    constraint = compile_turn(workflow, held, schemas, succeeded=())
+    assert list(constraint.tools) == ["get_weather", "answer"]
