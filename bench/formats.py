@@ -403,7 +403,9 @@ async def b2_formats(
             runs[a.name].append(await _one(a, up if not a.on_gateway else gw, model, n, gw, up))
     mid = {name: sorted(rs, key=lambda r: r.rate)[len(rs) // 2] for name, rs in runs.items()}
     d, s = mid[DIRECT.name], mid[STREAM.name]
-    s_cpu = s.gw_cpu_s / n * 1e6
+    # A tiny run can read no CPU time at all for /v1/stream (the clock's resolution): the
+    # ratios then have nothing to divide by, and are reported as such.
+    s_cpu = max(s.gw_cpu_s / n * 1e6, 1e-9)
     rows = []
     for a in arms:
         m = mid[a.name]

@@ -30,8 +30,12 @@ def render_system_prompt(
     result_schema: str,
     schemas: Mapping[str, Mapping[str, Any]] | None = None,
     tools: Sequence[Mapping[str, Any]] = (),
+    signatures: bool = False,
 ) -> str:
-    """Fill ``template`` with the result schema, the object schemas and the tools."""
+    """Fill ``template`` with the result schema, the object schemas and the tools: each
+    tool with its JSON Schema, or (``signatures``: a workflow's turns, whose compiled
+    constraint narrows the tools and their arguments each turn) as one signature line
+    where its arguments are scalars (:func:`tool_signature`)."""
     schemas_section = ""
     if schemas:
         lines = ["", "Schemas (each OBJECT and RESULT frame's JSON must match its schema):"]
@@ -39,7 +43,7 @@ def render_system_prompt(
             lines.append(f"- {name}: {orjson.dumps(schema).decode()}")
         schemas_section = "\n".join(lines) + "\n"
     tools_section = ""
-    if tools:
+    if tools and signatures:
         lines = ["", "Tools you may call (name(argument: type, ...); ? marks an optional one):"]
         for tool in tools:
             schema = tool.get("input_schema", {})
@@ -47,6 +51,14 @@ def render_system_prompt(
             if signature is None:  # nested objects, arrays, references: the schema itself
                 signature = f"{tool['name']} input_schema={orjson.dumps(schema).decode()}"
             lines.append(f"- {signature}: {tool.get('description', '')}")
+        tools_section = "\n".join(lines) + "\n"
+    elif tools:
+        lines = ["", "Tools you may call (arguments must match input_schema):"]
+        for tool in tools:
+            lines.append(
+                f"- {tool['name']}: {tool.get('description', '')} "
+                f"input_schema={orjson.dumps(tool.get('input_schema', {})).decode()}"
+            )
         tools_section = "\n".join(lines) + "\n"
     return Template(template).safe_substitute(
         result_schema=result_schema,

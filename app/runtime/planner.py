@@ -677,6 +677,9 @@ class StreamPlanner:
                 }
                 for t in tool_dicts
             ],
+            # A workflow's turns are compiled (the legal tools, narrowed arguments): its
+            # prompt names the calls; a plain request's prompt teaches the schemas.
+            signatures=workflow is not None,
         )
         if workflow is not None:
             system += render_workflow_prompt(self.workflow_template, workflow)

@@ -304,7 +304,7 @@ async def test_a_keys_tool_allowlist_bounds_what_is_shown_and_what_runs(
     events = await gw.stream({"input": "book a table", "profile": "demo"}, headers=bearer(KEY_A))
     assert_well_formed(events)
     system = orjson.loads(gw.upstream.requests[0].body)["messages"][0]["content"]
-    assert "\n- places.search(" in system and "\n- bookings.create" not in system
+    assert "- places.search:" in system and "- bookings.create" not in system
     (result,) = [e.data for e in events if e.event == "tool.result"]
     assert result["ok"] is False and result["error"]["code"] == "TOOL_NOT_ALLOWED"
     # The proxy's server_tools: the same allowlist (OpenAI's shape: PermissionDeniedError).
@@ -370,7 +370,7 @@ async def test_an_allowlist_naming_a_tool_the_gateway_lacks_still_serves(
     events = await gw.stream({"input": "hi"}, headers=bearer(KEY_A))
     assert_well_formed(events)
     system = orjson.loads(gw.upstream.requests[0].body)["messages"][0]["content"]
-    assert "\n- places.search(" in system and "gone.tool" not in system
+    assert "- places.search:" in system and "gone.tool" not in system
 
 
 async def test_requests_per_window_get_429_with_retry_after(make_gateway: HarnessFactory) -> None:

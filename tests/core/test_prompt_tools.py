@@ -38,15 +38,21 @@ def test_nested_or_referenced_arguments_show_the_schema_itself() -> None:
     referenced = {"type": "object", "properties": {"a": {"$ref": "#/$defs/A"}}, "$defs": {}}
     assert tool_signature("t", nested) is None
     assert tool_signature("t", referenced) is None
+    tools = [
+        {"name": "book", "description": "Book a table.", "input_schema": BOOK},
+        {"name": "order", "description": "Order.", "input_schema": nested},
+    ]
     prompt = render_system_prompt(
-        "$tools_section",
-        result_schema="Any",
-        tools=[
-            {"name": "book", "description": "Book a table.", "input_schema": BOOK},
-            {"name": "order", "description": "Order.", "input_schema": nested},
-        ],
+        "$tools_section", result_schema="Any", tools=tools, signatures=True
     )
     assert "- book(place_id: string" in prompt and ": Book a table." in prompt
     assert f"- order input_schema={orjson.dumps(nested).decode()}: Order." in prompt
     # The signature is shorter than the schema it stands for.
     assert len(tool_signature("book", BOOK) or "") < len(orjson.dumps(BOOK)) / 2
+
+
+def test_a_plain_requests_prompt_teaches_each_tools_schema() -> None:
+    # Without a workflow nothing narrows the tools turn by turn: the schema is shown whole.
+    tools = [{"name": "book", "description": "Book a table.", "input_schema": BOOK}]
+    prompt = render_system_prompt("$tools_section", result_schema="Any", tools=tools)
+    assert f"- book: Book a table. input_schema={orjson.dumps(BOOK).decode()}" in prompt
