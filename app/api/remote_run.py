@@ -19,7 +19,7 @@ import orjson
 from fastapi.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from toolforge.api.run_stream import RunWriter
+from toolforge.api.run_stream import RunWriter, stream_headers
 from toolforge.errors import ToolForgeError
 from toolforge.runtime.cluster import RemoteStream
 
@@ -45,16 +45,7 @@ class RemoteRunResponse(Response):
         self._after = after
         self.status_code = 200
         self.background = None
-        self.raw_headers = [
-            (b"content-type", b"text/event-stream"),
-            (b"cache-control", b"no-cache"),
-            (b"x-accel-buffering", b"no"),
-            (b"x-stream-id", stream.id.encode("latin-1")),
-            *(
-                (k.lower().encode("latin-1"), v.encode("latin-1"))
-                for k, v in (headers or {}).items()
-            ),
-        ]
+        self.raw_headers = stream_headers(stream.id, headers)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         writing = asyncio.ensure_future(self._write(send))

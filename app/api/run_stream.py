@@ -56,16 +56,7 @@ class RunStreamResponse(Response):
         self._primary = primary
         self.status_code = 200
         self.background = None
-        self.raw_headers = [
-            (b"content-type", b"text/event-stream"),
-            (b"cache-control", b"no-cache"),
-            (b"x-accel-buffering", b"no"),
-            (b"x-stream-id", session.id.encode("latin-1")),
-            *(
-                (k.lower().encode("latin-1"), v.encode("latin-1"))
-                for k, v in (headers or {}).items()
-            ),
-        ]
+        self.raw_headers = stream_headers(session.id, headers)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         writing = asyncio.ensure_future(self._write(send))
@@ -101,6 +92,18 @@ class RunStreamResponse(Response):
                 if writer.ended:
                     break
         await send({"type": "http.response.body", "body": last, "more_body": False})
+
+
+def stream_headers(stream_id: str, headers: Mapping[str, str] | None) -> list[tuple[bytes, bytes]]:
+    """An event stream's response headers (no caching, no proxy buffering, its id), then
+    the door's own."""
+    return [
+        (b"content-type", b"text/event-stream"),
+        (b"cache-control", b"no-cache"),
+        (b"x-accel-buffering", b"no"),
+        (b"x-stream-id", stream_id.encode("latin-1")),
+        *((k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in (headers or {}).items()),
+    ]
 
 
 async def _disconnect(receive: Receive) -> None:
