@@ -200,7 +200,8 @@ class Grounding:
         grounded = self._user_args(name)
         if not grounded or not isinstance(args, Mapping):
             return
-        if self._fruitless(name, data) or self._workflow.max_calls.get(name, 1) > 1:
+        again = max(self._workflow.max_calls.get(name, 1), self._workflow.min_calls.get(name, 1))
+        if self._fruitless(name, data) or again > 1:
             # Led nowhere, or a tool meant to be called again (one report per supplier):
             # its words are not offered again, so the next call differs.
             self._spend(args, grounded)

@@ -761,7 +761,57 @@ def narrow_properties(
         changed[arg] = narrowed
     if not changed:
         return schema
-    return {**schema, "properties": {**props, **changed}}
+    narrowed = {**props, **changed}
+    branches = None if "anyOf" in schema else _one_value_each(narrowed, props)
+    if branches is None:
+        return {**schema, "properties": narrowed}
+    return {**schema, "properties": narrowed, "anyOf": branches}
+
+
+_MAX_BRANCHES: Final = 16  # values of the first argument spelled out, one branch each
+
+
+def _one_value_each(
+    narrowed: Mapping[str, Any], own: Mapping[str, Any]
+) -> list[dict[str, Any]] | None:
+    """Two arguments of one call never take the same value of the run's: a flight's
+    origin and destination both offered ``CDG`` and ``JFK`` take one each. The first
+    argument offered values another one is offered too becomes one branch per value, the
+    other arguments without it. Strings of identifiers and plain strings only: two
+    numbers, dates or e-mail addresses of one call may well be the same (2 guests, 2
+    nights). None when no two arguments share a value."""
+    offered: list[tuple[str, list[str]]] = []
+    for arg, prop in narrowed.items():
+        base = own.get(arg)
+        if not (isinstance(prop, Mapping) and isinstance(base, Mapping) and set(prop) == {"enum"}):
+            continue
+        values = prop["enum"]
+        if not all(isinstance(v, str) for v in values):
+            continue
+        if kind_of(arg, _non_null(base)) in ("id", "string"):
+            offered.append((arg, values))
+    for i, (first, values) in enumerate(offered):
+        others = [(arg, vals) for arg, vals in offered[i + 1 :] if set(vals) & set(values)]
+        if not others or len(values) > _MAX_BRANCHES:
+            continue
+        branches: list[dict[str, Any]] = []
+        for value in values:
+            props: dict[str, Any] = {first: {"const": value}}
+            for arg, vals in others:
+                rest = [v for v in vals if v != value]
+                props[arg] = {"enum": rest} if rest else False
+            if all(p is not False for p in props.values()):
+                branches.append({"properties": props})
+        return branches or None
+    return None
+
+
+def _spent(value: object, spent: frozenset[str]) -> bool:
+    """Whether every word of a user's ``value`` is spent (see :class:`Held`)."""
+    if not spent or not isinstance(value, str):
+        return False
+    words = _WORD.findall(value)
+    return bool(words) and all(w.lower() in spent for w in words)
 
 
 def _is_identifier(arg: str, prop: Mapping[str, Any]) -> bool:
@@ -843,6 +893,8 @@ def _narrow(
             accepted = tuple(fresh)
             memo[key_of] = (len(found), accepted)
         for value in accepted:
+            if isinstance(source, User) and _spent(value, held.spent):
+                continue  # a grounded call took it and gave nothing, or it was used
             enum.setdefault((type(value), value), value)
     values = list(enum.values())
     failure = held.failures.get(tool)
@@ -1103,7 +1155,10 @@ def _from_user(kind: Kind, prop: Mapping[str, Any], said: Said) -> Iterator[obje
             for t in said.times:
                 yield from (f"{d}T{t}:00", f"{d}T{t}:00Z")
     elif kind == "id":
-        yield from said.tokens
+        # An e-mail address is no identifier ("booking_ref" is not "ana@example.com"),
+        # unless the argument says it takes one.
+        mail = "mail" in str(prop.get("description", "")).lower()
+        yield from (t for t in said.tokens if mail or "@" not in t)
         # "order 7781": an identifier written as a whole number of three digits or more
         # ("for 2 people" states no identifier).
         yield from (str(n) for n in said.numbers if isinstance(n, int) and n >= 100)

@@ -112,9 +112,14 @@ class StepTracker:
 
     required_steps: Sequence[str]
     completed_steps: dict[str, None] = field(default_factory=dict)
+    # step -> the successful calls that complete it (the workflow's ``min_calls``)
+    min_calls: Mapping[str, int] = field(default_factory=dict)
+    _made: dict[str, int] = field(default_factory=dict)
 
     def record(self, tool_name: str) -> None:
-        self.completed_steps[tool_name] = None
+        made = self._made[tool_name] = self._made.get(tool_name, 0) + 1
+        if made >= self.min_calls.get(tool_name, 1):
+            self.completed_steps[tool_name] = None
 
     def is_satisfied(self) -> bool:
         return all(step in self.completed_steps for step in self.required_steps)
@@ -142,8 +147,9 @@ class StepEnforcer:
         *,
         max_premature_attempts: int = 3,
         max_prereq_violations: int = 2,
+        min_calls: Mapping[str, int] | None = None,
     ) -> None:
-        self.tracker = StepTracker(list(required_steps))
+        self.tracker = StepTracker(list(required_steps), min_calls=dict(min_calls or {}))
         self.terminal_tools = frozenset(terminal_tools)
         self.prerequisites = dict(prerequisites or {})
         self.max_premature_attempts = max_premature_attempts
@@ -285,7 +291,10 @@ class WorkflowPolicy:
         self._nudges = nudges or WorkflowNudges()
         self._compactor = compactor
         self._steps = StepEnforcer(
-            workflow.required_steps, workflow.terminal_tools, workflow.prerequisites
+            workflow.required_steps,
+            workflow.terminal_tools,
+            workflow.prerequisites,
+            min_calls=workflow.min_calls,
         )
         self._errors = ErrorTracker(workflow.max_retries_per_step, workflow.max_tool_errors)
         self._schemas: Mapping[str, Mapping[str, Any]] = schemas or {}

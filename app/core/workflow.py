@@ -120,6 +120,9 @@ class _WorkflowDoc(BaseModel):
     max_calls: dict[_NAME, Annotated[int, Field(ge=1, le=100)]] = Field(
         default_factory=dict, max_length=64
     )
+    min_calls: dict[_NAME, Annotated[int, Field(ge=1, le=100)]] = Field(
+        default_factory=dict, max_length=64
+    )
     compaction: Literal["tiered", "sliding", "none"] = "tiered"
     keep_recent: Annotated[int, Field(ge=0, le=100)] = 2
     budget_tokens: Annotated[int, Field(ge=256)] | None = None
@@ -168,6 +171,9 @@ class WorkflowDef:
     # tool -> successful calls it may make (a step meant to be repeated: one report per
     # supplier); without one, a step already done leaves the choice once the end is open.
     max_calls: Mapping[str, int] = field(default_factory=dict)
+    # required step -> successful calls that complete it (one report for each of five
+    # suppliers): until then the step is still the one to make, and the end waits.
+    min_calls: Mapping[str, int] = field(default_factory=dict)
     compaction: str = "tiered"
     keep_recent: int = 2
     budget_tokens: int | None = None
@@ -203,6 +209,7 @@ class WorkflowDef:
             "max_retries_per_step": self.max_retries_per_step,
             "max_tool_errors": self.max_tool_errors,
             "max_calls": dict(self.max_calls),
+            "min_calls": dict(self.min_calls),
             "compaction": self.compaction,
             "keep_recent": self.keep_recent,
             "budget_tokens": self.budget_tokens,
@@ -325,6 +332,17 @@ def parse_workflow(
     for tool in parsed.max_calls:
         if tool not in listed:
             raise _invalid(source, f"{name}: max_calls names {tool!r}, which is not in 'tools'")
+    for tool, least in parsed.min_calls.items():
+        if tool not in parsed.required_steps:
+            raise _invalid(
+                source, f"{name}: min_calls names {tool!r}, which is not in 'required_steps'"
+            )
+        most = parsed.max_calls.get(tool)
+        if most is not None and most < least:
+            raise _invalid(
+                source,
+                f"{name}: min_calls for {tool!r} is {least}, more than its max_calls ({most})",
+            )
     for tool in parsed.grounded:
         if tool not in listed:
             raise _invalid(source, f"{name}: grounded names {tool!r}, which is not in 'tools'")
@@ -361,6 +379,7 @@ def parse_workflow(
         max_retries_per_step=parsed.max_retries_per_step,
         max_tool_errors=parsed.max_tool_errors,
         max_calls=dict(parsed.max_calls),
+        min_calls=dict(parsed.min_calls),
         compaction=parsed.compaction,
         keep_recent=parsed.keep_recent,
         budget_tokens=parsed.budget_tokens,

@@ -159,6 +159,7 @@ class Workflow:
         budget_tokens: int | None = None,
         provenance: Mapping[str, Mapping[str, Any]] | None = None,
         max_calls: Mapping[str, int] | None = None,
+        min_calls: Mapping[str, int] | None = None,
     ) -> None:
         self.tools = {tool.name: tool for tool in tools}
         terminals = [terminal_tools] if isinstance(terminal_tools, str) else list(terminal_tools)
@@ -185,6 +186,7 @@ class Workflow:
             "grounded": {t.name: list(t.grounded) for t in tools if t.grounded},
             "provenance": {tool: dict(args) for tool, args in (provenance or {}).items()},
             "max_calls": dict(max_calls or {}),
+            "min_calls": dict(min_calls or {}),
             "instructions": instructions,
         }
         self.definition: WorkflowDef = parse_workflow(doc, known_tools=self.tools, source="python")

@@ -19,6 +19,7 @@ from toolforge.core.events import FrameKind
 from toolforge.core.gbnf import FrameGrammar, TurnIds
 from toolforge.core.native_tools import to_openai_tools
 from toolforge.core.protocol import sentinels
+from toolforge.core.provenance import Held, narrow_properties, said_in
 from toolforge.core.steps import WorkflowPolicy
 from toolforge.core.workflow import parse_workflow
 from toolforge.errors import RequestError
@@ -260,3 +261,127 @@ def test_a_free_side_tool_is_no_detour_once_the_end_can_be_called() -> None:
     held = {"get_weather": _obj(city={"enum": ["Paris"]})}
     constraint = compile_turn(workflow, held, schemas, succeeded=())
     assert list(constraint.tools) == ["get_weather", "answer"]
+
+
+def test_a_step_with_min_calls_stays_the_step_until_made_that_often() -> None:
+    # "Read each of the three reports, then audit": the end waits for three reports, and
+    # each report takes a supplier no earlier report took (the user's names, spent).
+    schemas = {"report": _obj(supplier={"type": "string"}), "audit": _obj(worst={"type": "string"})}
+    wf = parse_workflow(
+        {
+            "name": "audit",
+            "tools": list(schemas),
+            "required_steps": ["report"],
+            "terminal_tools": ["audit"],
+            "max_calls": {"report": 3},
+            "min_calls": {"report": 3},
+            "provenance": {"report": {"supplier": "user"}},
+        },
+        known_tools=list(schemas),
+    )
+    assert wf.to_dict()["min_calls"] == {"report": 3}
+    grammar = FrameGrammar(tools=schemas, result=("R", {"type": "object"}), max_tokens=256)
+    p = WorkflowPolicy(wf, schemas=schemas)
+    p.begin_turn([{"role": "user", "content": "Audit Northwind, Contoso and Fabrikam."}])
+
+    def admits(name: str, args: dict[str, Any]) -> bool:
+        hints = p.hints()
+        g = parse(
+            grammar.for_turn(
+                TurnIds("t1", (), "r1"),
+                narrowed=hints.narrowed,
+                allow_result=hints.allow_result,
+                free_text=hints.free_text,
+            )
+        )
+        return g.accepts(_call(name, args))
+
+    done: list[str] = []
+    for supplier in ("Contoso", "Northwind", "Fabrikam"):
+        assert not admits("audit", {"worst": "Contoso"})  # the end waits
+        assert isinstance(p.check_call("audit", {"worst": "Contoso"}), Refuse)
+        for earlier in done:
+            assert not admits("report", {"supplier": earlier})  # never the same report twice
+        assert admits("report", {"supplier": supplier})
+        p.record("report", {"supplier": supplier}, {"ok": True, "data": {"defects": 1}})
+        p.end_batch()
+        done.append(supplier)
+    assert isinstance(p.check_call("audit", {"worst": "Contoso"}), Run)
+
+
+def test_min_calls_is_checked_by_name() -> None:
+    base = {
+        "name": "w",
+        "tools": ["report", "audit"],
+        "required_steps": ["report"],
+        "terminal_tools": ["audit"],
+    }
+    for doc, says in (
+        ({"min_calls": {"audit": 2}}, "min_calls names 'audit', which is not in 'required_steps'"),
+        ({"min_calls": {"report": 3}, "max_calls": {"report": 2}}, "more than its max_calls"),
+        ({"min_calls": {"report": 0}}, "min_calls.report"),
+    ):
+        with pytest.raises(RequestError, match=says):
+            parse_workflow({**base, **doc}, known_tools=["report", "audit"])
+
+
+def test_two_arguments_of_one_call_take_different_values() -> None:
+    # Both codes the user gave fit both arguments: the grammar, the JSON Schema and the
+    # validator let the origin take one and the destination the other, never one twice.
+    schemas = {
+        "search": _obj(
+            origin={"type": "string", "description": "IATA code, e.g. CDG"},
+            destination={"type": "string", "description": "IATA code, e.g. JFK"},
+            date={"type": "string", "format": "date"},
+        ),
+        "book": _obj(flight={"type": "string"}),
+    }
+    wf = parse_workflow(
+        {
+            "name": "fly",
+            "tools": list(schemas),
+            "required_steps": ["search"],
+            "terminal_tools": ["book"],
+            "provenance": {"search": {"origin": "user", "destination": "user"}},
+        },
+        known_tools=list(schemas),
+    )
+    p = WorkflowPolicy(wf, schemas=schemas)
+    p.begin_turn([{"role": "user", "content": "A flight from CDG to JFK on 2026-12-03."}])
+    grammar = FrameGrammar(tools=schemas, result=("R", {"type": "object"}), max_tokens=256)
+    hints = p.hints()
+    g = parse(
+        grammar.for_turn(
+            TurnIds("t1", (), "r1"),
+            narrowed=hints.narrowed,
+            allow_result=hints.allow_result,
+            free_text=hints.free_text,
+        )
+    )
+    narrowed = hints.narrowed["search"]
+    check = Draft202012Validator(narrowed)
+    for origin, destination, ok in (
+        ("CDG", "JFK", True),
+        ("JFK", "CDG", True),
+        ("CDG", "CDG", False),
+        ("JFK", "JFK", False),
+    ):
+        args = {"origin": origin, "destination": destination, "date": "2026-12-03"}
+        assert g.accepts(_call("search", args)) is ok, args
+        assert check.is_valid(args) is ok, args
+    # Numbers may repeat (two guests, two nights): only strings are kept apart.
+    stay = _obj(guests={"type": "integer"}, nights={"type": "integer"})
+    held = Held(said_in("2 guests for 2 nights"))
+    out = narrow_properties("stay", stay, {}, held, defaults=True)
+    assert out is not None and "anyOf" not in out
+
+
+def test_an_identifier_is_not_offered_the_users_email() -> None:
+    held = Held(said_in("Send the confirmation to ana@example.com."))
+    confirm = _obj(booking_ref={"type": "string"}, email={"type": "string"})
+    # Before any booking, no identifier is held: the call cannot be made yet.
+    assert narrow_properties("confirm", confirm, {}, held, defaults=True) is None
+    # Unless the identifier says it takes an address.
+    user = _obj(user_id={"type": "string", "description": "the user's e-mail address"})
+    out = narrow_properties("lookup", user, {}, held, defaults=True)
+    assert out is not None and out["properties"]["user_id"] == {"enum": ["ana@example.com"]}

@@ -764,6 +764,7 @@ PHASE2_COMPACTION: Final = Scenario(
         ("submit_audit", {"worst_supplier": "Fabrikam"}),
     ),
     max_calls={"get_supplier_report": 5},
+    min_calls={"get_supplier_report": 5},  # the user asks for each of the five reports
     provenance={
         "get_supplier_report": {"supplier": "user"},
         "submit_audit": {"worst_supplier": {"calls": "get_supplier_report", "arg": "supplier"}},

@@ -144,6 +144,7 @@ class Scenario:
     # tool -> argument -> where its value comes from (docs/workflows.md, provenance)
     provenance: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     max_calls: Mapping[str, int] = field(default_factory=dict)  # the workflow's per-tool budgets
+    min_calls: Mapping[str, int] = field(default_factory=dict)  # calls that complete a step
 
     @property
     def ideal_iterations(self) -> int:
@@ -169,6 +170,8 @@ class Scenario:
             body["keep_recent"] = self.keep_recent
         if self.max_calls:
             body["max_calls"] = dict(self.max_calls)
+        if self.min_calls:
+            body["min_calls"] = dict(self.min_calls)
         if self.provenance:
             body["provenance"] = {k: dict(v) for k, v in self.provenance.items()}
         return body
