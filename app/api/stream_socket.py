@@ -25,6 +25,12 @@ frame's three fields, the same bytes of ``data``), a command's answer as ``{"typ
 "error": {code, message, ...}}`` (the HTTP error body's object). A socket follows one
 stream at a time; after its ``done`` it may start or resume another.
 
+A client that offers the subprotocol ``toolforge.frames.v1``
+(:data:`toolforge.core.protocol.socket_messages.SUBPROTOCOL`) gets it echoed in the
+handshake and reads each batch the frame log hands over as one message of JSON lines,
+one frame object per line (what SSE writes with one ``send``); without it, one frame per
+message. Answers and refusals are a message of their own (one line) either way.
+
 The socket is admitted like an HTTP request (the ``Host`` allowlist, the API key in
 ``Authorization: Bearer`` or a ``token`` query parameter for browsers, which cannot set
 headers), and a browser page only from its own origin or one of ``CORS_ORIGINS``: a
@@ -47,6 +53,7 @@ from toolforge.api.auth import ApiKey, allowed_tools, check_workflow, own
 from toolforge.api.body import parse_stream_request
 from toolforge.api.deps import Gateway
 from toolforge.api.stream_slot import StreamSlot
+from toolforge.core.protocol.socket_messages import frame_lines, select_subprotocol
 from toolforge.core.workflow import WorkflowDef
 from toolforge.errors import ErrorCode, RequestError, ToolForgeError
 from toolforge.runtime.commands import from_wire
@@ -86,8 +93,11 @@ async def stream_socket(ws: WebSocket) -> None:
         except ToolForgeError as exc:
             await ws.close(code=_POLICY_VIOLATION, reason=exc.message[:120])
             return
-    await ws.accept()
-    await _Socket(gw, ws, key).serve()
+    # RFC 6455: the subprotocol chosen from the client's offer is echoed in the handshake
+    # answer; a client that offered none (or none known) gets one frame per message.
+    subprotocol = select_subprotocol(ws.scope.get("subprotocols") or ())
+    await ws.accept(subprotocol=subprotocol)
+    await _Socket(gw, ws, key, batched=subprotocol is not None).serve()
 
 
 def _foreign(scope: dict[str, Any], cors_origins: str | None) -> str | None:
@@ -111,8 +121,9 @@ def _foreign(scope: dict[str, Any], cors_origins: str | None) -> str | None:
 class _Socket:
     """One connection: its messages in, the stream it follows out."""
 
-    def __init__(self, gw: Gateway, ws: WebSocket, key: ApiKey | None) -> None:
+    def __init__(self, gw: Gateway, ws: WebSocket, key: ApiKey | None, *, batched: bool) -> None:
         self._gw = gw
+        self._batched = batched  # SUBPROTOCOL: a message per batch, its frames as lines
         self._ws = ws
         self._key = key
         self._caller = None if key is None else key.name
@@ -220,27 +231,25 @@ class _Socket:
         )
 
     async def _write(self, frames: AsyncIterator[bytes]) -> None:
-        """Each frame of ``frames`` (batches of SSE blocks; ``b""``: nothing new yet) as
-        one message."""
+        """Each batch of ``frames`` (SSE blocks; ``b""``: nothing new yet) as one message
+        of JSON lines (:data:`SUBPROTOCOL`), or as one message per frame."""
         follow = cast(AsyncGenerator[bytes, None], frames)
-        # Every frame is its own message, and so its own ASGI send and socket write: the
-        # per-frame path is kept to that (measured in bench.gateway --formats, B2). The
-        # lock is taken once per batch, so a command's answer goes between batches.
-        send = self._ws.send
+        # A message is an ASGI send and a socket write of its own: batched, a batch costs
+        # one, as SSE's does (measured in bench.gateway --formats, B2). The lock is taken
+        # once per batch, so a command's answer goes between batches.
+        send, batched = self._ws.send, self._batched
         try:
             async with contextlib.aclosing(follow) as batches:
                 async for batch in batches:
+                    if not batch:
+                        continue
+                    text = frame_lines(batch).decode()
                     async with self._send_lock:
-                        for block in batch.split(b"\n\n"):
-                            if not block:
-                                continue
-                            # b"id: N\nevent: NAME\ndata: JSON": spliced, the data as encoded
-                            id_line, event_line, data_line = block.split(b"\n", 2)
-                            frame = (
-                                b'{"id":' + id_line[4:] + b',"event":"' + event_line[7:]
-                                + b'","data":' + data_line[6:] + b"}"
-                            )  # fmt: skip
-                            await send({"type": "websocket.send", "text": frame.decode()})
+                        if batched:
+                            await send({"type": "websocket.send", "text": text})
+                            continue
+                        for frame in text.split("\n"):
+                            await send({"type": "websocket.send", "text": frame})
         except ToolForgeError as exc:  # another replica's buffer, and Redis went away
             await self._send({"type": "error", "error": exc.to_dict()})
 
