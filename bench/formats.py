@@ -3,9 +3,11 @@
 
 The same engine serves ``POST /v1/stream``'s frames, the Responses API (``POST
 /v1/responses``, ``stream: true``), AG-UI (``POST /v1/agui``), the AI SDK's UI message
-stream (``POST /v1/ui/chat``) and the WebSocket (``GET /v1/stream/ws``); each format is an
-encoder over the frames the session logs. What a format costs is therefore what its
-route and its encoder add, and the figures here are ratios to ``/v1/stream``:
+stream (``POST /v1/ui/chat``) and the WebSocket (``GET /v1/stream/ws``, two arms: one
+frame per message, and with the subprotocol ``toolforge.frames.v1`` one message per batch
+of frames, as JSON lines); each format is an encoder over the frames the session logs.
+What a format costs is therefore what its route and its encoder add, and the figures here
+are ratios to ``/v1/stream``:
 
 - B1: time to first text event (the first ``text.delta`` frame, ``response.output_text.delta``,
   ``TEXT_MESSAGE_CONTENT``, ``text-delta``, or the socket's ``text.delta`` message) and the
@@ -16,7 +18,8 @@ route and its encoder add, and the figures here are ratios to ``/v1/stream``:
 
 The HTTP arms use ``bench.gateway``'s raw-socket client; the WebSocket arm a minimal
 RFC 6455 client on the same footing (one kept-open socket, every read timestamped when it
-returns, a ``start`` message per stream, the stream over at its ``done`` frame).
+returns, a ``start`` message per stream, the stream over at its ``done`` frame; a batched
+message split into its frames).
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from bench.gateway import (
     median,
     pct,
 )
+from toolforge.core.protocol.socket_messages import SUBPROTOCOL
 
 __all__ = ["FORMATS", "Arm", "b1_formats", "b2_formats"]
 
@@ -97,6 +101,7 @@ class Arm:
     done: bytes
     on_gateway: bool = True
     ws: bool = False
+    subprotocol: str | None = None  # the socket's, offered and required in the answer
 
 
 DIRECT = Arm(
@@ -150,6 +155,16 @@ FORMATS = (
         b'"event":"done"',
         ws=True,
     ),
+    Arm(
+        "ws_lines",
+        f"WebSocket `{SUBPROTOCOL}` (`text.delta` lines)",
+        "/v1/stream/ws",
+        _ws_body,
+        b'"event":"text.delta"',
+        b'"event":"done"',
+        ws=True,
+        subprotocol=SUBPROTOCOL,
+    ),
 )
 
 
@@ -188,15 +203,17 @@ class Counter(Sink):
 
 class _WsConn(asyncio.Protocol):
     """One socket: the upgrade, then the server's (unmasked, unfragmented) text messages
-    handed to the sink per read; a stream ends at its ``done`` frame."""
+    handed to the sink per read, each frame apart (a batched message split into its
+    lines); a stream ends at its ``done`` frame."""
 
-    def __init__(self, done_marker: bytes) -> None:
+    def __init__(self, done_marker: bytes, subprotocol: str | None) -> None:
         self.transport: asyncio.Transport | None = None
         self._raw = bytearray()
         self._upgraded: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._sink: Sink | None = None
         self._done: asyncio.Future[int] | None = None
         self._end = done_marker
+        self._subprotocol = subprotocol
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]  # uvloop's is not a subclass
@@ -220,8 +237,13 @@ class _WsConn(asyncio.Protocol):
             if not head.startswith(b"HTTP/1.1 101"):
                 self._upgraded.set_exception(RuntimeError(f"no upgrade: {head[:200]!r}"))
                 return
+            want = self._subprotocol
+            if want is not None and f"sec-websocket-protocol: {want}".encode() not in head.lower():
+                self._upgraded.set_exception(RuntimeError(f"{want} not selected: {head!r}"))
+                return
             self._upgraded.set_result(None)
         messages: list[bytes] = []
+        lines = self._subprotocol is not None
         pos, n = 0, len(raw)
         while n - pos >= 2:
             b0, b1 = raw[pos], raw[pos + 1] & 0x7F
@@ -237,7 +259,10 @@ class _WsConn(asyncio.Protocol):
             if n - at < b1:
                 break
             if b0 & 0x0F == 0x1:  # a text message; the gateway never fragments one
-                messages.append(bytes(raw[at : at + b1]))
+                if lines:
+                    messages += bytes(raw[at : at + b1]).split(b"\n")
+                else:
+                    messages.append(bytes(raw[at : at + b1]))
             pos = at + b1
         del raw[:pos]
         if not messages or self._sink is None:
@@ -267,14 +292,19 @@ class WsClient:
         self.conn = conn
 
     @classmethod
-    async def open(cls, port: int, path: str, done_marker: bytes) -> WsClient:
+    async def open(
+        cls, port: int, path: str, done_marker: bytes, subprotocol: str | None = None
+    ) -> WsClient:
         loop = asyncio.get_running_loop()
-        _, conn = await loop.create_connection(lambda: _WsConn(done_marker), "127.0.0.1", port)
+        _, conn = await loop.create_connection(
+            lambda: _WsConn(done_marker, subprotocol), "127.0.0.1", port
+        )
         key = base64.b64encode(os.urandom(16)).decode()
+        offer = "" if subprotocol is None else f"Sec-WebSocket-Protocol: {subprotocol}\r\n"
         assert conn.transport is not None
         conn.transport.write(
             f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUpgrade: websocket\r\n"
-            f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\n"
+            f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\n{offer}"
             "Sec-WebSocket-Version: 13\r\n\r\n".encode()
         )
         async with asyncio.timeout(10):
@@ -309,7 +339,7 @@ class WsClient:
 
 async def _open(arm: Arm, port: int) -> Client | WsClient:
     if arm.ws:
-        return await WsClient.open(port, arm.path, arm.done)
+        return await WsClient.open(port, arm.path, arm.done, arm.subprotocol)
     return await Client.open(port)
 
 
