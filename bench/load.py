@@ -27,6 +27,11 @@ children inherit it.
   content chunk direct) p50/p99, the rate reached, failures, and the gateway's CPU per
   request; the highest rate whose added p99 (gateway minus direct, at the same rate) stays
   at or under 5 ms.
+- ``--workers N`` (N > 1): B5 also on ``toolforge serve --workers N`` with a
+  ``redis-server`` of the bench's own (``bench.workers``), each N beside one worker and the
+  direct upstream in the same run; CPU and RSS are the whole process tree's. The scaling
+  factor: the highest N the N workers hold with every stream complete and the added gap
+  p99 within 10 ms, over the same for one worker.
 
 Targets (issue text): B5 every stream complete at N = 2000; added gap p99 ≤ 10 ms at
 N = 2000 and ≤ 5 ms at N = 1000; ≤ 25 µs gateway CPU per paced token; ≤ 40 KB RSS per
@@ -50,11 +55,8 @@ from typing import Any
 
 from bench._procs import (
     Proc,
-    cpu_seconds,
     plain_tokens,
-    rss_kb,
     scratch,
-    settle_cpu,
     spawn_gateway,
     spawn_proxy,
     spawn_upstream,
@@ -72,6 +74,14 @@ from bench.gateway import (
     median,
     pct,
 )
+from bench.workers import (
+    redis_server,
+    settle_tree,
+    spawn_workers,
+    tree_cpu_seconds,
+    tree_pids,
+    tree_rss_kb,
+)
 
 HEADING = "## Load: many streams and many short requests on one worker (bench/load.py)"
 B5_TOKENS = 100
@@ -80,6 +90,9 @@ B5_DELAY_MS = 100.0  # 10 tokens/s
 # and the starts (a plan, a session, an upstream request each) cost the gateway about as
 # much CPU as a steady 250 requests/s.
 RAMP_PER_S = 250
+# B5 with --workers: the scaling factor is the ratio of the highest N each arm holds
+# within this added gap p99 (the target at N = 2000).
+B5_SCALING_P99_MS = 10.0
 B6_ADDED_P99_MS = 5.0  # the highest rate whose added p99 stays at or under this
 
 
@@ -346,13 +359,14 @@ async def paced_arm(clients: Clients, t: Target, n: int, tokens: int, gw: Proc |
     share = len(clients)
     specs = [PacedSpec(t, model, tokens, offsets[w::share], start) for w in range(share)]
     samples: list[tuple[int, int]] = []  # (perf_counter_ns, RSS KB)
-    rss0 = rss_kb(gw.pid) if gw is not None else 0
-    cpu0 = cpu_seconds(gw.pid) if gw is not None else 0.0
+    pids = tree_pids(gw.pid) if gw is not None else []
+    rss0 = tree_rss_kb(gw.pid, pids) if gw is not None else 0
+    cpu0 = tree_cpu_seconds(gw.pid) if gw is not None else 0.0
 
     async def sample() -> None:
         assert gw is not None
         while True:
-            samples.append((time.perf_counter_ns(), rss_kb(gw.pid)))
+            samples.append((time.perf_counter_ns(), tree_rss_kb(gw.pid, pids)))
             await asyncio.sleep(0.1)
 
     sampler = asyncio.create_task(sample()) if gw is not None else None
@@ -375,7 +389,7 @@ async def paced_arm(clients: Clients, t: Target, n: int, tokens: int, gw: Proc |
     )
     if gw is None:
         return arm
-    cpu1 = await asyncio.to_thread(settle_cpu, gw.pid)
+    cpu1 = await asyncio.to_thread(settle_tree, gw.pid)
     delivered = len(arm.gaps_ms) + sum(1 for r in results for _ in r.spans)
     arm.cpu_us_token = (cpu1 - cpu0) / max(delivered, 1) * 1e6
     spans = [s for r in results for s in r.spans]
@@ -405,46 +419,69 @@ async def _warm_gateway(port: int) -> None:
 
 
 async def b5(
-    rep: Report, clients: Clients, url: str, up: Proc, artifacts: Any, sizes: list[int], tokens: int
+    rep: Report,
+    clients: Clients,
+    url: str,
+    up: Proc,
+    artifacts: Any,
+    sizes: list[int],
+    tokens: int,
+    workers: int = 1,
+    redis_url: str = "",
 ) -> None:
+    """B5; with ``workers`` > 1, each N also on ``toolforge serve --workers`` with Redis,
+    and the scaling factor: the highest N each arm holds within the gap target."""
     direct = Target("direct", up.port, "/v1/chat/completions", direct_body)
+    served = "one gateway worker"
+    if workers > 1:
+        served += f" beside `--workers {workers}` with Redis"
     rep.add(
         "",
         f"### B5 — N concurrent paced streams ({tokens} tokens at "
-        f"{1000 / B5_DELAY_MS:.0f} tokens/s each), one gateway worker, {len(clients)} client "
-        "processes",
+        f"{1000 / B5_DELAY_MS:.0f} tokens/s each), {served}, {len(clients)} client processes",
         "",
         "| N | path | complete | gap p50 ms | gap p99 ms | **added gap p50 / p99 ms** | "
         "gateway CPU µs per paced token | RSS per open stream KB (most open) | failures |",
         "|---|---|---|---|---|---|---|---|---|",
     )
+    arms = [1] if workers == 1 else [1, workers]
+    held = dict.fromkeys(arms, 0)  # the highest N within B5_SCALING_P99_MS, per arm
     for n in sizes:
         d = await paced_arm(clients, direct, n, tokens, None)
-        gw = spawn_gateway(url, artifacts, env=gateway_env(n))
-        try:
-            await _warm_gateway(gw.port)
-            await asyncio.to_thread(settle_cpu, gw.pid)
-            gateway = Target("gateway", gw.port, "/v1/stream", gateway_body)
-            g = await paced_arm(clients, gateway, n, tokens, gw)
-        finally:
-            gw.stop()
-        add50 = median(g.gaps_ms) - median(d.gaps_ms)
-        add99 = pct(g.gaps_ms, 99) - pct(d.gaps_ms, 99)
-
-        def fails(arm: PacedArm) -> str:
-            return "; ".join(f"{k} ×{v}" for k, v in sorted(arm.errors.items())) or "0"
-
         rep.add(
             f"| {n} | direct | {d.complete} | {median(d.gaps_ms):.2f} | "
-            f"{pct(d.gaps_ms, 99):.2f} | | | | {fails(d)} |",
-            f"| {n} | gateway `/v1/stream` | {g.complete} | {median(g.gaps_ms):.2f} | "
-            f"{pct(g.gaps_ms, 99):.2f} | **{add50:+.2f} / {add99:+.2f}** | "
-            f"{g.cpu_us_token:.1f} | {g.rss_kb_stream:.1f} ({g.most_open}) | {fails(g)} |",
+            f"{pct(d.gaps_ms, 99):.2f} | | | | {_fails(d)} |"
         )
-        rep.facts[f"b5_{n}_add99"] = add99
-        rep.facts[f"b5_{n}_complete"] = g.complete
-        rep.facts[f"b5_{n}_cpu"] = g.cpu_us_token
-        rep.facts[f"b5_{n}_rss"] = g.rss_kb_stream
+        for w in arms:
+            if w == 1:
+                gw = spawn_gateway(url, artifacts, env=gateway_env(n))
+                name = "gateway `/v1/stream`"
+            else:
+                gw = spawn_workers(url, artifacts, w, redis_url, gateway_env(n))
+                name = f"gateway `/v1/stream`, {w} workers + Redis"
+            try:
+                for _ in range(4 * w):  # every worker's first request before the clock
+                    await _warm_gateway(gw.port)
+                await asyncio.to_thread(settle_tree, gw.pid)
+                gateway = Target("gateway", gw.port, "/v1/stream", gateway_body)
+                g = await paced_arm(clients, gateway, n, tokens, gw)
+            finally:
+                gw.stop()
+            add50 = median(g.gaps_ms) - median(d.gaps_ms)
+            add99 = pct(g.gaps_ms, 99) - pct(d.gaps_ms, 99)
+            rep.add(
+                f"| {n} | {name} | {g.complete} | {median(g.gaps_ms):.2f} | "
+                f"{pct(g.gaps_ms, 99):.2f} | **{add50:+.2f} / {add99:+.2f}** | "
+                f"{g.cpu_us_token:.1f} | {g.rss_kb_stream:.1f} ({g.most_open}) | {_fails(g)} |"
+            )
+            if add99 <= B5_SCALING_P99_MS and g.complete == n and not g.errors:
+                held[w] = max(held[w], n)
+            if w != 1:
+                continue
+            rep.facts[f"b5_{n}_add99"] = add99
+            rep.facts[f"b5_{n}_complete"] = g.complete
+            rep.facts[f"b5_{n}_cpu"] = g.cpu_us_token
+            rep.facts[f"b5_{n}_rss"] = g.rss_kb_stream
     rep.add(
         "",
         "Gap: each gap between two consecutive tokens of one stream as its client saw it, "
@@ -453,9 +490,20 @@ async def b5(
         "until it is idle again (the artifacts after `done` included), over every token "
         "delivered. RSS per open stream: (RSS with the most streams open − RSS before) ÷ "
         "that count, the streams open as the clients saw them (first token in, response "
-        "not ended), sampled every 100 ms.",
+        "not ended), sampled every 100 ms. With several workers, CPU and RSS are the whole "
+        "process tree's (the parent holding the socket and every worker).",
         "",
     )
+    if workers > 1:
+        one, many = held[1], held[workers]
+        factor = f"{many / one:.2f}" if one else "n/a (one worker held none of them)"
+        rep.add(
+            f"Highest N with added gap p99 ≤ {B5_SCALING_P99_MS:g} ms and every stream "
+            f"complete: one worker {one or 'none'}, {workers} workers {many or 'none'}; "
+            f"scaling factor {factor}.",
+            "",
+        )
+        rep.facts["b5_scaling"] = many / one if one else float("nan")
     big = max(sizes)
     rep.target(
         f"B5 every stream complete at N = {big}: {rep.facts[f'b5_{big}_complete']:.0f} of {big}",
@@ -471,6 +519,10 @@ async def b5(
     rep.target(f"B5 gateway CPU per paced token (worst N) {cpu:.1f} µs ≤ 25 µs", cpu <= 25)
     rss = max(rep.facts[f"b5_{n}_rss"] for n in sizes)
     rep.target(f"B5 RSS per open stream (worst N) {rss:.1f} KB ≤ 40 KB", rss <= 40)
+
+
+def _fails(arm: PacedArm) -> str:
+    return "; ".join(f"{k} ×{v}" for k, v in sorted(arm.errors.items())) or "0"
 
 
 # -- B6 --------------------------------------------------------------------------------
@@ -492,7 +544,7 @@ async def rate_arm(
     start = _start_at()
     share = len(clients)
     specs = [RateSpec(t, rate / share, warmup_s, measure_s, start) for _ in range(share)]
-    cpu0 = cpu_seconds(gw.pid) if gw is not None else 0.0
+    cpu0 = tree_cpu_seconds(gw.pid) if gw is not None else 0.0
     results: list[RateResult] = await clients.map(run_rate, specs)
     failures: dict[str, int] = {}
     for r in results:
@@ -507,7 +559,7 @@ async def rate_arm(
         late_p99_ms=pct([u / 1000 for r in results for u in r.late_us], 99),
     )
     if gw is not None:
-        cpu1 = await asyncio.to_thread(settle_cpu, gw.pid)
+        cpu1 = await asyncio.to_thread(settle_tree, gw.pid)
         total = rate * (warmup_s + measure_s)
         arm.cpu_ms_request = (cpu1 - cpu0) / max(total, 1) * 1e3
     return arm
@@ -602,7 +654,12 @@ async def run(args: argparse.Namespace, rep: Report) -> None:
         up = spawn_upstream()
         procs.append(up)
         url = f"http://127.0.0.1:{up.port}/v1"
-        if "b5" in args.only:
+        if "b5" in args.only and args.workers > 1:
+            with redis_server() as redis_url:
+                await b5(
+                    rep, cl, url, up, artifacts, args.n, args.b5_tokens, args.workers, redis_url
+                )
+        elif "b5" in args.only:
             await b5(rep, cl, url, up, artifacts, args.n, args.b5_tokens)
         if "b6" in args.only:
             relay = spawn_proxy(up.port)
@@ -621,6 +678,13 @@ def main() -> None:
     parser.add_argument("--n", default="", help="B5's stream counts, comma-separated")
     parser.add_argument("--rates", default="", help="B6's request rates, comma-separated")
     parser.add_argument("--clients", type=int, default=2, help="client processes")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="B5 also on `toolforge serve --workers N` with Redis, beside one worker "
+        "(N > 1: --no-write)",
+    )
     args = parser.parse_args()
     args.only = set(args.only.lower().split(","))
     if not args.only <= {"b5", "b6"}:
@@ -628,7 +692,7 @@ def main() -> None:
     q = args.quick
     default_n = "50,100" if q else "500,1000,2000"
     default_rates = "100,200" if q else "100,200,300,400,500,750,1000,1500,2000"
-    if args.only != {"b5", "b6"} or args.n or args.rates:
+    if args.only != {"b5", "b6"} or args.n or args.rates or args.workers > 1:
         args.no_write = True
     args.n = [int(x) for x in (args.n or default_n).split(",")]
     args.rates = [float(x) for x in (args.rates or default_rates).split(",")]
@@ -637,6 +701,8 @@ def main() -> None:
 
     fds = raise_fd_limit()
     command = "python -m bench.load" + (" --quick" if q else "")
+    if args.workers > 1:
+        command += f" --workers {args.workers}"
     rep = Report()
     rep.add(
         "",
