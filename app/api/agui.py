@@ -15,10 +15,21 @@ runs the stream) and carries on from the frame after the call.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Any, Final
 
 import orjson
-from ag_ui.core import RunAgentInput, ToolMessage
+from ag_ui.core import (
+    DataSource,
+    DocumentPart,
+    FileSource,
+    ImagePart,
+    RunAgentInput,
+    TextPart,
+    ToolMessage,
+    UrlSource,
+)
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
@@ -33,6 +44,7 @@ from toolforge.api.remote_run import RemoteRunResponse
 from toolforge.api.retry_after import retry_headers
 from toolforge.api.run_stream import RunStreamResponse
 from toolforge.api.stream_slot import SlotHeld, StreamSlot
+from toolforge.core.input_content import accepted_input, check_parts
 from toolforge.core.protocol.agui import RunWriter, parse_interrupt_id
 from toolforge.errors import ErrorCode, RequestError, ToolForgeError
 from toolforge.runtime.cluster import RemoteStream
@@ -83,6 +95,73 @@ def _text(content: Any, field: str) -> str:
     return "".join(parts)
 
 
+def _part(part: Any, field: str) -> dict[str, Any]:
+    """A user message's content part as a Chat Completions part: an image as
+    ``image_url`` (its URL, or its bytes as a data: URL), a document as ``file`` (its
+    bytes as ``file_data``, or the provider's handle as ``file_id``). What Chat
+    Completions cannot carry is refused by name."""
+    if isinstance(part, TextPart):
+        return {"type": "text", "text": part.text}
+    if isinstance(part, ImagePart | DocumentPart):
+        source = part.source
+        data = (
+            f"data:{source.mime_type};base64,{source.value}"
+            if isinstance(source, DataSource)
+            else None
+        )
+        if isinstance(part, ImagePart):
+            if isinstance(source, FileSource):
+                raise _bad(
+                    "an image by a provider's file handle cannot be passed on: send its "
+                    "bytes (a data source) or its URL",
+                    field,
+                )
+            return {"type": "image_url", "image_url": {"url": data or source.value}}
+        if isinstance(source, UrlSource):
+            raise _bad(
+                "a document by URL cannot be passed on: send its bytes (a data source) or "
+                "the provider's file handle",
+                field,
+            )
+        file: dict[str, Any] = {"file_data": data} if data else {"file_id": source.value}
+        meta = part.metadata
+        if isinstance(meta, dict) and isinstance(meta.get("filename"), str):
+            file["filename"] = meta["filename"]
+        return {"type": "file", "file": file}
+    raise _bad(
+        f"content part type {getattr(part, 'type', None)!r} is not passed on: send text, "
+        "image or document parts",
+        field,
+    )
+
+
+def _user_content(content: Any, field: str) -> str | list[dict[str, Any]]:
+    """A user message's content: a string, text parts joined (every chat template reads
+    a string), or Chat Completions parts where it holds an image or a document."""
+    if isinstance(content, str):
+        return content
+    parts = [_part(part, f"{field}[{j}]") for j, part in enumerate(content or ())]
+    if all(part["type"] == "text" for part in parts):
+        return "".join(part["text"] for part in parts)
+    return parts
+
+
+# An AG-UI content part's type -> the kind of content it is (core/input_content).
+_PART_KINDS: Final[Mapping[str, str]] = MappingProxyType({"image": "image", "document": "file"})
+
+
+def check_content(run: RunAgentInput, accepts: frozenset[str], upstream: str) -> None:
+    """Refuse, by its place in the run's ``messages``, the first image or document part
+    the upstream (``UPSTREAM_KIND`` ``upstream``) is not sent: the check the proxy and the
+    Responses API make (:func:`toolforge.core.input_content.check_parts`), a 400 naming
+    ``messages[i].content[j]``. Call it on a run :func:`chat_messages` has read."""
+    for i, message in enumerate(run.messages):
+        content = getattr(message, "content", None)
+        if message.role == "user" and isinstance(content, list):
+            types = [{"type": getattr(part, "type", None)} for part in content]
+            check_parts(types, f"messages[{i}].content", accepts, upstream, _PART_KINDS)
+
+
 def chat_messages(run: RunAgentInput) -> list[dict[str, Any]]:
     """The run's messages (and its context, first) as chat messages. Reasoning and
     activity messages are the front-end's own: they are not sent to the model."""
@@ -93,9 +172,10 @@ def chat_messages(run: RunAgentInput) -> list[dict[str, Any]]:
     for i, message in enumerate(run.messages):
         role = message.role
         field = f"messages[{i}].content"
-        if role in ("system", "developer", "user"):
-            out.append({"role": "system" if role == "developer" else role,
-                        "content": _text(message.content, field)})  # fmt: skip
+        if role == "user":
+            out.append({"role": "user", "content": _user_content(message.content, field)})
+        elif role in ("system", "developer"):
+            out.append({"role": "system", "content": _text(message.content, field)})
         elif role == "assistant":
             said: dict[str, Any] = {"role": "assistant", "content": message.content}
             calls = getattr(message, "tool_calls", None)
@@ -132,9 +212,15 @@ def _request(gw: Gateway, run: RunAgentInput) -> ChatCompletionRequest:
         first = exc.errors(include_url=False, include_input=False)[0]
         field = ".".join(["forwardedProps", "toolforge", *(str(p) for p in first["loc"])])
         raise _bad(f"invalid '{field}': {first['msg']}", field) from exc
+    messages = chat_messages(run)
+    # An image or document the upstream is not sent is refused by name, before any model
+    # call (docs/agui.md, "Images and documents"), as on the proxy.
+    settings = gw.settings
+    kind = settings.upstream_kind
+    check_content(run, accepted_input(kind, settings.upstream_input), kind)
     body: dict[str, Any] = {
-        "model": props.get("model") or gw.settings.model_id,
-        "messages": chat_messages(run),
+        "model": props.get("model") or settings.model_id,
+        "messages": messages,
         "stream": True,
     }
     if run.tools:

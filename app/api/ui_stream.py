@@ -11,6 +11,7 @@ decision to the waiting stream and goes on with the same message from the call o
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Annotated, Any
 
 import orjson
@@ -28,11 +29,13 @@ from toolforge.api.remote_run import RemoteRunResponse
 from toolforge.api.retry_after import retry_headers
 from toolforge.api.run_stream import RunStreamResponse
 from toolforge.api.stream_slot import SlotHeld, StreamSlot
+from toolforge.core.input_content import accepted_input, check_parts
 from toolforge.core.protocol.ai_sdk_ui import (
     HEADERS,
     UIStreamWriter,
     approval_answer,
     chat_messages,
+    file_kind,
 )
 from toolforge.errors import ErrorCode, RequestError, ToolForgeError
 from toolforge.runtime.cluster import RemoteStream
@@ -88,10 +91,28 @@ def _parse(body: bytes, max_depth: int) -> UIChatRequest:
         ) from exc
 
 
+def check_content(messages: Sequence[Any], accepts: frozenset[str], upstream: str) -> None:
+    """Refuse, by its place in ``messages``, the first file part (an image, by its
+    ``mediaType``, or another file) the upstream (``UPSTREAM_KIND`` ``upstream``) is not
+    sent: the check the proxy and the Responses API make
+    (:func:`toolforge.core.input_content.check_parts`), a 400 naming
+    ``messages[i].parts[j]``. Call it on messages :func:`chat_messages` has read."""
+    for i, message in enumerate(messages):
+        if isinstance(message, Mapping) and message.get("role") in ("user", "system"):
+            field = f"messages[{i}].parts"
+            check_parts(message.get("parts"), field, accepts, upstream, kind_of=file_kind)
+
+
 def _request(gw: Gateway, ui: UIChatRequest) -> ChatCompletionRequest:
+    messages = chat_messages(ui.messages)
+    # A file the upstream is not sent is refused by name, before any model call
+    # (docs/ui-stream.md, "Images and files"), as on the proxy.
+    settings = gw.settings
+    kind = settings.upstream_kind
+    check_content(ui.messages, accepted_input(kind, settings.upstream_input), kind)
     body: dict[str, Any] = {
-        "model": ui.model or gw.settings.model_id,
-        "messages": chat_messages(ui.messages),
+        "model": ui.model or settings.model_id,
+        "messages": messages,
         "stream": True,
     }
     if ui.tools:

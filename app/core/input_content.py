@@ -20,7 +20,7 @@ Two facts per ``UPSTREAM_KIND`` (docs/responses.md, "Images and files"):
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any, Final
 
@@ -62,17 +62,24 @@ def check_parts(
     accepts: frozenset[str],
     upstream: str,
     kinds: Mapping[str, str] = PART_KINDS,
+    *,
+    kind_of: Callable[[Mapping[str, Any]], str | None] | None = None,
 ) -> None:
     """Refuse the first part of ``parts`` (a message's content, at ``field``) whose kind
     the upstream (``UPSTREAM_KIND`` ``upstream``) is not sent: it takes only the kinds in
     ``accepts`` (:func:`accepted_input`). ``kinds`` maps a part's type to its kind
     (Chat Completions' by default; the Responses API passes its ``input_image`` and
-    ``input_file``); a type it does not name is not this check's to judge. A string
-    content, or anything not a list, passes. The 400 names the part: ``field[j]``."""
+    ``input_file``, AG-UI its ``image`` and ``document``); a type it does not name is not
+    this check's to judge. ``kind_of``, where a format's type alone does not say the kind
+    (the AI SDK's ``file`` part is an image by its ``mediaType``), reads it from the part
+    instead. A string content, or anything not a list, passes. The 400 names the part:
+    ``field[j]``."""
     if not isinstance(parts, Sequence) or isinstance(parts, str):
         return
     for j, part in enumerate(parts):
-        kind = kinds.get(str(part.get("type"))) if isinstance(part, Mapping) else None
+        if not isinstance(part, Mapping):
+            continue
+        kind = kind_of(part) if kind_of is not None else kinds.get(str(part.get("type")))
         if kind is not None and kind not in accepts:
             place = f"{field}[{j}]"
             message = (

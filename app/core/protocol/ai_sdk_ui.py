@@ -47,7 +47,14 @@ from toolforge.core.protocol.frames import (
 )
 from toolforge.errors import ErrorCode, RequestError
 
-__all__ = ["DONE_LINE", "HEADERS", "UIStreamWriter", "approval_answer", "chat_messages"]
+__all__ = [
+    "DONE_LINE",
+    "HEADERS",
+    "UIStreamWriter",
+    "approval_answer",
+    "chat_messages",
+    "file_kind",
+]
 
 DONE_LINE: Final = b"data: [DONE]\n\n"
 # What the SDK's transport checks for (its UI_MESSAGE_STREAM_HEADERS).
@@ -214,8 +221,8 @@ def _user_content(parts: Sequence[Any], field: str) -> str | list[dict[str, Any]
         kind = part.get("type") if isinstance(part, Mapping) else None
         if kind == "text" and isinstance(part.get("text"), str):
             out.append({"type": "text", "text": part["text"]})
-        elif kind == "file" and str(part.get("mediaType", "")).startswith("image/"):
-            out.append({"type": "image_url", "image_url": {"url": part.get("url")}})
+        elif kind == "file":
+            out.append(_file(part, f"{field}[{i}]"))
         elif kind in ("step-start", "reasoning") or str(kind).startswith("data-"):
             continue
         else:
@@ -223,6 +230,32 @@ def _user_content(parts: Sequence[Any], field: str) -> str | list[dict[str, Any]
     if all(part["type"] == "text" for part in out):
         return "".join(part["text"] for part in out)
     return out
+
+
+def _file(part: Mapping[str, Any], field: str) -> dict[str, Any]:
+    """A ``file`` part as a Chat Completions part: an image (by its ``mediaType``) as
+    ``image_url``, any other file as ``file``, whose bytes Chat Completions carries only
+    inline (a data: URL)."""
+    url = part.get("url")
+    if not isinstance(url, str) or not url:
+        raise _bad(field, "a file part needs its 'url' (a URL or a data: URL)")
+    if file_kind(part) == "image":
+        return {"type": "image_url", "image_url": {"url": url}}
+    if not url.startswith("data:"):
+        raise _bad(field, "a file that is not an image is passed on as its bytes: a data: URL")
+    file = {"file_data": url}
+    if isinstance(part.get("filename"), str):
+        file["filename"] = part["filename"]
+    return {"type": "file", "file": file}
+
+
+def file_kind(part: Mapping[str, Any]) -> str | None:
+    """The kind of content a UI message part is (core/input_content): a ``file`` part is
+    an image when its ``mediaType`` says so, a file otherwise; other parts are not
+    content the upstream may refuse."""
+    if part.get("type") != "file":
+        return None
+    return "image" if str(part.get("mediaType", "")).startswith("image/") else "file"
 
 
 def _tool_name(part: Mapping[str, Any]) -> str | None:
