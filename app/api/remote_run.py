@@ -11,7 +11,6 @@ it cannot throttle a producer in another process.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Mapping
 
@@ -19,7 +18,7 @@ import orjson
 from fastapi.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from toolforge.api.run_stream import RunWriter, stream_headers
+from toolforge.api.run_stream import RunWriter, stream_headers, write_until_gone
 from toolforge.errors import ToolForgeError
 from toolforge.runtime.cluster import RemoteStream
 
@@ -48,17 +47,7 @@ class RemoteRunResponse(Response):
         self.raw_headers = stream_headers(stream.id, headers)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        writing = asyncio.ensure_future(self._write(send))
-        gone = asyncio.ensure_future(_disconnect(receive))
-        try:
-            await asyncio.wait((writing, gone), return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for task in (writing, gone):
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
-        if not writing.cancelled() and (failed := writing.exception()) is not None:
-            raise failed
+        await write_until_gone(self._write(send), receive)
 
     async def _write(self, send: Send) -> None:
         frames: AsyncIterator[bytes] = self._stream.follow(self._after)
@@ -100,9 +89,3 @@ class RemoteRunResponse(Response):
             if aclose is not None:
                 with contextlib.suppress(Exception):
                     await aclose()
-
-
-async def _disconnect(receive: Receive) -> None:
-    with contextlib.suppress(Exception):
-        while (await receive())["type"] != "http.disconnect":
-            pass

@@ -13,15 +13,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncGenerator, Mapping
-from typing import Protocol, cast
+from collections.abc import AsyncGenerator, Callable, Coroutine, Mapping
+from typing import Any, Protocol, cast
 
 from fastapi.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from toolforge.runtime.session import StreamSession
 
-__all__ = ["RunStreamResponse", "RunWriter"]
+__all__ = [
+    "RunStreamResponse",
+    "RunWriter",
+    "stream_headers",
+    "until_disconnect",
+    "write_until_gone",
+]
 
 
 class RunWriter(Protocol):
@@ -59,21 +65,9 @@ class RunStreamResponse(Response):
         self.raw_headers = stream_headers(session.id, headers)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        writing = asyncio.ensure_future(self._write(send))
-        gone = asyncio.ensure_future(_disconnect(receive))
-        try:
-            await asyncio.wait((writing, gone), return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for task in (writing, gone):
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
-            if self._primary:
-                self._session.client_left()
-            else:
-                self._session.reader_left()
-        if not writing.cancelled() and (failed := writing.exception()) is not None:
-            raise failed
+        session = self._session
+        left = session.client_left if self._primary else session.reader_left
+        await write_until_gone(self._write(send), receive, on_end=left)
 
     async def _write(self, send: Send) -> None:
         await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
@@ -106,7 +100,34 @@ def stream_headers(stream_id: str, headers: Mapping[str, str] | None) -> list[tu
     ]
 
 
-async def _disconnect(receive: Receive) -> None:
+async def write_until_gone(
+    write: Coroutine[Any, Any, None],
+    receive: Receive,
+    *,
+    on_end: Callable[[], None] | None = None,
+) -> None:
+    """Run ``write`` (a response's body being sent) until it ends or the client
+    disconnects, whichever comes first: the other is cancelled, and both have stopped
+    before ``on_end`` runs (the session told its client or reader left), however it ended.
+    The writer's own error is raised then, after ``on_end``, for the server to log."""
+    writing = asyncio.ensure_future(write)
+    gone = asyncio.ensure_future(until_disconnect(receive))
+    try:
+        await asyncio.wait((writing, gone), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in (writing, gone):
+            task.cancel()
+        # return_exceptions: a writer that failed stops the watcher and reaches on_end too
+        await asyncio.gather(writing, gone, return_exceptions=True)
+        if on_end is not None:
+            on_end()
+    if not writing.cancelled() and (failed := writing.exception()) is not None:
+        raise failed
+
+
+async def until_disconnect(receive: Receive) -> None:
+    """Return when the client disconnects (the route has read the request body); a
+    server that raises instead of sending ``http.disconnect`` has lost it too."""
     with contextlib.suppress(Exception):
         while (await receive())["type"] != "http.disconnect":
             pass
