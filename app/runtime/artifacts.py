@@ -12,9 +12,13 @@ Why it is built this way:
 
 * **Everything goes through** :func:`toolforge.core.redact.redact_serialisable`, with the
   tools' redaction lists added, before it is serialised: artifacts are the place secrets leak from.
-* **Each file is written atomically** (a temp file in the same directory, then
-  ``os.replace``), so a reader (the demo UI, an eval harness, ``tail``) never sees a torn
-  file, and a rerun for the same stream replaces files whole. There is no fsync:
+* **A run appears whole** (the demo UI, an eval harness, ``tail``): its files are created
+  in a hidden directory of its own (``runs/.<stream_id>.<random>.tmp``), which is then
+  renamed to the stream id, so a reader never finds a run directory without all five
+  files, nor a torn file; a rerun for the same stream moves each new file over the old
+  one (``os.replace``), whole. One directory, five files and one rename per run: a temp
+  file and a rename per file cost the file system twice the metadata work per stream.
+  A pending directory a dead writer left is removed at start-up. There is no fsync:
   artifacts are diagnostics, and five disk flushes per stream buy only survival of a
   power cut. Files are owner-only (0600, as ``mkstemp`` makes them): prompts and tool output are
   user data.
@@ -45,9 +49,12 @@ Why it is built this way:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
+import os
 import re
+import secrets
 import shutil
 import threading
 import time
@@ -61,7 +68,7 @@ import orjson
 from toolforge.core.redact import normalize_key, redact_serialisable, remembered_generation
 from toolforge.errors import ErrorCode, RequestError
 from toolforge.log import ARTIFACTS_PRUNED, get_logger
-from toolforge.runtime.run_index import RunIndex, replace_atomically, summarise
+from toolforge.runtime.run_index import RunIndex, summarise
 
 __all__ = ["ARTIFACT_FILES", "SWEEP_INTERVAL_S", "ArtifactStore", "RunArtifacts"]
 
@@ -200,6 +207,8 @@ class ArtifactStore:
 
     def _prune(self, now: float, reconcile: bool) -> list[str]:
         self._written_since_sweep = 0
+        if reconcile:
+            _remove_stale_pending(self.runs, now)
         with self.index.lock:
             entries = self.index.reconcile() if reconcile else self.index.entries()
             if not self.retains:
@@ -312,8 +321,6 @@ class RunArtifacts:
     def _write_all(
         self, frames: Iterable[Mapping[str, object]], documents: dict[str, object]
     ) -> None:
-        directory = self.directory
-        directory.mkdir(parents=True, exist_ok=True)
         contents: dict[str, bytes] = {
             # One line per frame, each encoded on its own: an odd frame cannot spoil
             # its neighbours, and line i is always frame i.
@@ -331,14 +338,7 @@ class RunArtifacts:
                 else redact_serialisable(value, extra_keys=store.all_keys)
             )
             contents[name] = _encode(redacted[name], indent=True) + b"\n"
-        failures: list[OSError] = []
-        for name in ARTIFACT_FILES:
-            try:
-                replace_atomically(directory / name, contents[name])
-            except OSError as exc:
-                failures.append(exc)
-        if failures:
-            raise failures[0]
+        _write_run(self._store.runs, self.stream_id, contents)
         self._store._indexed(
             summarise(
                 self.stream_id,
@@ -349,6 +349,93 @@ class RunArtifacts:
                 metrics=redacted["metrics.json"],
             )
         )
+
+
+_NEW_FILE: Final = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+# A run's directory being written, under runs/: hidden (a leading dot is never a stream
+# id, so listing and retention pass it by) until it is renamed to the stream id.
+_PENDING_SUFFIX: Final = ".tmp"
+# Pending directories older than this at start-up were left by a writer that died.
+_PENDING_STALE_S: Final = 600.0
+
+
+def _write_run(runs: Path, stream_id: str, contents: Mapping[str, bytes]) -> None:
+    """Write a run's files into ``runs/<stream_id>/``, complete or not at all to a reader.
+
+    A new run (the usual case) is written into a hidden directory of its own, each file
+    created once, and the directory renamed to the stream id: one directory, five files and
+    one rename, where a temp file and a rename per file cost four renames and five temp
+    names more. A reader never finds the run's directory without all its files. A run
+    written again (its directory exists) moves each new file over the old one, so a
+    reader sees each file whole, old or new. Every file is attempted; the first failure is
+    raised after the others are in place."""
+    pending = runs / f".{stream_id}.{secrets.token_hex(6)}{_PENDING_SUFFIX}"
+    try:
+        os.mkdir(pending)
+    except FileNotFoundError:  # the first run, or runs/ removed by hand
+        runs.mkdir(parents=True, exist_ok=True)
+        os.mkdir(pending)
+    renamed = False
+    try:
+        failures: list[OSError] = []
+        written: list[str] = []
+        for name in ARTIFACT_FILES:
+            try:
+                _create(pending / name, contents[name])
+                written.append(name)
+            except OSError as exc:
+                failures.append(exc)
+        directory = runs / stream_id
+        try:
+            os.rename(pending, directory)  # also over an empty directory
+            renamed = True
+        except OSError:
+            if not directory.is_dir() or directory.is_symlink():
+                raise
+            for name in written:  # written before: replace file by file
+                try:
+                    os.replace(pending / name, directory / name)
+                except OSError as exc:
+                    failures.append(exc)
+        if failures:
+            raise failures[0]
+    finally:
+        if not renamed:  # what is left of it after a rewrite or a failure
+            shutil.rmtree(pending, ignore_errors=True)
+
+
+def _create(path: Path, data: bytes) -> None:
+    """A new owner-only file holding ``data``; removed again if it cannot be written whole."""
+    fd = os.open(path, _NEW_FILE, 0o600)
+    try:
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+        finally:
+            os.close(fd)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        raise
+
+
+def _remove_stale_pending(runs: Path, now: float) -> None:
+    """Remove the hidden directories of writes that never finished (a writer that died)."""
+    try:
+        with os.scandir(runs) as entries:
+            found = list(entries)
+    except OSError:
+        return
+    for item in found:
+        name = item.name
+        if not (name.startswith(".") and name.endswith(_PENDING_SUFFIX)):
+            continue
+        with contextlib.suppress(OSError):
+            if item.is_dir(follow_symlinks=False) and (
+                now - item.stat(follow_symlinks=False).st_mtime > _PENDING_STALE_S
+            ):
+                shutil.rmtree(item.path, ignore_errors=True)
 
 
 def _encode(value: object, *, indent: bool = False) -> bytes:

@@ -1,0 +1,131 @@
+"""A run's artifacts written in one pass: a hidden directory, five files, one rename.
+
+The contract (docs/protocol.md, artifacts): the five files, redacted, never torn; here, on
+top, a reader never finds a run's directory without all five, a rerun replaces each file
+whole, and nothing hidden is left behind, whatever happened.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from toolforge.runtime import artifacts as artifacts_module
+from toolforge.runtime.artifacts import ARTIFACT_FILES, ArtifactStore
+
+SAMPLE: dict[str, object] = {
+    "frames": [{"id": 1, "event": "done", "data": {"reason": "stop"}}],
+    "prompt": {"model": "m", "messages": [{"role": "user", "content": "hi"}]},
+    "result": {"reason": "stop"},
+    "tool_logs": [],
+    "metrics": {"frames": 1, "duration_ms": 1.0},
+}
+
+
+def hidden(runs: Path) -> list[str]:
+    return [name for name in os.listdir(runs) if name.startswith(".") and name != ".index.ndjson"]
+
+
+async def test_the_run_directory_appears_only_with_every_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = ArtifactStore(tmp_path)
+    directory = store.runs / "s1"
+    seen: list[bool] = []
+    create = artifacts_module._create
+
+    def watched(path: Path, data: bytes) -> None:
+        seen.append(directory.exists())  # while any file is being written
+        create(path, data)
+
+    monkeypatch.setattr(artifacts_module, "_create", watched)
+    written = await store.run("s1").write(**SAMPLE)  # type: ignore[arg-type]
+    assert seen == [False] * len(ARTIFACT_FILES)
+    assert written == directory
+    assert sorted(os.listdir(directory)) == sorted(ARTIFACT_FILES)
+    assert hidden(store.runs) == []
+    listed = store.index.newest(10)
+    assert [e["stream_id"] for e in listed] == ["s1"]
+
+
+async def test_a_new_run_is_one_directory_five_files_and_one_rename(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = ArtifactStore(tmp_path)
+    await store.run("s0").write(**SAMPLE)  # type: ignore[arg-type]  # runs/ exists now
+    calls: list[str] = []
+    for name in ("mkdir", "rename", "replace", "open"):
+        real = getattr(os, name)
+
+        def counted(*args: object, _real: object = real, _name: str = name, **kw: object) -> object:
+            calls.append(_name)
+            return _real(*args, **kw)  # type: ignore[operator]
+
+        monkeypatch.setattr(artifacts_module.os, name, counted)
+    await store.run("s1").write(**SAMPLE)  # type: ignore[arg-type]
+    monkeypatch.undo()
+    # The index's append opens its file once more.
+    assert sorted(calls) == sorted(["mkdir", "rename", *["open"] * 6])
+
+
+async def test_a_rerun_replaces_each_file_whole(tmp_path: Path) -> None:
+    store = ArtifactStore(tmp_path)
+    directory = await store.run("s1").write(**SAMPLE)  # type: ignore[arg-type]
+    before = {name: (directory / name).stat().st_ino for name in ARTIFACT_FILES}
+    again = {**SAMPLE, "result": {"reason": "again"}}
+    await store.run("s1").write(**again)  # type: ignore[arg-type]
+    assert json.loads((directory / "result.json").read_text()) == {"reason": "again"}
+    assert sorted(os.listdir(directory)) == sorted(ARTIFACT_FILES)
+    for name in ARTIFACT_FILES:  # moved over the old file, never rewritten in place
+        assert (directory / name).stat().st_ino != before[name]
+    assert hidden(store.runs) == []
+
+
+async def test_a_failed_write_leaves_nothing_hidden(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = ArtifactStore(tmp_path)
+    create = artifacts_module._create
+
+    def full(path: Path, data: bytes) -> None:
+        if path.name == "tool_logs.json":
+            raise OSError(28, "No space left on device")
+        create(path, data)
+
+    monkeypatch.setattr(artifacts_module, "_create", full)
+    with pytest.raises(OSError, match="No space"):
+        await store.run("s1").write(**SAMPLE)  # type: ignore[arg-type]
+    # Every other file was attempted and is in place; nothing hidden is left.
+    names = set(os.listdir(store.runs / "s1"))
+    assert names == set(ARTIFACT_FILES) - {"tool_logs.json"}
+    assert hidden(store.runs) == []
+
+
+async def test_runs_removed_by_hand_are_made_again(tmp_path: Path) -> None:
+    store = ArtifactStore(tmp_path)
+    await store.run("s1").write(**SAMPLE)  # type: ignore[arg-type]
+    for path in sorted(store.runs.rglob("*"), reverse=True):
+        path.rmdir() if path.is_dir() else path.unlink()
+    store.runs.rmdir()
+    directory = await store.run("s2").write(**SAMPLE)  # type: ignore[arg-type]
+    assert sorted(os.listdir(directory)) == sorted(ARTIFACT_FILES)
+
+
+def test_start_up_removes_what_a_dead_writer_left(tmp_path: Path) -> None:
+    store = ArtifactStore(tmp_path)
+    store.runs.mkdir(parents=True)
+    stale = store.runs / ".s1.0123456789ab.tmp"
+    fresh = store.runs / ".s2.0123456789ab.tmp"  # another replica's write in progress
+    for pending in (stale, fresh):
+        pending.mkdir()
+        (pending / "frames.ndjson").write_text("{}\n")
+    old = time.time() - 3600
+    os.utime(stale, (old, old))
+    store.prune(reconcile=True)
+    assert not stale.exists()
+    assert fresh.exists()
+    assert store.index.newest(10) == []  # neither is a run
