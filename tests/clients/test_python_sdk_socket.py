@@ -1,7 +1,8 @@
 """The Python SDK's WebSocket transport (``transport="ws"``, docs/websocket.md) against a
 real gateway on loopback, with the sync and the async client: a client tool answered on
 the socket, approvals on the socket, a dropped socket resumed on a new one, and a socket
-without a key refused with a typed error.
+without a key refused with a typed error. The SDK offers the subprotocol of several frames
+per message and reads a gateway that selects it, or one that selects none, the same.
 
 A pass-through TCP proxy in front of the gateway counts the connections: a stream whose
 results and approvals travel on its socket opens exactly one.
@@ -9,6 +10,7 @@ results and approvals travel on its socket opens exactly one.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -24,6 +26,7 @@ from tests.clients.test_python_sdk import (
     in_thread,
     run,
 )
+from tests.tcp import LoopbackTcpServer
 from toolforge.eval.scripted_upstream import Script
 from toolforge_client import (
     AsyncToolForge,
@@ -148,3 +151,71 @@ def test_the_transport_is_checked() -> None:
             client.stream("x", transport="carrier-pigeon")  # type: ignore[typeddict-item]
         with pytest.raises(ValueError, match="idempotency_key"):
             client.stream("x", transport="ws", idempotency_key="k1")
+
+
+class OfferProxy(LoopbackTcpServer):
+    """A TCP proxy in front of the gateway that keeps each handshake's answer, and with
+    ``hide_offer`` renames the client's ``Sec-WebSocket-Protocol`` header on the way in:
+    the gateway then sees no subprotocol offered, as an older gateway selects none."""
+
+    def __init__(self, target: str, *, hide_offer: bool) -> None:
+        super().__init__()
+        self._host, port = target.removeprefix("http://").split(":")
+        self._port = int(port)
+        self._hide = hide_offer
+        self.requests: list[bytes] = []
+        self.answers: list[bytes] = []
+
+    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection(self._host, self._port)
+
+        async def pump(src: asyncio.StreamReader, dst: asyncio.StreamWriter, heads: list[bytes],
+                       hide: bool) -> None:  # fmt: skip
+            head = await src.readuntil(b"\r\n\r\n")
+            heads.append(head)  # as sent
+            if hide:
+                head = head.replace(b"Sec-WebSocket-Protocol:", b"X-Hidden-Protocol:")
+            dst.write(head)
+            while data := await src.read(65536):
+                dst.write(data)
+                await dst.drain()
+
+        pumps = [
+            asyncio.create_task(pump(reader, up_writer, self.requests, self._hide)),
+            asyncio.create_task(pump(up_reader, writer, self.answers, False)),
+        ]
+        try:
+            await asyncio.wait(pumps, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            pass  # the proxy is closing
+        finally:
+            for task in pumps:
+                task.cancel()
+            await asyncio.gather(*pumps, return_exceptions=True)
+            writer.transport.abort()
+            up_writer.transport.abort()
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("hide_offer", [False, True], ids=["selected", "not-selected"])
+async def test_batched_frames_or_one_per_message_read_the_same(
+    make_gateway: HarnessFactory, mode: str, hide_offer: bool
+) -> None:
+    words = "".join(f"w{i} " for i in range(300))  # fast: the frame log hands over batches
+    gw = await make_gateway(
+        [tokens("Checking. " + call("t1", "get_weather", {"city": "Oslo"})),
+         tokens(words + sentinel_reply("Sunny."))]
+    )  # fmt: skip
+    async with OfferProxy(gw.url, hide_offer=hide_offer) as proxy:
+        result = await run(
+            mode, proxy.url, "Weather?", tools=[], client_tools=[get_weather], transport="ws"
+        )
+    (request,), (answer,) = proxy.requests, proxy.answers
+    assert b"Sec-WebSocket-Protocol: toolforge.frames.v1" in request  # the SDK offers it
+    assert answer.startswith(b"HTTP/1.1 101")
+    selected = b"sec-websocket-protocol: toolforge.frames.v1" in answer.lower()
+    assert selected is not hide_offer
+    assert_complete(result)
+    assert result.tool_results[0].result == {"city": "Oslo", "sky": "clear"}
+    assert result.text.startswith("Checking. " + words)
+    assert result.value == {"answer": "Sunny."}

@@ -3,11 +3,16 @@ the stream's frames and the client's commands (tool results, approvals, cancel).
 
 The gateway sends each frame as ``{"id", "event", "data"}``, a command's answer as
 ``{"type": "answer", ...}`` and a refused message as ``{"type": "error", ...}``
-(docs/websocket.md). A command is answered in order, but frames keep arriving while it
-waits: those read before its answer are kept, in order, for the stream's reader. So the
-stream's helpers (``approve``, ``submit_tool_result``, ``cancel``) are called from the
-code that reads the stream (its loop, a callback), never beside it from another thread
-or task: one socket has one reader.
+(docs/websocket.md). The SDK offers the subprotocol :data:`SUBPROTOCOL`: a gateway that
+selects it sends every batch of frames as one message of JSON lines (one object per
+line), which costs it one write per batch rather than one per frame. Every message is
+read as lines, so a gateway that selects none (one object per message) reads the same.
+
+A command is answered in order, but frames keep arriving while it waits: those read
+before its answer are kept, in order, for the stream's reader. So the stream's helpers
+(``approve``, ``submit_tool_result``, ``cancel``) are called from the code that reads the
+stream (its loop, a callback), never beside it from another thread or task: one socket
+has one reader.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from websockets.asyncio.client import connect as aconnect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
 from websockets.sync.client import ClientConnection as SyncConnection
 from websockets.sync.client import connect
+from websockets.typing import Subprotocol
 
 from toolforge_client.errors import (
     APIConnectionError,
@@ -30,10 +36,14 @@ from toolforge_client.errors import (
     socket_error,
 )
 
-__all__ = ["AsyncSocket", "SocketFrame", "SyncSocket", "socket_url"]
+__all__ = ["SUBPROTOCOL", "AsyncSocket", "SocketFrame", "SyncSocket", "socket_url"]
 
 # A frame may carry a large tool result or object: the gateway bounds what it sends.
 _MAX_MESSAGE_BYTES: Final = 64 * 1024 * 1024
+
+SUBPROTOCOL: Final = "toolforge.frames.v1"
+"""Several frames per message, as JSON lines (``Sec-WebSocket-Protocol``)."""
+_OFFER: Final = [Subprotocol(SUBPROTOCOL)]
 
 
 class SocketFrame(NamedTuple):
@@ -51,9 +61,10 @@ def socket_url(base_url: str) -> str:
     return f"{ws_scheme}{sep}{rest}/v1/stream/ws"
 
 
-def _read(text: str | bytes) -> tuple[str, Any]:
-    """A message: ``("frame", SocketFrame)``, ``("answer", dict)`` or ``("error", dict)``."""
-    message = json.loads(text)
+def _read(line: str | bytes) -> tuple[str, Any]:
+    """One object of a message: ``("frame", SocketFrame)``, ``("answer", dict)`` or
+    ``("error", dict)``."""
+    message = json.loads(line)
     if not isinstance(message, dict):
         return "other", message
     if "event" in message and "id" in message:
@@ -93,6 +104,7 @@ class SyncSocket:
                 additional_headers=dict(headers),
                 open_timeout=open_timeout,
                 max_size=_MAX_MESSAGE_BYTES,
+                subprotocols=_OFFER,
             )
         except (OSError, TimeoutError, InvalidHandshake) as exc:
             raise _handshake_error(exc, url) from exc
@@ -163,6 +175,7 @@ class AsyncSocket:
                 additional_headers=dict(headers),
                 open_timeout=open_timeout,
                 max_size=_MAX_MESSAGE_BYTES,
+                subprotocols=_OFFER,
             )
         except (OSError, TimeoutError, InvalidHandshake) as exc:
             raise _handshake_error(exc, url) from exc
@@ -210,14 +223,20 @@ class AsyncSocket:
 
 
 def _take(kept: deque[SocketFrame], text: str | bytes) -> dict[str, Any] | None:
-    kind, value = _read(text)
-    if kind == "frame":
-        kept.append(value)
-        return None
-    if kind == "answer":
-        answer: dict[str, Any] = value
-        return answer
-    if kind == "error":
-        error: APIStatusError = socket_error(value)
-        raise error
-    return None  # a message this SDK does not know yet: left out
+    """A message's objects, one per line: frames kept, a command's answer returned, a
+    refusal raised (the gateway sends either alone, as a message of its own)."""
+    answer: dict[str, Any] | None = None
+    lines = text.split("\n") if isinstance(text, str) else text.split(b"\n")
+    for line in lines:
+        if not line:
+            continue
+        kind, value = _read(line)
+        if kind == "frame":
+            kept.append(value)
+        elif kind == "answer":
+            answer = value
+        elif kind == "error":
+            error: APIStatusError = socket_error(value)
+            raise error
+        # else: an object this SDK does not know yet, left out
+    return answer
