@@ -4,7 +4,10 @@
  *
  * The gateway sends each frame as `{id, event, data}`, a command's answer as
  * `{type: "answer", to, answer}` and a refused message as `{type: "error", error}`
- * (docs/websocket.md). Answers come in the order the commands were sent, so each command
+ * (docs/websocket.md). The socket offers the subprotocol `SUBPROTOCOL`: a gateway that
+ * selects it sends each batch of frames as one message of JSON lines (one object per
+ * line), one write per batch rather than one per frame. Every message is read as lines,
+ * so a gateway that selects none (one object per message) reads the same. Answers come in the order the commands were sent, so each command
  * waits in a queue for the next answer (or refusal); frames queue for the stream's
  * reader. The API key travels as the `token` query parameter: browsers cannot set
  * headers on a WebSocket.
@@ -12,7 +15,10 @@
 import { ToolForgeError } from "./errors.js";
 
 /** A WebSocket constructor: the global one (browsers, Node >= 22) or `ws`'s, undici's. */
-export type WebSocketConstructor = new (url: string) => WebSocket;
+export type WebSocketConstructor = new (url: string, protocols?: string | string[]) => WebSocket;
+
+/** The subprotocol of several frames per message, as JSON lines (`Sec-WebSocket-Protocol`). */
+export const SUBPROTOCOL = "toolforge.frames.v1";
 
 /** One message from the gateway, as parsed. */
 export type SocketMessage =
@@ -78,7 +84,7 @@ export class StreamSocket {
     return new Promise((resolve, reject) => {
       let ws: WebSocket;
       try {
-        ws = new Ctor(url);
+        ws = new Ctor(url, [SUBPROTOCOL]);
       } catch (cause) {
         reject(new ToolForgeError("CONNECTION_LOST", `opening a socket: ${String(cause)}`, { cause }));
         return;
@@ -139,10 +145,17 @@ export class StreamSocket {
     this.shut();
   }
 
+  /** A message: one JSON object per line (one line unless the subprotocol was selected). */
   private receive(raw: unknown): void {
+    for (const line of String(raw).split("\n")) {
+      if (line) this.receiveOne(line);
+    }
+  }
+
+  private receiveOne(line: string): void {
     let message: Record<string, unknown>;
     try {
-      message = JSON.parse(String(raw)) as Record<string, unknown>;
+      message = JSON.parse(line) as Record<string, unknown>;
     } catch {
       this.push({
         kind: "error",

@@ -92,8 +92,12 @@ test("ws: approvals by onApproval and by handle.approve go on the socket", async
   assert.ok(proxy.requests.every((r) => r.startsWith("GET /v1/stream/ws ")));
 });
 
+// Cut past the handshake's answer and the first message, which may hold several frames
+// (toolforge.frames.v1): a socket cut before its first frame has no stream to resume.
+const CUT_AFTER_BYTES = 800;
+
 test("ws: a dropped socket resumes on a new one after the last frame", async (t) => {
-  const proxy = await throughProxy(t, { cutAfterBytes: 400 });
+  const proxy = await throughProxy(t, { cutAfterBytes: CUT_AFTER_BYTES });
   const events = [];
   const handle = startStream({
     baseUrl: proxy.url,
@@ -112,3 +116,63 @@ test("ws: a dropped socket resumes on a new one after the last frame", async (t)
   assert.equal(proxy.requests.length, 2);
   assert.match(proxy.requests[1], /^GET \/v1\/stream\/ws /);
 });
+
+// The socket offers the subprotocol toolforge.frames.v1; a gateway that selects it sends
+// each batch of frames as one message of JSON lines. A constructor that leaves the offer
+// out stands for a gateway that selects none: one frame per message, read the same.
+function spying(Base, { offer = true } = {}) {
+  const made = [];
+  class Spy extends Base {
+    constructor(url, protocols) {
+      super(url, offer ? protocols : undefined);
+      this.messages = [];
+      this.addEventListener("message", (event) => this.messages.push(String(event.data)));
+      made.push(this);
+    }
+  }
+  return { Spy, made };
+}
+
+for (const offer of [true, false]) {
+  const framing = offer ? "toolforge.frames.v1 selected" : "no subprotocol selected";
+  test(`ws (${framing}): a client tool and a drop resumed read the same`, async (t) => {
+    const { Spy, made } = spying(WebSocket, { offer });
+    const proxy = await throughProxy(t);
+    const events = [];
+    const outcome = await startStream({
+      baseUrl: proxy.url,
+      transport: "ws",
+      WebSocket: Spy,
+      input: tagged("client", "Weather in Oslo?"),
+      tools: [],
+      clientTools: [WEATHER],
+      onToolCall: async (call) => ({ city: call.args.city, sky: "clear" }),
+      onEvent: (e) => events.push(e),
+    }).done;
+    assertContiguous(events);
+    assert.equal(outcome.result.answer, "It is sunny in Oslo.");
+    assert.equal(made.length, 1);
+    assert.equal(made[0].protocol, offer ? "toolforge.frames.v1" : "");
+    if (offer) assert.match(proxy.requests[0], /sec-websocket-protocol: toolforge\.frames\.v1/i);
+    else assert.doesNotMatch(proxy.requests[0], /sec-websocket-protocol/i);
+    const lines = made[0].messages.flatMap((m) => m.split("\n"));
+    if (!offer) assert.ok(made[0].messages.every((m) => !m.includes("\n")));
+    const frames = lines.map((l) => JSON.parse(l)).filter((m) => typeof m.id === "number");
+    assert.deepEqual(frames.map((f) => f.id), events.map((e) => Number(e.id)));
+
+    const cut = await throughProxy(t, { cutAfterBytes: CUT_AFTER_BYTES });
+    const dropped = [];
+    const resumed = await startStream({
+      baseUrl: cut.url,
+      transport: "ws",
+      WebSocket: Spy,
+      input: tagged("drop"),
+      onEvent: (e) => dropped.push(e),
+    }).done;
+    assert.ok(cut.cut, "the proxy cut the first socket");
+    assert.equal(resumed.reconnects, 1);
+    assertContiguous(dropped);
+    assert.equal(resumed.result.answer, "Still here.");
+    assert.ok(made.slice(1).every((ws) => ws.protocol === (offer ? "toolforge.frames.v1" : "")));
+  });
+}
