@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import dataclasses
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Final
 
 import orjson
@@ -29,6 +29,7 @@ from toolforge.api.deps import Gateway, GatewayDep
 from toolforge.api.json_depth import check_depth
 from toolforge.api.models import ChatCompletionRequest
 from toolforge.api.retry_after import retry_headers
+from toolforge.api.run_stream import until_disconnect
 from toolforge.api.sse import FrameStreamResponse
 from toolforge.core.input_content import accepted_input, check_messages
 from toolforge.core.protocol.openai import ChunkWriter, CompletionBuilder, error_body
@@ -39,7 +40,15 @@ from toolforge.runtime.planner import StreamPlan
 from toolforge.runtime.session import StreamSession
 from toolforge.runtime.stream_service import Started
 
-__all__ = ["complete", "openai_error", "router"]
+__all__ = [
+    "COMMENT_PING",
+    "chat_planner",
+    "complete",
+    "failure_status",
+    "openai_error",
+    "router",
+    "until_done",
+]
 
 router = APIRouter(tags=["openai"])
 
@@ -54,8 +63,24 @@ _WORKFLOW_FAILURES: Final = frozenset(
         ErrorCode.CONTEXT_BUDGET_EXCEEDED,
     }
 )
-_COMMENT_PING: Final = b": ping\n\n"  # an SSE comment: the SDKs skip it (an event they would not)
+_FAILURE_STATUS: Final[Mapping[str, int]] = {
+    ErrorCode.UPSTREAM_TIMEOUT: 504,
+    ErrorCode.INTERNAL: 500,
+}
+# The keep-alive of an OpenAI-shaped stream (the proxy's, the Responses API's): an SSE
+# comment, which the SDKs skip (an event they would not).
+COMMENT_PING: Final = b": ping\n\n"
 _STARTED: Final = int(time.time())
+
+
+def failure_status(code: str) -> int:
+    """The HTTP status of a completion (or a response) that failed before any output, as
+    the OpenAI SDKs read it: 504 for the upstream's timeout, 500 for the gateway's own
+    fault, 422 for a workflow the model did not finish (not retried by the SDKs), 502 for
+    any other failure of the upstream."""
+    if code in _WORKFLOW_FAILURES:
+        return 422
+    return _FAILURE_STATUS.get(code, 502)
 
 
 def openai_error(exc: ToolForgeError, status: int | None = None) -> JSONResponse:
@@ -208,9 +233,9 @@ async def complete(
             ping_interval_s=gw.settings.ping_interval_s,
             headers=headers,
             encoder=_with_role(writer),
-            ping=_COMMENT_PING,
+            ping=COMMENT_PING,
         )
-    await _until_done(session, receive)
+    await until_done(session, receive)
     builder = CompletionBuilder(
         stream_id=stream_id,
         completion_id=completion_id,
@@ -226,11 +251,7 @@ async def complete(
         headers[f"X-ToolForge-{action.replace('_', '-').title()}"] = str(count)
     if builder.error is not None:
         error = builder.error
-        status = 504 if error["code"] == ErrorCode.UPSTREAM_TIMEOUT else 502
-        if error["code"] in (ErrorCode.INTERNAL,):
-            status = 500
-        elif error["code"] in _WORKFLOW_FAILURES:
-            status = 422  # the model did not finish the workflow: not retried by the SDKs
+        status = failure_status(error["code"])
         payload = error_body(error["code"], error["message"], status)
         payload["error"]["retryable"] = error["retryable"]
         if error.get("details"):  # a workflow's steps, iterations, last text (docs/proxy.md)
@@ -251,11 +272,11 @@ def _with_role(writer: ChunkWriter) -> Any:
     return encode
 
 
-async def _until_done(session: StreamSession, receive: Receive) -> None:
+async def until_done(session: StreamSession, receive: Receive) -> None:
     """Wait for a non-streaming request's stream to end; a client that leaves first
     cancels it (docs/protocol.md: the upstream closed within 50 ms)."""
     ended = asyncio.ensure_future(session.wait())
-    gone = asyncio.ensure_future(_disconnect(receive))
+    gone = asyncio.ensure_future(until_disconnect(receive))
     try:
         await asyncio.wait((ended, gone), return_when=asyncio.FIRST_COMPLETED)
         if not ended.done():
@@ -265,12 +286,6 @@ async def _until_done(session: StreamSession, receive: Receive) -> None:
         gone.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await gone
-
-
-async def _disconnect(receive: Receive) -> None:
-    with contextlib.suppress(Exception):
-        while (await receive())["type"] != "http.disconnect":
-            pass
 
 
 @router.get("/v1/models", summary="The models this gateway serves (OpenAI-compatible)")

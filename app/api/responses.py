@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import time
 from collections.abc import Callable, Coroutine
 from typing import Annotated, Any, Final, Literal
@@ -28,10 +27,16 @@ from fastapi.routing import APIRoute
 from starlette.datastructures import State
 from starlette.routing import Match
 
-from toolforge.api.auth import ApiKey, allowed_tools, check_workflow, own, request_key
+from toolforge.api.auth import ApiKey, allowed_tools, request_key
 from toolforge.api.body import ClientGone, read_body
 from toolforge.api.deps import Gateway, GatewayDep
-from toolforge.api.proxy import _until_done, openai_error
+from toolforge.api.proxy import (
+    COMMENT_PING,
+    chat_planner,
+    failure_status,
+    openai_error,
+    until_done,
+)
 from toolforge.api.responses_body import ResponsesRequest, parse_request
 from toolforge.api.sse import FrameStreamResponse
 from toolforge.api.stream_slot import SlotHeld, StreamSlot
@@ -39,7 +44,6 @@ from toolforge.core.input_content import accepted_input
 from toolforge.core.protocol.responses import ResponseWriter, chat_messages, check_content
 from toolforge.errors import ErrorCode, RequestError, ToolForgeError
 from toolforge.runtime.commands import Cancel
-from toolforge.runtime.completion_plan import plan_completion, plan_workflow_completion
 from toolforge.runtime.frame_log import decode_events
 from toolforge.runtime.planner import StreamPlan
 from toolforge.runtime.response_store import (
@@ -84,19 +88,6 @@ class _OpenAIErrors(APIRoute):
 
 router = APIRouter(tags=["responses"], route_class=_OpenAIErrors)
 
-_COMMENT_PING: Final = b": ping\n\n"  # an SSE comment: the SDKs skip it
-# How a workflow run fails (the model did not follow it within its budgets): a 422, as on
-# the proxy (docs/proxy.md).
-_WORKFLOW_FAILURES: Final = frozenset(
-    {
-        ErrorCode.STEP_ENFORCEMENT_EXHAUSTED,
-        ErrorCode.PREREQUISITE_EXHAUSTED,
-        ErrorCode.RETRIES_EXHAUSTED,
-        ErrorCode.TOOL_ERRORS_EXHAUSTED,
-        ErrorCode.MAX_ITERATIONS,
-        ErrorCode.CONTEXT_BUDGET_EXCEEDED,
-    }
-)
 # A cancelled response run by another replica: how long (x 50 ms) to wait for its record.
 _REMOTE_END_POLLS: Final = 60
 
@@ -163,6 +154,16 @@ async def _stored(
     return record
 
 
+async def _found(
+    state: _Responses, response_id: str, key: ApiKey | None, *, wait: bool = True
+) -> dict[str, Any]:
+    """:func:`_stored`, or a 404 (in OpenAI's error shape: the router's)."""
+    record = await _stored(state, response_id, key, wait=wait)
+    if record is None:
+        raise _not_found(response_id)
+    return record
+
+
 # -- POST /v1/responses ------------------------------------------------------------------------
 
 
@@ -184,9 +185,7 @@ async def create_response(request: Request, gw: GatewayDep) -> Response:
         context: list[dict[str, Any]] = []
         earlier: list[dict[str, Any]] = []  # the conversation's items so far, with their ids
         if req.previous_response_id is not None:
-            previous = await _stored(state, req.previous_response_id, key)
-            if previous is None:
-                raise _not_found(req.previous_response_id)
+            previous = await _found(state, req.previous_response_id, key)
             if previous["response"]["status"] == "in_progress":
                 raise RequestError(
                     ErrorCode.CONFLICT,
@@ -207,27 +206,11 @@ async def create_response(request: Request, gw: GatewayDep) -> Response:
             "context": [*context, *items],
         }
 
-        chat = req.chat_request(messages)
-        workflow = req.toolforge.workflow
-        run = (
-            None if workflow is None else check_workflow(key, gw.planner.resolve_workflow(workflow))
-        )
+        # planned as the proxy plans its request (the workflow's run when it names one)
+        planned = chat_planner(gw, req.chat_request(messages), key, api="responses")
 
         async def plan(stream_id: str) -> StreamPlan:
-            if run is not None:  # the gateway runs it; the answer is its result
-                built = await plan_workflow_completion(gw.planner, chat, stream_id, run)
-            else:
-                built = await plan_completion(
-                    gw.planner,
-                    chat,
-                    stream_id,
-                    tools_template=gw.proxy_tools_template,
-                    nudges=gw.proxy_nudges,
-                )
-            built = own(built, key)
-            built = dataclasses.replace(
-                built, prompt_record={**built.prompt_record, "api": "responses"}
-            )
+            built = await planned(stream_id)
             if req.store:  # readable (in progress) before its first frame
                 record["input_items"] = [
                     *earlier,
@@ -267,11 +250,11 @@ async def create_response(request: Request, gw: GatewayDep) -> Response:
             ping_interval_s=gw.settings.ping_interval_s,
             headers=headers,
             encoder=lambda batch: writer.batch(batch, now=int(time.time())),
-            ping=_COMMENT_PING,
+            ping=COMMENT_PING,
         )
         return SlotHeld(streamed, slot)
     try:
-        await _until_done(session, request.receive)
+        await until_done(session, request.receive)
     finally:
         await slot.release()
     writer.feed(decode_events(session.log.encoded_after(0)), now=int(time.time()))
@@ -299,9 +282,7 @@ def _failed(writer: ResponseWriter, headers: dict[str, str]) -> JSONResponse:
     the upstream, 504 for its timeout, 422 for a workflow the model did not finish)."""
     error = writer.error or {}
     code = error.get("code", ErrorCode.INTERNAL)
-    status = {ErrorCode.UPSTREAM_TIMEOUT: 504, ErrorCode.INTERNAL: 500}.get(code, 502)
-    if code in _WORKFLOW_FAILURES:
-        status = 422  # the model did not finish the workflow: not retried by the SDKs
+    status = failure_status(code)
     body = openai_error(ToolForgeError(ErrorCode(code), error.get("message", "")), status).body
     payload = orjson.loads(body)
     payload["response"] = writer.resource()
@@ -337,25 +318,15 @@ async def _finish(
 
 @router.get("/v1/responses/{response_id}", summary="A stored response")
 async def get_response(response_id: str, request: Request, gw: GatewayDep) -> Response:
-    state = _state(request, gw)
-    try:
-        record = await _stored(state, response_id, request_key(request))
-        if record is None:
-            raise _not_found(response_id)
-    except ToolForgeError as exc:
-        return openai_error(exc)
+    record = await _found(_state(request, gw), response_id, request_key(request))
     return JSONResponse(record["response"])
 
 
 @router.delete("/v1/responses/{response_id}", summary="Delete a stored response")
 async def delete_response(response_id: str, request: Request, gw: GatewayDep) -> Response:
     state = _state(request, gw)
-    try:
-        if await _stored(state, response_id, request_key(request)) is None:
-            raise _not_found(response_id)
-        await state.store.delete(response_id)
-    except ToolForgeError as exc:
-        return openai_error(exc)
+    await _found(state, response_id, request_key(request))
+    await state.store.delete(response_id)
     return JSONResponse({"id": response_id, "object": "response.deleted", "deleted": True})
 
 
@@ -366,16 +337,11 @@ async def cancel_response(response_id: str, request: Request, gw: GatewayDep) ->
     state = _state(request, gw)
     key = request_key(request)
     stream_id = "s_" + response_id.removeprefix("resp_")
-    try:
-        record = await _stored(state, response_id, key, wait=False)
-        if record is None:
-            raise _not_found(response_id)
-        if record["response"]["status"] == "in_progress":
-            # wherever it runs: forwarded to its replica with Redis
-            await gw.streams.command(stream_id, Cancel(), None if key is None else key.name)
-            record = await _ended(state, response_id, key)
-    except ToolForgeError as exc:
-        return openai_error(exc)
+    record = await _found(state, response_id, key, wait=False)
+    if record["response"]["status"] == "in_progress":
+        # wherever it runs: forwarded to its replica with Redis
+        await gw.streams.command(stream_id, Cancel(), None if key is None else key.name)
+        record = await _ended(state, response_id, key)
     return JSONResponse(record["response"])
 
 
@@ -403,13 +369,7 @@ async def list_input_items(
     order: Literal["asc", "desc"] = "desc",
     after: str | None = None,
 ) -> Response:
-    state = _state(request, gw)
-    try:
-        record = await _stored(state, response_id, request_key(request))
-        if record is None:
-            raise _not_found(response_id)
-    except ToolForgeError as exc:
-        return openai_error(exc)
+    record = await _found(_state(request, gw), response_id, request_key(request))
     items = list(record["input_items"])
     if order == "desc":
         items.reverse()
