@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import secrets
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Final
@@ -43,6 +42,7 @@ from toolforge.runtime.executor import ToolExecutor
 from toolforge.runtime.metrics import GatewayMetrics
 from toolforge.runtime.planner import SessionLimits, StreamPlan
 from toolforge.runtime.session import StreamSession
+from toolforge.runtime.stream_ids import new_stream_id
 from toolforge.runtime.streams import StreamRegistry
 from toolforge.runtime.tracing import Tracing
 from toolforge.upstream.base import Upstream
@@ -60,10 +60,6 @@ __all__ = [
 
 # The draft standard sets no bound; ours keeps a client's key from growing our records.
 MAX_IDEMPOTENCY_KEY_CHARS: Final = 255
-
-
-def new_stream_id() -> str:
-    return "s_" + secrets.token_hex(10)
 
 
 def request_hash(request: Any) -> str:
