@@ -3,10 +3,12 @@
 
 Thin: the body is the protocol's ``RunAgentInput`` (checked with the ``ag-ui-protocol``
 package's own model), translated into the OpenAI-compatible proxy's request — the run's
-messages, its ``tools`` as the client's functions (AG-UI's frontend tools), its
-``context`` as a system message, ``forwardedProps.toolforge`` as the proxy's extension —
-and started like every stream (:meth:`toolforge.runtime.stream_service.Streams.open`). The
-frames are written by :class:`toolforge.core.protocol.agui.RunWriter`.
+messages (a user's images and documents as Chat Completions parts, refused by name where
+the upstream cannot read them, as on the proxy), its ``tools`` as the client's functions
+(AG-UI's frontend tools), its ``context`` as a system message, ``forwardedProps.toolforge``
+as the proxy's extension — and started like every stream
+(:meth:`toolforge.runtime.stream_service.Streams.open`). The frames are written by
+:class:`toolforge.core.protocol.agui.RunWriter`.
 
 An approval is an interrupt: the run finishes with it while the stream waits for the
 decision; the next run's ``resume`` sends it (a ``Approve`` command, on whichever replica

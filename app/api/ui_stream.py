@@ -3,7 +3,8 @@
 (``x-vercel-ai-ui-message-stream: v1``), docs/ui-stream.md.
 
 Thin: the UI messages become the OpenAI-compatible proxy's request
-(:func:`toolforge.core.protocol.ai_sdk_ui.chat_messages`), started like every stream;
+(:func:`toolforge.core.protocol.ai_sdk_ui.chat_messages`; a file part the upstream cannot
+read is refused by name, as on the proxy), started like every stream;
 :class:`toolforge.core.protocol.ai_sdk_ui.UIStreamWriter` writes its frames. A request
 whose last assistant message answers one of the gateway's approval requests sends the
 decision to the waiting stream and goes on with the same message from the call on.
