@@ -78,6 +78,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal, cast
 
+import orjson
+
 from toolforge.core.schemas import compile_schema
 from toolforge.errors import RequestError
 
@@ -780,13 +782,27 @@ def _one_value_each(
     other arguments without it. Strings of identifiers and plain strings only: two
     numbers, dates or e-mail addresses of one call may well be the same (2 guests, 2
     nights). None when no two arguments share a value."""
+    enums = [
+        (arg, prop["enum"])
+        for arg, prop in narrowed.items()
+        if isinstance(prop, Mapping) and len(prop) == 1 and "enum" in prop
+    ]
+    if len(enums) < 2:
+        return None  # most calls: nothing to keep apart
+    try:
+        seen: set[object] = set()
+        for _, values in enums:
+            if not seen.isdisjoint(values):
+                break
+            seen.update(values)
+        else:
+            return None  # no value offered to two arguments
+    except TypeError:  # an unhashable value (a list): nothing shared to tell apart
+        return None
     offered: list[tuple[str, list[str]]] = []
-    for arg, prop in narrowed.items():
+    for arg, values in enums:
         base = own.get(arg)
-        if not (isinstance(prop, Mapping) and isinstance(base, Mapping) and set(prop) == {"enum"}):
-            continue
-        values = prop["enum"]
-        if not all(isinstance(v, str) for v in values):
+        if not isinstance(base, Mapping) or not all(isinstance(v, str) for v in values):
             continue
         if kind_of(arg, _non_null(base)) in ("id", "string"):
             offered.append((arg, values))
@@ -855,26 +871,67 @@ def _narrow(
     if entry is None:
         own = _non_null(prop)
         kind = kind_of(arg, own)
-        entry = memo[id(prop)] = (own, kind, None if kind == "other" else _checker(tool, arg, own))
+        checker = None if kind == "other" else _checker(tool, arg, own)
+        entry = memo[id(prop)] = (own, kind, _shared_check(memo, own, checker))
     own, kind, check = entry
     if check is None:
         return None
-    words: list[str] | None = None  # a plain string's words from the user (the pattern)
-    enum: dict[tuple[type, object], object] = {}
+    if any(isinstance(source, Anything) for source in sources):
+        return None
+    founds: list[Sequence[object]] = []
     for source in sources:
         match source:
-            case User():
-                found: Sequence[object] = held.user_values(kind, own)
-                if kind == "string" and "pattern" not in own and "format" not in own:
-                    words = _named_words(held)
+            case User():  # the user's message is read once a run: its values too
+                said = memo.get(("user", kind, id(own)))
+                if said is None:
+                    said = memo["user", kind, id(own)] = held.user_values(kind, own)
+                founds.append(said)
             case Results(key=key, tokens=True):
-                found = held.tokens_under(key or arg)
+                founds.append(held.tokens_under(key or arg))
             case Results(key=key):
-                found = held.results_under(key or arg)
+                founds.append(held.results_under(key or arg))
             case Calls(arg=name_of):
-                found = held.args_named(name_of or arg)
-            case Anything():
-                return None
+                founds.append(held.args_named(name_of or arg))
+    # What the answer depends on, over a run: every source only grows (the user's message
+    # is read once, calls only add, spent words and failed values only grow), so their
+    # sizes, and the tool's last failure, say whether anything changed since the last turn.
+    # Unchanged (most arguments, most turns), the last answer stands.
+    failure = held.failures.get(tool)
+    failed = held.failed.get((tool, arg))
+    state = (
+        tuple(len(found) for found in founds),
+        len(held.spent),
+        None if failure is None else (failure[1], repr(failure[0])),
+        len(failed) if failed else 0,
+    )
+    last = memo.get(("narrowed", id(prop), tool, arg, sources))
+    if last is not None and last[0] == state:
+        return cast("Mapping[str, Any] | bool", last[1])
+    out = _narrow_anew(tool, arg, prop, own, kind, check, sources, founds, held, memo)
+    memo["narrowed", id(prop), tool, arg, sources] = (state, out)
+    return out
+
+
+def _narrow_anew(
+    tool: str,
+    arg: str,
+    prop: Mapping[str, Any],
+    own: Mapping[str, Any],
+    kind: Kind,
+    check: Any,
+    sources: tuple[Source, ...],
+    founds: Sequence[Sequence[object]],
+    held: Held,
+    memo: dict[object, Any],
+) -> Mapping[str, Any] | bool:
+    """:func:`_narrow`'s answer when what it depends on changed: ``founds`` are each
+    source's values."""
+    words: list[str] | None = None  # a plain string's words from the user (the pattern)
+    enum: dict[tuple[type, object], object] = {}
+    for source, found in zip(sources, founds, strict=True):
+        if isinstance(source, User) and kind == "string":
+            if "pattern" not in own and "format" not in own:
+                words = _named_words(held)
         # Each source's values are append-only over a run (the user's message is read
         # once, calls only add): only the values new since the last turn are typed and
         # checked, and what passed is kept (the memo).
@@ -952,6 +1009,31 @@ def _narrow(
     if not values:
         return DROPPED
     return {"enum": values}
+
+
+def _shared_check(memo: dict[object, Any], own: Mapping[str, Any], checker: Any) -> Any:
+    """``checker`` with its answers kept per value over a run, shared by every argument of
+    the same schema (``customer_id: integer`` in four tools of one workflow checks a new
+    result's ``7`` once, not four times)."""
+    if checker is None:
+        return None
+    try:
+        fingerprint = orjson.dumps(own, option=orjson.OPT_SORT_KEYS)
+    except TypeError:
+        return checker
+    seen: dict[tuple[type, object], bool] = memo.setdefault(("checks", fingerprint), {})
+
+    def check(value: object) -> bool:
+        try:
+            key = (type(value), value)
+            found = seen.get(key)
+        except TypeError:  # a list or an object: not kept
+            return bool(checker(value))
+        if found is None:
+            found = seen[key] = bool(checker(value))
+        return found
+
+    return check
 
 
 def _checked(memo: dict[object, Any], prop: Mapping[str, Any], check: Any, value: object) -> bool:
