@@ -22,8 +22,9 @@ Why it is built this way:
   artifacts are diagnostics, and five disk flushes per stream buy only survival of a
   power cut. Files are owner-only (0600, as ``mkstemp`` makes them): prompts and tool output are
   user data.
-* **Blocking work runs in** ``asyncio.to_thread``: redaction, encoding and disk I/O of a
-  long stream must not stall the event loop that is serving other streams.
+* **Blocking work runs in one writer thread per app** (``_Writer``): redaction, encoding
+  and disk I/O of a long stream must not stall the event loop that is serving other
+  streams, and one thread, not a pool, is all that competes with the loop for the GIL.
 * **Writing never fails on content.** Sets become arrays, other objects orjson does not
   know their ``str()``. A document orjson refuses (an integer past 64 bits, nesting past
   its 254 levels, a lone surrogate, a tuple key) is made strict JSON on a slow path
@@ -137,6 +138,7 @@ class ArtifactStore:
         self._shared_lock = threading.Lock()
         names = {normalize_key(k) for k in self.all_keys if isinstance(k, str)}
         self._shares = not names & {normalize_key(k) for k in _SHARED_PROMPT_PARTS}
+        self.writer = _Writer()
 
     def run(self, stream_id: str) -> RunArtifacts:
         """The artifacts of one stream; raises ``RequestError`` for an invalid id."""
@@ -261,6 +263,86 @@ class ArtifactStore:
             self._sweep_logged(False)
 
 
+# A writer with nothing to do waits this long for the next run before its thread ends.
+_WRITER_LINGER_S: Final = 2.0
+
+
+class _Writer:
+    """The one thread that writes an app's runs, in the order they ended.
+
+    ``asyncio.to_thread`` handed each run to a pool of up to six threads: under load
+    several held the GIL in turn between their system calls while the event loop waited
+    for it after each of its own, and each hand-over built an executor future and woke an
+    idle thread. One thread bounds that to one contender, and a run handed to it while it
+    is busy costs a list append. The thread ends after ``_WRITER_LINGER_S`` without work
+    and starts again with the next run, so an idle app (and a test's) holds none."""
+
+    __slots__ = ("_jobs", "_ready", "_running")
+
+    def __init__(self) -> None:
+        self._ready = threading.Condition(threading.Lock())
+        self._jobs: list[_Job] = []
+        self._running = False
+
+    def submit(self, job: _Job) -> None:
+        with self._ready:
+            self._jobs.append(job)
+            if self._running:
+                self._ready.notify()
+                return
+            self._running = True
+        threading.Thread(target=self._drain, name="artifacts-writer", daemon=True).start()
+
+    def _drain(self) -> None:
+        while True:
+            with self._ready:
+                if not self._jobs:
+                    self._ready.wait(_WRITER_LINGER_S)
+                if not self._jobs:
+                    self._running = False
+                    return
+                batch, self._jobs = self._jobs, []
+            for job in batch:
+                job.run()
+
+
+class _Job:
+    """One run to write, and the future its writer awaits on its own loop."""
+
+    __slots__ = ("_documents", "_done", "_frames", "_loop", "_run")
+
+    def __init__(
+        self,
+        run: RunArtifacts,
+        frames: Iterable[Mapping[str, object]],
+        documents: dict[str, object],
+        loop: asyncio.AbstractEventLoop,
+        done: asyncio.Future[None],
+    ) -> None:
+        self._run, self._frames, self._documents = run, frames, documents
+        self._loop, self._done = loop, done
+
+    def run(self) -> None:
+        error: BaseException | None = None
+        try:
+            self._run._write_all(self._frames, self._documents)
+        except BaseException as exc:  # handed to the awaiting caller, as to_thread would
+            error = exc
+        # The caller may be gone (cancelled: the write completed anyway) or its loop
+        # closed: nobody is left to tell.
+        with contextlib.suppress(RuntimeError):
+            self._loop.call_soon_threadsafe(_settle, self._done, error)
+
+
+def _settle(done: asyncio.Future[None], error: BaseException | None) -> None:
+    if done.done():
+        return
+    if error is None:
+        done.set_result(None)
+    else:
+        done.set_exception(error)
+
+
 class RunArtifacts:
     """The artifact directory of one stream: ``<root>/runs/<stream_id>/``.
 
@@ -308,7 +390,10 @@ class RunArtifacts:
             "metrics.json": metrics,
         }
         snapshot = list(frames) if isinstance(frames, list) else frames
-        await asyncio.to_thread(self._write_all, snapshot, documents)
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[None] = loop.create_future()
+        self._store.writer.submit(_Job(self, snapshot, documents, loop, done))
+        await done
         return self.directory
 
     def _frame_keys(self, frame: Mapping[str, object]) -> tuple[str, ...]:

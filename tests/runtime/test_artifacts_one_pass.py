@@ -7,8 +7,10 @@ whole, and nothing hidden is left behind, whatever happened.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -129,3 +131,61 @@ def test_start_up_removes_what_a_dead_writer_left(tmp_path: Path) -> None:
     assert not stale.exists()
     assert fresh.exists()
     assert store.index.newest(10) == []  # neither is a run
+
+
+async def test_one_writer_thread_writes_every_run_then_ends(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(artifacts_module, "_WRITER_LINGER_S", 0.05)
+    store = ArtifactStore(tmp_path)
+    threads: set[str] = set()
+    create = artifacts_module._create
+
+    def noted(path: Path, data: bytes) -> None:
+        threads.add(threading.current_thread().name)
+        create(path, data)
+
+    monkeypatch.setattr(artifacts_module, "_create", noted)
+    ids = [f"s{i}" for i in range(40)]
+    await asyncio.gather(*(store.run(i).write(**SAMPLE) for i in ids))  # type: ignore[arg-type]
+    assert threads == {"artifacts-writer"}
+    assert sorted(e["stream_id"] for e in store.index.newest(100)) == sorted(ids)
+    for _ in range(100):  # it lingers 50 ms, then ends: an idle app holds no thread
+        if not any(t.name == "artifacts-writer" for t in threading.enumerate()):
+            break
+        await asyncio.sleep(0.02)
+    assert not any(t.name == "artifacts-writer" for t in threading.enumerate())
+    # ... and the next run starts it again.
+    await store.run("again").write(**SAMPLE)  # type: ignore[arg-type]
+    assert (store.runs / "again" / "metrics.json").exists()
+
+
+async def test_a_cancelled_caller_still_gets_its_run_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = ArtifactStore(tmp_path)
+    gate = threading.Event()
+    create = artifacts_module._create
+
+    def held(path: Path, data: bytes) -> None:
+        gate.wait(5)
+        create(path, data)
+
+    monkeypatch.setattr(artifacts_module, "_create", held)
+    task = asyncio.create_task(store.run("s1").write(**SAMPLE))  # type: ignore[arg-type]
+    await asyncio.sleep(0.05)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    gate.set()
+    for _ in range(250):
+        if store.index.newest(1):
+            break
+        await asyncio.sleep(0.02)
+    assert sorted(os.listdir(store.runs / "s1")) == sorted(ARTIFACT_FILES)
+
+
+async def test_a_write_that_fails_raises_in_the_caller(tmp_path: Path) -> None:
+    (tmp_path / "runs").write_text("not a directory")
+    with pytest.raises(OSError):
+        await ArtifactStore(tmp_path).run("s1").write(**SAMPLE)  # type: ignore[arg-type]
