@@ -27,11 +27,12 @@ children inherit it.
   content chunk direct) p50/p99, the rate reached, failures, and the gateway's CPU per
   request; the highest rate whose added p99 (gateway minus direct, at the same rate) stays
   at or under 5 ms.
-- ``--workers N`` (N > 1): B5 also on ``toolforge serve --workers N`` with a
-  ``redis-server`` of the bench's own (``bench.workers``), each N beside one worker and the
-  direct upstream in the same run; CPU and RSS are the whole process tree's. The scaling
-  factor: the highest N the N workers hold with every stream complete and the added gap
-  p99 within 10 ms, over the same for one worker.
+- ``--workers N`` (N > 1): B5 also on one worker with Redis (what the resume buffers cost)
+  and on ``toolforge serve --workers N`` with a ``redis-server`` of the bench's own
+  (``bench.workers``), each N beside one worker and the direct upstream in the same run;
+  CPU and RSS are the whole process tree's. The scaling factor: the highest N the N
+  workers hold with every stream complete and the added gap p99 within 10 ms, over the
+  same for one worker (and for one worker with Redis).
 
 Targets (issue text): B5 every stream complete at N = 2000; added gap p99 ≤ 10 ms at
 N = 2000 and ≤ 5 ms at N = 1000; ≤ 25 µs gateway CPU per paced token; ≤ 40 KB RSS per
@@ -444,7 +445,9 @@ async def b5(
         "gateway CPU µs per paced token | RSS per open stream KB (most open) | failures |",
         "|---|---|---|---|---|---|---|---|---|",
     )
-    arms = [1] if workers == 1 else [1, workers]
+    # (workers, Redis): one worker as it ships; with --workers, one worker with Redis too
+    # (what the resume buffers cost alone) and the N workers, which need it.
+    arms = [(1, False)] if workers == 1 else [(1, False), (1, True), (workers, True)]
     held = dict.fromkeys(arms, 0)  # the highest N within B5_SCALING_P99_MS, per arm
     for n in sizes:
         d = await paced_arm(clients, direct, n, tokens, None)
@@ -452,13 +455,18 @@ async def b5(
             f"| {n} | direct | {d.complete} | {median(d.gaps_ms):.2f} | "
             f"{pct(d.gaps_ms, 99):.2f} | | | | {_fails(d)} |"
         )
-        for w in arms:
-            if w == 1:
-                gw = spawn_gateway(url, artifacts, env=gateway_env(n))
-                name = "gateway `/v1/stream`"
+        for arm in arms:
+            w, redis = arm
+            env = gateway_env(n)
+            name = "gateway `/v1/stream`"
+            if w > 1:
+                gw = spawn_workers(url, artifacts, w, redis_url, env)
+                name += f", {w} workers + Redis"
+            elif redis:
+                gw = spawn_gateway(url, artifacts, env={**env, "REDIS_URL": redis_url})
+                name += ", 1 worker + Redis"
             else:
-                gw = spawn_workers(url, artifacts, w, redis_url, gateway_env(n))
-                name = f"gateway `/v1/stream`, {w} workers + Redis"
+                gw = spawn_gateway(url, artifacts, env=env)
             try:
                 for _ in range(4 * w):  # every worker's first request before the clock
                     await _warm_gateway(gw.port)
@@ -475,8 +483,8 @@ async def b5(
                 f"{g.cpu_us_token:.1f} | {g.rss_kb_stream:.1f} ({g.most_open}) | {_fails(g)} |"
             )
             if add99 <= B5_SCALING_P99_MS and g.complete == n and not g.errors:
-                held[w] = max(held[w], n)
-            if w != 1:
+                held[arm] = max(held[arm], n)
+            if arm != (1, False):
                 continue
             rep.facts[f"b5_{n}_add99"] = add99
             rep.facts[f"b5_{n}_complete"] = g.complete
@@ -495,15 +503,18 @@ async def b5(
         "",
     )
     if workers > 1:
-        one, many = held[1], held[workers]
-        factor = f"{many / one:.2f}" if one else "n/a (one worker held none of them)"
+        one, redis1, many = held[(1, False)], held[(1, True)], held[(workers, True)]
+
+        def factor(base: int) -> str:
+            return f"{many / base:.2f}" if base else "n/a (none held)"
+
         rep.add(
             f"Highest N with added gap p99 ≤ {B5_SCALING_P99_MS:g} ms and every stream "
-            f"complete: one worker {one or 'none'}, {workers} workers {many or 'none'}; "
-            f"scaling factor {factor}.",
+            f"complete: one worker {one or 'none'}, one worker with Redis {redis1 or 'none'}, "
+            f"{workers} workers with Redis {many or 'none'}; scaling factor {factor(one)} "
+            f"over one worker, {factor(redis1)} over one worker with Redis.",
             "",
         )
-        rep.facts["b5_scaling"] = many / one if one else float("nan")
     big = max(sizes)
     rep.target(
         f"B5 every stream complete at N = {big}: {rep.facts[f'b5_{big}_complete']:.0f} of {big}",
