@@ -506,7 +506,7 @@ async def b5(
         one, redis1, many = held[(1, False)], held[(1, True)], held[(workers, True)]
 
         def factor(base: int) -> str:
-            return f"{many / base:.2f}" if base else "n/a (none held)"
+            return f"{many / base:.2f}" if base and many else "not measurable (an arm held none)"
 
         rep.add(
             f"Highest N with added gap p99 ≤ {B5_SCALING_P99_MS:g} ms and every stream "
