@@ -12,7 +12,8 @@ write the suffix itself once the grammar of the middle is complete
 The grammar is read, not compiled: rules one per line (``name ::= body``, the shape
 :mod:`toolforge.core.gbnf` renders), string literals with GBNF's escapes. From ``root``, a
 body that is a single sequence (no top-level ``|``) gives up its leading and trailing
-string literals; a sequence reduced to one rule name, or one group, is followed into it.
+string literals; a rule name or group at either end whose body is one sequence is written
+in its place, and peeling goes on inside it.
 A suffix is only taken off when what remains ends with a literal on every path (a closing
 ``}`` or ``"``): where the middle could go on (a bare number), ending it is the model's
 choice of the suffix's first character, which an end of generation would not be.
@@ -81,24 +82,23 @@ def _split(grammar: str, *, take_suffix: bool) -> ForcedText | None:
     if "root" not in rules:
         return None
     seq = _sequence(rules["root"])
+    if seq is None:
+        return None
     head: list[str] = []
     tail: list[str] = []
     for _ in range(_MAX_DEPTH):
-        if seq is None:
-            return None
         while seq and seq[0].kind == "lit" and not seq[0].repeated:
             head.append(seq.pop(0).value)
         while take_suffix and seq and seq[-1].kind == "lit" and not seq[-1].repeated:
             if not _closed(seq[:-1], rules, _MAX_DEPTH):
                 break
             tail.insert(0, seq.pop().value)
-        if len(seq) != 1 or seq[0].repeated:
-            break
-        only = seq[0]
-        if only.kind == "name" and only.value in rules:
-            seq = _sequence(rules[only.value])
-        elif only.kind == "group":
-            seq = _sequence(only.value)
+        # A rule or group at either end whose body is one sequence is written in its
+        # place, and peeling goes on inside it.
+        if seq and (first := _inlined(seq[0], rules)) is not None:
+            seq = first + seq[1:]
+        elif take_suffix and seq and (last := _inlined(seq[-1], rules)) is not None:
+            seq = seq[:-1] + last
         else:
             break
     if not seq or not (head or tail):
@@ -108,9 +108,24 @@ def _split(grammar: str, *, take_suffix: bool) -> ForcedText | None:
     return ForcedText("".join(head), "".join(tail), "\n".join(lines) + "\n")
 
 
+def _inlined(item: _Item, rules: dict[str, str]) -> list[_Item] | None:
+    """The items ``item`` stands for, when it is an unrepeated rule name or group whose
+    body is one sequence beginning or ending with a literal, or one more such name or
+    group (else None)."""
+    if item.repeated or item.kind not in ("name", "group"):
+        return None
+    body = rules.get(item.value) if item.kind == "name" else item.value
+    seq = _sequence(body) if body is not None else None
+    if not seq:
+        return None
+    chain = len(seq) == 1 and not seq[0].repeated and seq[0].kind in ("name", "group")
+    return seq if chain or seq[0].kind == "lit" or seq[-1].kind == "lit" else None
+
+
 def _closed(seq: list[_Item], rules: dict[str, str], depth: int) -> bool:
     """Whether every string ``seq`` matches ends where the sequence does: its last item is
-    an unrepeated literal, or a rule or group each of whose alternatives is closed."""
+    an unrepeated literal or character class, or a rule or group each of whose
+    alternatives is closed."""
     if not seq or depth <= 0:
         return False
     last = seq[-1]
@@ -118,6 +133,8 @@ def _closed(seq: list[_Item], rules: dict[str, str], depth: int) -> bool:
         return False
     if last.kind == "lit":
         return bool(last.value)
+    if last.kind == "class":
+        return True  # one character
     if last.kind not in ("name", "group"):
         return False
     body = rules.get(last.value) if last.kind == "name" else last.value

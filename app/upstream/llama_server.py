@@ -119,10 +119,12 @@ class LlamaServerUpstream:
         self, request: ChatRequest, forced: ForcedText
     ) -> AsyncGenerator[UpstreamDelta, None]:
         """The model's deltas with ``forced``'s text written back: the prefix before its
-        first text (llama-server may echo the prefill itself: then as it sent it), the
-        suffix before a ``stop``."""
-        prefix = forced.prefix
+        first text, the suffix before a ``stop``. A server that writes either itself
+        (llama-server echoes the prefill; a server that ignores the grammar writes the
+        suffix) has it passed on as it sent it, not twice."""
+        prefix, suffix = forced.prefix, forced.suffix
         held = ""  # the stream's first text, while it could still be the prefix's echo
+        tail = ""  # the text's last len(suffix) characters
         async with contextlib.aclosing(self._inner.stream(request)) as deltas:
             async for delta in deltas:
                 if prefix and delta.text:
@@ -135,12 +137,15 @@ class LlamaServerUpstream:
                         text = held if held.startswith(prefix) else prefix + held
                         delta = dataclasses.replace(delta, text=text)
                         prefix = held = ""
+                if suffix and delta.text:
+                    tail = (tail + delta.text)[-len(suffix) :]
                 if delta.finish_reason is not None:
                     if prefix:  # no text came, or only part of an echo: the whole prefix
                         yield UpstreamDelta(text=prefix)
                         prefix = held = ""
-                    if delta.finish_reason == "stop" and forced.suffix:
-                        yield UpstreamDelta(text=forced.suffix)
+                    if delta.finish_reason == "stop" and suffix and tail != suffix:
+                        yield UpstreamDelta(text=suffix)
+                        suffix = ""
                 yield delta
 
     async def tokenize(self, text: str) -> int:

@@ -111,8 +111,11 @@ async def test_the_repair_call_carries_a_json_grammar(make_gateway: HarnessFacto
     turn, repair = (r.json for r in gw.upstream.requests)
     grammar = parse(repair["grammar"])
     assert "BEGIN" not in repair["grammar"]
-    assert grammar.accepts('{"answer": "five"}')
-    assert not grammar.accepts('{"answer": 5}')
+    # The "{" the grammar forces goes as the start of the reply (the llama-server adapter's
+    # prefill), the grammar holds the rest.
+    assert repair["messages"][-1] == {"role": "assistant", "content": "{"}
+    assert grammar.accepts('"answer": "five"}')
+    assert not grammar.accepts('"answer": 5}')
     assert repair["grammar"] != turn["grammar"]
 
 
