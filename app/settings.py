@@ -124,7 +124,8 @@ class Settings(BaseSettings):
     # processes its new tokens. Off only to measure what the cache saves (bench/llama.py).
     llama_cache_prompt: bool = Field(True, validation_alias="LLAMA_CACHE_PROMPT")
     # The text a turn's grammar forces (a tool call's sentinels) goes as a prefill, not
-    # decoded a token at a time: the booking demo's 135 tokens become 25. Off to measure it.
+    # decoded a token at a time: the booking demo's calls, 143 tokens, become 51. Off to
+    # measure it.
     llama_prefill_forced: bool = Field(True, validation_alias="LLAMA_PREFILL_FORCED")
     # Below the gateway's CPU priority, so a token is relayed as soon as it exists while
     # llama-server keeps every core busy (app/runtime/server_manager.py ServerManager).

@@ -44,7 +44,6 @@ from typing import Any
 import httpx
 import orjson
 
-from bench._results import load_average
 from bench.workflow_narrowing import PROMPT, _judge
 from toolforge.api.app import create_app
 from toolforge.eval.loopback import Served, serve
@@ -90,11 +89,15 @@ async def _one(
     turns = [{k: t.get(k) for k in _TIMINGS} for t in metrics["upstream_timings"]]
     model_ms = sum((t["prompt_ms"] or 0) + (t["predicted_ms"] or 0) for t in turns)
     tool_ms = sum(e.data.get("duration_ms") or 0.0 for e in events if e.event == "tool.result")
+    # A call whose last chunk (llama-server's timings) was not read (the engine closes the
+    # stream once a terminal call's frame ends) leaves its model time in the remainder.
+    whole = len(turns) == metrics["turns"]
     return {
         "arm": arm,
         "seed": seed,
         "as_asked": verdict["as_asked"],
         "booked": verdict["booked"],
+        "searches": verdict["searches"],  # each search's query and how many places it found
         "reason": verdict["reason"],
         "e2e_ms": round(e2e_ms, 1),
         "ttft_ms": metrics["ttft_ms"],
@@ -102,7 +105,7 @@ async def _one(
         "turns": turns,
         "model_ms": round(model_ms, 1),
         "tool_ms": round(tool_ms, 3),
-        "gateway_ms": round(e2e_ms - model_ms - tool_ms, 1),
+        "gateway_ms": round(e2e_ms - model_ms - tool_ms, 1) if whole else None,
         "load": os.getloadavg()[0],
     }
 
@@ -122,7 +125,13 @@ def _turn(rows: list[dict[str, Any]], index: int, key: str) -> str:
     return f"{median:.0f}"
 
 
-def _report(rows: list[dict[str, Any]], runs: str, arms: list[str], loads: list[str]) -> None:
+def _gateway(rows: list[dict[str, Any]]) -> str:
+    """The gateway's p50, over the runs whose every call reported its timings."""
+    values = [r["gateway_ms"] for r in rows if r["gateway_ms"] is not None]
+    return f"{_pct(values, 0.5):.0f} ({len(values)} runs)" if values else "–"
+
+
+def _report(rows: list[dict[str, Any]], runs: str, arms: list[str]) -> None:
     commit = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
     ).stdout.strip()
@@ -131,8 +140,9 @@ def _report(rows: list[dict[str, Any]], runs: str, arms: list[str], loads: list[
     print()
     print(
         f"`python -m bench.demo {runs} --arms {','.join(arms)}` on "
-        f"{platform.machine()}, {os.cpu_count()} CPUs, load average {loads[0]} before and "
-        f"{loads[-1]} after; SmolLM2-135M on the embedded llama-server, one run at a time, "
+        f"{platform.machine()}, {os.cpu_count()} CPUs, 1-minute load average "
+        f"{min(r['load'] for r in rows):.1f}-{max(r['load'] for r in rows):.1f} at the "
+        "runs' ends; SmolLM2-135M on the embedded llama-server, one run at a time, "
         "the arms alternating, seeds 1..N. Milliseconds; per turn, medians."
     )
     print()
@@ -158,14 +168,13 @@ def _report(rows: list[dict[str, Any]], runs: str, arms: list[str], loads: list[
             f"| {arm} | {ok}/{n} | {_pct(e2e, 0.5):.0f} | {_pct(e2e, 0.95):.0f} "
             f"| {_pct(ttft, 0.5):.0f} | {t[0]} | {t[1]} "
             f"| {_pct([r['tool_ms'] for r in mine], 0.5):.1f} "
-            f"| {_pct([r['gateway_ms'] for r in mine], 0.5):.0f} |"
+            f"| {_gateway(mine)} |"
         )
 
 
 async def _main(runs: int, arms: list[str], other_runs: int) -> None:
     for name in ("UPSTREAM_BASE_URL", "MODEL_ID", "UPSTREAM_KIND"):
         os.environ.pop(name, None)
-    loads = [load_average()]
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
         # A loaded 2-CPU machine (other jobs beside) can take minutes for a prompt: the
@@ -192,8 +201,7 @@ async def _main(runs: int, arms: list[str], other_runs: int) -> None:
                     row = await _one(served, upstream, arm, seed)
                     print(orjson.dumps(row).decode(), flush=True)
                     rows.append(row)
-    loads.append(load_average())
-    _report(rows, f"--runs {runs} --other-runs {other_runs}", arms, loads)
+    _report(rows, f"--runs {runs} --other-runs {other_runs}", arms)
 
 
 def main() -> None:
@@ -201,12 +209,21 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=10, help="runs of each arm")
     parser.add_argument("--arms", default="prefill,decode", help="of: " + ", ".join(ARMS))
     parser.add_argument("--other-runs", type=int, help="runs of the other arms (default --runs)")
+    parser.add_argument("--report", type=Path, help="only the table, from an earlier run's output")
     args = parser.parse_args()
     arms = args.arms.split(",")
     unknown = [a for a in arms if a not in ARMS]
     if unknown:
         parser.error(f"unknown arms {unknown}; the arms are {', '.join(ARMS)}")
     other = args.runs if args.other_runs is None else args.other_runs
+    if args.report is not None:
+        lines = args.report.read_text().splitlines()
+        rows = [orjson.loads(line) for line in lines if line.startswith('{"arm"')]
+        for row in rows:  # before the remainder was left out where a call had no timings
+            if len(row["turns"]) < len(row["turn_ttft_ms"]):
+                row["gateway_ms"] = None
+        _report(rows, f"--runs {args.runs} --other-runs {other}", arms)
+        return
     asyncio.run(_main(args.runs, arms, other))
 
 
