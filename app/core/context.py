@@ -336,8 +336,28 @@ class TieredCompact:
         self, messages: Sequence[Message], *, step_hint: str = ""
     ) -> Iterator[tuple[int, list[Message]]]:
         window = _Window.of(messages, self.keep_recent)
-        if not any(window.old(m) for m in messages):
-            return
+        last = list(messages)
+        if any(window.old(m) for m in messages):
+            for number, current in self._older(messages, window, step_hint):
+                last = current
+                yield number, current
+        # Phase 4, the last resort: the run would otherwise end over its budget. The
+        # recent iterations' long tool results keep their head and their tail (a log's
+        # first and last lines), shorter each time, until the prompt fits.
+        for keep in _LAST_RESORT_CHARS:
+            cut = [
+                _middle_cut(m, keep)
+                if m.meta.type is MessageType.TOOL_RESULT and id(m) not in window.first
+                else m
+                for m in last
+            ]
+            if any(a is not b for a, b in zip(cut, last, strict=True)):
+                yield 4, cut
+
+    def _older(
+        self, messages: Sequence[Message], window: _Window, step_hint: str
+    ) -> Iterator[tuple[int, list[Message]]]:
+        """Phases 1 to 3, over the older iterations only."""
         # Phase 1: nudges go, long tool results are truncated.
         phase1: list[Message] = []
         for item in messages:
@@ -373,6 +393,31 @@ class TieredCompact:
             MessageType.SUMMARY, item.meta.step, item.meta.tools, MessageType.TOOL_RESULT
         )
         return item.with_content(text[:keep] + marker.format(f"{removed:,}"), meta)
+
+
+LAST_RESORT_PHASE: Final = 4
+"""Tiered's phase that cuts into the recent iterations: only when the prompt would
+otherwise stay over the budget itself (not merely over the threshold)."""
+
+_LAST_RESORT_CHARS: Final = (4000, 2000, 1000, 400)
+"""Tiered phase 4 keeps this many characters of a recent tool result, head and tail, each
+try shorter than the last (docs/context.md)."""
+
+
+def _middle_cut(item: Message, keep: int) -> Message:
+    """``item``'s text with its middle cut out, ``keep`` characters left (half at each
+    end) and a marker saying how many went; ``item`` itself when that saves nothing."""
+    text = item.content
+    marker = f" [… {{}} of {len(text):,} characters removed …] "
+    removed = len(text) - keep
+    if removed <= len(marker) + 8:
+        return item
+    head = keep // 2
+    meta = MessageMeta(
+        MessageType.SUMMARY, item.meta.step, item.meta.tools, MessageType.TOOL_RESULT
+    )
+    cut = text[:head] + marker.format(f"{removed:,}") + text[len(text) - (keep - head) :]
+    return item.with_content(cut, meta)
 
 
 def _stub(item: Message) -> Message:
@@ -463,6 +508,8 @@ def compact(
     history = as_messages(messages)
     phase, best, after = 0, history, before
     for number, candidate in policy.strategy.phases(history, step_hint=step_hint):
+        if number >= LAST_RESORT_PHASE and after <= policy.budget_tokens:
+            break  # it fits the budget: the recent iterations stay whole
         tokens = yield from _measure(candidate)
         if tokens < after:  # a phase that cuts nothing more is not reported as reached
             phase, best, after = number, candidate, tokens

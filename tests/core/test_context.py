@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from toolforge.core.context import (
+    LAST_RESORT_PHASE,
     MESSAGE_OVERHEAD_TOKENS,
     ContextBudgetExceeded,
     ContextPolicy,
@@ -102,8 +103,14 @@ def histories(draw: st.DrawFn) -> list[Message]:
 STRATEGIES = st.sampled_from(["tiered", "sliding"])
 
 
-def _phases(name: str, keep: int, history: list[Message], hint: str = "") -> list[list[Message]]:
-    return [m for _, m in strategy_named(name, keep).phases(history, step_hint=hint)]
+def _phases(
+    name: str, keep: int, history: list[Message], hint: str = "", *, last_resort: bool = True
+) -> list[list[Message]]:
+    return [
+        m
+        for n, m in strategy_named(name, keep).phases(history, step_hint=hint)
+        if last_resort or n < LAST_RESORT_PHASE
+    ]
 
 
 def _opening(history: list[Message]) -> int:
@@ -136,9 +143,36 @@ def test_the_last_keep_recent_iterations_stay_intact(
     history: list[Message], name: str, keep: int
 ) -> None:
     recent = _recent(history, keep)
-    for phase in _phases(name, keep, history):
+    for phase in _phases(name, keep, history, last_resort=False):
         tail = phase[len(phase) - len(recent) :] if recent else []
         assert [(dict(m), m.meta) for m in tail] == [(dict(m), m.meta) for m in recent]
+
+
+@settings(max_examples=200, deadline=None)
+@given(histories(), st.integers(0, 4), st.integers(300, 9000))
+def test_the_last_resort_keeps_a_recent_results_head_and_tail_only(
+    history: list[Message], keep: int, size: int
+) -> None:
+    # Phase 4 (only over the budget itself) cuts the middle of the recent iterations'
+    # long tool results; everything else in them stays as it was.
+    long_text = "".join(f"line {i}\n" for i in range(size // 7))
+    history = [
+        m.with_content(long_text, m.meta) if m.meta.type is MessageType.TOOL_RESULT else m
+        for m in history
+    ]
+    recent = _recent(history, keep)
+    for number, phase in TieredCompact(keep).phases(history):
+        if number < LAST_RESORT_PHASE:
+            continue
+        tail = phase[len(phase) - len(recent) :] if recent else []
+        for before, after in zip(recent, tail, strict=True):
+            if before.meta.type is not MessageType.TOOL_RESULT:
+                assert (dict(after), after.meta) == (dict(before), before.meta)
+                continue
+            head, _, rest = after.content.partition(" [… ")
+            assert before.content.startswith(head)
+            assert before.content.endswith(rest.split(" characters removed …] ", 1)[-1])
+            assert len(after.content) <= len(before.content)
 
 
 @settings(max_examples=300, deadline=None)
@@ -230,7 +264,7 @@ def test_tiered_phase_1_drops_nudges_and_truncates_old_results() -> None:
 
 def test_tiered_phase_2_stubs_old_results_and_phase_3_keeps_the_skeleton() -> None:
     history = _long_history()
-    _, phase2, phase3 = (m for _, m in TieredCompact(keep_recent=1).phases(history))
+    _, phase2, phase3 = (m for n, m in TieredCompact(keep_recent=1).phases(history) if n < 4)
     old2 = [m for m in phase2 if m.meta.step in (1, 2, 3, 4, 5)]
     assert all(m.content == "[result dropped to fit the context]" for m in old2 if m.role == "tool")
     # every call still has its answer (OpenAI and Anthropic both require one)
@@ -251,7 +285,10 @@ def test_sliding_keeps_the_last_iterations_and_the_hint() -> None:
 
 def test_nothing_to_cut_offers_no_phase() -> None:
     history = _long_history(iterations=2)
-    assert list(TieredCompact(keep_recent=2).phases(history)) == []
+    # Nothing old to cut: only the last resort (the recent results' middle) is left.
+    assert {n for n, _ in TieredCompact(keep_recent=2).phases(history)} == {4}
+    short = _long_history(iterations=2, result_chars=300)
+    assert list(TieredCompact(keep_recent=2).phases(short)) == []
     assert list(SlidingWindowCompact(keep_recent=2).phases(history)) == []
     assert list(NoCompact().phases(history)) == []
 
@@ -304,6 +341,30 @@ def test_over_the_threshold_but_within_the_budget_goes_on_as_is() -> None:
     history = _long_history(iterations=2)
     tokens = estimate_tokens(history)
     assert run_compaction(_policy(TieredCompact(), tokens + 1), history) is None
+
+
+def test_the_last_resort_cuts_a_recent_result_only_over_the_budget() -> None:
+    # A log of 9,000 characters in the last iteration, which phases 1 to 3 never touch:
+    # over the budget itself, its middle goes (its first and last lines stay) and the run
+    # goes on; within the budget (over the threshold only), it stays whole.
+    log = "".join(f"2026-11-07 07:{i % 60:02d} INFO worker heartbeat ok\n" for i in range(200))
+    log += "2026-11-07 07:17:07 ERROR payment E-4417 timeout"
+    history = [
+        *_long_history(iterations=1, result_chars=10),
+        *_call(2, "fetch_log", native=True),
+        message("tool", log, MessageType.TOOL_RESULT, step=2, tool_call_id="call_2"),
+    ]
+    tokens = estimate_tokens(history)
+    done = run_compaction(_policy(TieredCompact(keep_recent=1), tokens // 3), history)
+    assert done is not None and done.phase == LAST_RESORT_PHASE
+    assert done.tokens_after <= tokens // 3
+    cut = done.messages[-1].content
+    assert cut.startswith("2026-11-07 07:00 INFO") and cut.endswith("E-4417 timeout")
+    assert "characters removed" in cut
+    within = run_compaction(_policy(TieredCompact(keep_recent=1), tokens + 10), history)
+    assert within is None or all(
+        m.content == log for m in within.messages if m.meta.step == 2 and m.role == "tool"
+    )
 
 
 def test_the_manager_asks_the_driver_to_count() -> None:
