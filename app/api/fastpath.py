@@ -46,6 +46,7 @@ from toolforge.api.request_guard import RequestGuard
 from toolforge.api.retry_after import retry_headers
 from toolforge.api.routes import start_stream
 from toolforge.api.server_limits import ServerLimits
+from toolforge.api.ui_stream import ui_chat_scope
 from toolforge.errors import ErrorCode, ToolForgeError
 from toolforge.log import STREAM_INTERNAL_ERROR, get_logger
 
@@ -125,6 +126,7 @@ class GatewayApp(FastAPI):
             await self._serve(scope, receive, send)
 
     async def _serve(self, scope: Scope, receive: Receive, send: Send) -> None:
+        scope = ui_chat_scope(scope)  # /v1/stream asking for the UI stream goes to /v1/ui/chat
         guard = self.guard
         if guard is not None:
             refused = guard.refusal(scope)

@@ -8,17 +8,24 @@ read is refused by name, as on the proxy), started like every stream;
 :class:`toolforge.core.protocol.ai_sdk_ui.UIStreamWriter` writes its frames. A request
 whose last assistant message answers one of the gateway's approval requests sends the
 decision to the waiting stream and goes on with the same message from the call on.
+
+``POST /v1/stream`` answers the same way when asked (a ``format=ui`` query parameter, or
+an ``Accept`` media range with ``x-vercel-ai-ui-message-stream=v1``): the gateway's entry
+hands such a request to this route (:func:`ui_chat_scope`), so both paths are one handler,
+with the same access, limits, admission, approvals and errors.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Annotated, Any
+from typing import Annotated, Any, Final
+from urllib.parse import parse_qsl
 
 import orjson
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.types import Scope
 
 from toolforge.api.auth import ApiKey, request_key
 from toolforge.api.body import ClientGone, read_body
@@ -43,9 +50,90 @@ from toolforge.runtime.cluster import RemoteStream
 from toolforge.runtime.commands import Approve
 from toolforge.runtime.stream_service import Started
 
-__all__ = ["UIChatRequest", "router"]
+__all__ = [
+    "ACCEPT_PARAMETER",
+    "FORMAT_PARAMETER",
+    "UI_CHAT_PATH",
+    "UIChatRequest",
+    "router",
+    "ui_chat_scope",
+]
 
 router = APIRouter(tags=["ui-stream"])
+
+UI_CHAT_PATH: Final = "/v1/ui/chat"
+_STREAM_PATH: Final = "/v1/stream"
+# How a request asks /v1/stream for the UI message stream (docs/ui-stream.md, "On
+# /v1/stream"): the query parameter, for clients that only set a URL, and the Accept
+# parameter, named after the header the SDK checks on the response.
+FORMAT_PARAMETER: Final = "format"
+_FORMAT_UI: Final = "ui"
+ACCEPT_PARAMETER: Final = "x-vercel-ai-ui-message-stream"
+_ACCEPT_VERSION: Final = "v1"
+_FORMAT_NEEDLE: Final = FORMAT_PARAMETER.encode() + b"="
+_ACCEPT_NEEDLE: Final = ACCEPT_PARAMETER.encode()
+
+
+def _asked(scope: Scope) -> tuple[list[str], list[str]]:
+    """The request's ``format`` values and the values its ``Accept`` header gives
+    ``x-vercel-ai-ui-message-stream``, in order (both empty: it asks for neither). A byte
+    search first: the plain ``/v1/stream`` request pays for no parsing."""
+    formats: list[str] = []
+    query: bytes = scope.get("query_string", b"")
+    if _FORMAT_NEEDLE in query:
+        pairs = parse_qsl(query.decode("latin-1"), keep_blank_values=True)
+        formats = [value for name, value in pairs if name == FORMAT_PARAMETER]
+    versions: list[str] = []
+    for name, value in scope["headers"]:
+        if name == b"accept" and _ACCEPT_NEEDLE in value.lower():
+            for media_range in value.decode("latin-1").split(","):
+                for parameter in media_range.split(";")[1:]:
+                    key, _, given = parameter.partition("=")
+                    if key.strip().lower() == ACCEPT_PARAMETER:
+                        versions.append(given.strip().strip('"'))
+    return formats, versions
+
+
+def ui_chat_scope(scope: Scope) -> Scope:
+    """For a ``POST /v1/stream`` that asks for the UI message stream (any ``format``
+    value, or the ``Accept`` parameter with any value: the route refuses a wrong one by
+    name), the scope of ``POST /v1/ui/chat`` that serves it; ``scope`` itself otherwise,
+    unchanged. The gateway's entry calls it first, so the access check, the key's
+    concurrent streams and the dispatch all see the route that answers."""
+    if scope["path"] != _STREAM_PATH or scope["method"] != "POST":
+        return scope
+    formats, versions = _asked(scope)
+    if not formats and not versions:
+        return scope
+    return {**scope, "path": UI_CHAT_PATH, "raw_path": UI_CHAT_PATH.encode()}
+
+
+def _check_asked(scope: Scope) -> None:
+    """Refuse, by name, a ``format`` other than ``ui`` or an ``Accept`` parameter other
+    than ``v1``: a 422 before the body is read."""
+    formats, versions = _asked(scope)
+    for value in formats:
+        if value != _FORMAT_UI:
+            message = (
+                f"{value!r} is not a format this gateway answers in; "
+                f"'{_FORMAT_UI}' asks for the AI SDK's UI message stream"
+            )
+            raise RequestError(
+                ErrorCode.BAD_REQUEST,
+                f"invalid '{FORMAT_PARAMETER}': {message}",
+                http_status=422,
+                details=[{"field": FORMAT_PARAMETER, "message": message}],
+            )
+    for value in versions:
+        if value != _ACCEPT_VERSION:
+            field = f"Accept: {ACCEPT_PARAMETER}"
+            message = f"{value!r} is not a version served; the one served is '{_ACCEPT_VERSION}'"
+            raise RequestError(
+                ErrorCode.BAD_REQUEST,
+                f"invalid '{field}': {message}",
+                http_status=422,
+                details=[{"field": field, "message": message}],
+            )
 
 
 class UITool(BaseModel):
@@ -129,13 +217,14 @@ def _request(gw: Gateway, ui: UIChatRequest) -> ChatCompletionRequest:
 
 
 @router.post(
-    "/v1/ui/chat",
+    UI_CHAT_PATH,
     summary="A chat turn as the AI SDK's UI message stream (useChat)",
     response_model=None,
 )
 async def ui_chat(request: Request, gw: GatewayDep) -> Response:
     key = request_key(request)
     try:
+        _check_asked(request.scope)
         body = await read_body(
             request.receive, request.headers.get("content-length"), gw.settings.max_body_bytes
         )
