@@ -74,7 +74,9 @@ async def stream(
 ) -> Response:
     """The route as FastAPI documents it (``/docs``, ``/openapi.json``). Requests are
     served by :class:`toolforge.api.fastpath.GatewayApp`, which reads the same two headers
-    and calls :func:`read_body` and :func:`start_stream` itself, past FastAPI."""
+    and calls :func:`read_body` and :func:`start_stream` itself, past FastAPI. Asked with
+    ``?format=ui`` or ``Accept: text/event-stream; x-vercel-ai-ui-message-stream=v1``, it
+    hands the request to ``POST /v1/ui/chat`` instead (docs/ui-stream.md)."""
     max_bytes = gw.settings.max_body_bytes
     body = await read_body(request.receive, request.headers.get("content-length"), max_bytes)
     return await start_stream(gw, body, idempotency_key, request_key(request))
