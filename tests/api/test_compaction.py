@@ -195,7 +195,12 @@ async def test_the_budget_exceeded_ends_the_stream_with_its_code(
     await gw.settle(upstream_closed=False)
 
 
-async def test_even_tiered_cannot_cut_the_recent_iteration(make_gateway: HarnessFactory) -> None:
+async def test_tiered_cuts_the_recent_result_only_as_its_last_resort(
+    make_gateway: HarnessFactory,
+) -> None:
+    # One call whose result alone is over the budget: phases 1 to 3 have nothing older to
+    # cut, so phase 4 keeps the recent result's head and tail and the stream goes on;
+    # sliding, which has no such phase, still ends with the budget's error.
     gw = await make_gateway(
         _scripts([30_000]),
         tools=_registry(),
@@ -204,7 +209,23 @@ async def test_even_tiered_cannot_cut_the_recent_iteration(make_gateway: Harness
         context_keep_recent=1,
     )
     events = await gw.stream({"input": "Dump once."})
+    assert_well_formed(events)
     numbered = frames(events)
+    compacted = [e.data for e in numbered if e.event == "context.compacted"]
+    assert [c["phase"] for c in compacted] == [4]
+    assert compacted[0]["tokens_after"] <= 2_000
+    assert numbered[-1].data["reason"] == "stop"
+    sent = gw.upstream.requests[1].json["messages"]
+    result = sent[-1]["content"]
+    assert "characters removed" in result and len(result) < 4_200
+    sliding = await make_gateway(
+        _scripts([30_000]),
+        tools=_registry(),
+        budget_tokens=2_000,
+        context_compaction="sliding",
+        context_keep_recent=1,
+    )
+    numbered = frames(await sliding.stream({"input": "Dump once."}))
     assert numbered[-2].event == "error"
     assert numbered[-2].data["code"] == "CONTEXT_BUDGET_EXCEEDED"
 
