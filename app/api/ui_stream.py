@@ -76,8 +76,7 @@ _ACCEPT_NEEDLE: Final = ACCEPT_PARAMETER.encode()
 
 def _asked(scope: Scope) -> tuple[list[str], list[str]]:
     """The request's ``format`` values and the values its ``Accept`` header gives
-    ``x-vercel-ai-ui-message-stream``, in order (both empty: it asks for neither). A byte
-    search first: the plain ``/v1/stream`` request pays for no parsing."""
+    ``x-vercel-ai-ui-message-stream``, in order (both empty: it asks for neither)."""
     formats: list[str] = []
     query: bytes = scope.get("query_string", b"")
     if _FORMAT_NEEDLE in query:
@@ -102,6 +101,12 @@ def ui_chat_scope(scope: Scope) -> Scope:
     concurrent streams and the dispatch all see the route that answers."""
     if scope["path"] != _STREAM_PATH or scope["method"] != "POST":
         return scope
+    if _FORMAT_NEEDLE not in scope.get("query_string", b""):  # the hot path: no parsing
+        for name, value in scope["headers"]:
+            if name == b"accept" and _ACCEPT_NEEDLE in value.lower():
+                break
+        else:
+            return scope
     formats, versions = _asked(scope)
     if not formats and not versions:
         return scope
