@@ -67,7 +67,7 @@ async def test_a_new_run_is_one_directory_five_files_and_one_rename(
             calls.append(_name)
             return _real(*args, **kw)  # type: ignore[operator]
 
-        monkeypatch.setattr(artifacts_module.os, name, counted)
+        monkeypatch.setattr(os, name, counted)
     await store.run("s1").write(**SAMPLE)  # type: ignore[arg-type]
     monkeypatch.undo()
     # The index's append opens its file once more.

@@ -32,7 +32,7 @@ def test_a_pool_draws_from_the_operating_system_once_per_409_ids(
         drawn.append(n)
         return real(n)
 
-    monkeypatch.setattr(stream_ids.os, "urandom", counted)
+    monkeypatch.setattr(os, "urandom", counted)
     stream_ids._POOL.forget()
     for _ in range(409 * 2):
         new_stream_id()
