@@ -878,28 +878,31 @@ def _narrow(
         return None
     if any(isinstance(source, Anything) for source in sources):
         return None
-    founds: list[Sequence[object]] = []
+    # Each source's values are append-only over a run (the user's message is read once,
+    # calls only add): only the values new since the last turn are typed and checked, and
+    # what passed is kept (the memo).
+    accepted: list[tuple[object, ...]] = []
     for source in sources:
         match source:
             case User():  # the user's message is read once a run: its values too
-                said = memo.get(("user", kind, id(own)))
-                if said is None:
-                    said = memo["user", kind, id(own)] = held.user_values(kind, own)
-                founds.append(said)
+                found: Sequence[object] = memo.get(("user", kind, id(own)), ())
+                if not found:
+                    found = memo["user", kind, id(own)] = held.user_values(kind, own)
             case Results(key=key, tokens=True):
-                founds.append(held.tokens_under(key or arg))
+                found = held.tokens_under(key or arg)
             case Results(key=key):
-                founds.append(held.results_under(key or arg))
+                found = held.results_under(key or arg)
             case Calls(arg=name_of):
-                founds.append(held.args_named(name_of or arg))
-    # What the answer depends on, over a run: every source only grows (the user's message
-    # is read once, calls only add, spent words and failed values only grow), so their
-    # sizes, and the tool's last failure, say whether anything changed since the last turn.
-    # Unchanged (most arguments, most turns), the last answer stands.
+                found = held.args_named(name_of or arg)
+        accepted.append(_accepted(memo, id(prop), source, found, kind, check))
+    # What the answer depends on, over a run: the values each source offers (they only
+    # grow), the spent words and failed values (they only grow too), and the tool's last
+    # failure. Unchanged (most arguments, most turns: a new result rarely holds a value
+    # this argument takes), the last answer stands.
     failure = held.failures.get(tool)
     failed = held.failed.get((tool, arg))
     state = (
-        tuple(len(found) for found in founds),
+        tuple(len(values) for values in accepted),
         len(held.spent),
         None if failure is None else (failure[1], repr(failure[0])),
         len(failed) if failed else 0,
@@ -907,8 +910,40 @@ def _narrow(
     last = memo.get(("narrowed", id(prop), tool, arg, sources))
     if last is not None and last[0] == state:
         return cast("Mapping[str, Any] | bool", last[1])
-    out = _narrow_anew(tool, arg, prop, own, kind, check, sources, founds, held, memo)
+    out = _narrow_anew(tool, arg, prop, own, kind, check, sources, accepted, held, memo)
     memo["narrowed", id(prop), tool, arg, sources] = (state, out)
+    return out
+
+
+def _accepted(
+    memo: dict[object, Any],
+    prop_id: int,
+    source: Source,
+    found: Sequence[object],
+    kind: Kind,
+    check: Any,
+) -> tuple[object, ...]:
+    """The values of ``found`` (one source's, in order) typed for ``kind`` that pass
+    ``check``, at most :data:`_MAX_VALUES`; only those new since the last call are read."""
+    key_of = (prop_id, source)
+    done, accepted = memo.get(key_of, (0, ()))
+    if done >= len(found):
+        return cast("tuple[object, ...]", accepted)
+    fresh = list(accepted)
+    picked = isinstance(source, Results | Calls)
+    of = source.tool if isinstance(source, Results | Calls) else None
+    for item in found[done:]:
+        if len(fresh) >= _MAX_VALUES:
+            break
+        if picked:
+            name, item = cast(tuple[str, object], item)
+            if of is not None and name != of:
+                continue
+        value = _typed(kind, item)
+        if check(value):
+            fresh.append(value)
+    out = tuple(fresh)
+    memo[key_of] = (len(found), out)
     return out
 
 
@@ -920,39 +955,25 @@ def _narrow_anew(
     kind: Kind,
     check: Any,
     sources: tuple[Source, ...],
-    founds: Sequence[Sequence[object]],
+    accepted: Sequence[tuple[object, ...]],
     held: Held,
     memo: dict[object, Any],
 ) -> Mapping[str, Any] | bool:
-    """:func:`_narrow`'s answer when what it depends on changed: ``founds`` are each
+    """:func:`_narrow`'s answer when what it depends on changed: ``accepted`` are each
     source's values."""
     words: list[str] | None = None  # a plain string's words from the user (the pattern)
     enum: dict[tuple[type, object], object] = {}
-    for source, found in zip(sources, founds, strict=True):
-        if isinstance(source, User) and kind == "string":
-            if "pattern" not in own and "format" not in own:
+    for source, values in zip(sources, accepted, strict=True):
+        if isinstance(source, User):
+            if kind == "string" and "pattern" not in own and "format" not in own:
                 words = _named_words(held)
-        # Each source's values are append-only over a run (the user's message is read
-        # once, calls only add): only the values new since the last turn are typed and
-        # checked, and what passed is kept (the memo).
-        key_of = (id(prop), source)
-        done, accepted = memo.get(key_of, (0, ()))
-        if done < len(found):
-            fresh = list(accepted)
-            for item in found[done:]:
-                if isinstance(source, Results | Calls):
-                    name, item = cast(tuple[str, object], item)
-                    if source.tool is not None and name != source.tool:
-                        continue
-                value = _typed(kind, item)
-                if len(fresh) < _MAX_VALUES and check(value):
-                    fresh.append(value)
-            accepted = tuple(fresh)
-            memo[key_of] = (len(found), accepted)
-        for value in accepted:
-            if isinstance(source, User) and _spent(value, held.spent):
-                continue  # a grounded call took it and gave nothing, or it was used
-            enum.setdefault((type(value), value), value)
+            spent = held.spent
+            for value in values:
+                if not _spent(value, spent):  # a grounded call took it and gave nothing
+                    enum.setdefault((type(value), value), value)
+        else:
+            for value in values:
+                enum.setdefault((type(value), value), value)
     values = list(enum.values())
     failure = held.failures.get(tool)
     message = failure[1] if failure is not None and arg in blamed(*failure) else None
