@@ -89,15 +89,17 @@ class RunStreamResponse(Response):
 
 
 def stream_headers(stream_id: str, headers: Mapping[str, str] | None) -> list[tuple[bytes, bytes]]:
-    """An event stream's response headers (no caching, no proxy buffering, its id), then
-    the door's own."""
-    return [
+    """An event stream's response headers (no caching, no proxy buffering, its id), each
+    once: a header the door sets itself (the UI message stream's ``cache-control``)
+    replaces the default rather than repeat it."""
+    own = {k.lower().encode("latin-1"): v.encode("latin-1") for k, v in (headers or {}).items()}
+    defaults = (
         (b"content-type", b"text/event-stream"),
         (b"cache-control", b"no-cache"),
         (b"x-accel-buffering", b"no"),
         (b"x-stream-id", stream_id.encode("latin-1")),
-        *((k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in (headers or {}).items()),
-    ]
+    )
+    return [(k, v) for k, v in defaults if k not in own] + list(own.items())
 
 
 async def write_until_gone(

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from toolforge.api.run_stream import write_until_gone
+from toolforge.api.run_stream import stream_headers, write_until_gone
 
 
 class Client:
@@ -80,3 +80,16 @@ async def test_without_on_end() -> None:
 
     await write_until_gone(write(), client.receive)
     assert client.stopped
+
+
+def test_an_event_streams_headers_are_each_sent_once() -> None:
+    # The UI message stream sets its own cache-control: it replaces the default, and
+    # every header of the answer appears once.
+    headers = stream_headers(
+        "s-1", {"Cache-Control": "no-cache", "x-vercel-ai-ui-message-stream": "v1"}
+    )
+    names = [k for k, _ in headers]
+    assert len(names) == len(set(names))
+    assert (b"x-vercel-ai-ui-message-stream", b"v1") in headers
+    assert (b"x-stream-id", b"s-1") in headers
+    assert dict(stream_headers("s-2", None))[b"cache-control"] == b"no-cache"
