@@ -32,6 +32,7 @@ from typing import Any, Final
 from toolforge.core.messages import content_text, first_user_index
 from toolforge.core.provenance import (
     Anything,
+    CallIndex,
     Held,
     Said,
     Source,
@@ -107,6 +108,7 @@ class Grounding:
         self._schemas = schemas
         self._said: Said | None = None
         self._calls: list[tuple[str, object, object]] = []  # successful: (tool, args, data)
+        self._index = CallIndex()  # the calls' values, indexed as they come
         # Per tool, its last call when it failed for good: (arguments, message); and the
         # values each failure was about, per (tool, argument), not offered again.
         self._failures: dict[str, tuple[object, str]] = {}
@@ -174,6 +176,7 @@ class Grounding:
         held = Held(
             said=self._said or Said(),
             calls=tuple(self._calls),
+            index=self._index,
             spent=frozenset(self.spent_words),
             failures=dict(self._failures),
             failed={key: frozenset(v) for key, v in self._blamed_values.items()},

@@ -85,6 +85,7 @@ from toolforge.errors import RequestError
 
 __all__ = [
     "DROPPED",
+    "CallIndex",
     "Calls",
     "Held",
     "Results",
@@ -532,30 +533,14 @@ class Held:
     failures: Mapping[str, tuple[object, str]] = field(default_factory=dict)
     # (tool, argument) -> the values that made a call of it fail for good: not offered again.
     failed: Mapping[tuple[str, str], frozenset[str]] = field(default_factory=dict)
-    _results: dict[str, list[tuple[str, object]]] = field(
-        default_factory=dict, init=False, repr=False, compare=False
-    )
-    _tokens: dict[str, list[tuple[str, object]]] = field(
-        default_factory=dict, init=False, repr=False, compare=False
-    )
-    _args: dict[str, list[tuple[str, object]]] = field(
-        default_factory=dict, init=False, repr=False, compare=False
-    )
+    # The calls' values indexed (:class:`CallIndex`): a run passes its own, which grows
+    # with its calls, so a turn does not index every call again.
+    index: CallIndex | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        for tool, args, data in self.calls:
-            for key, value in _scalars(data):
-                self._results.setdefault(key, []).append((tool, value))
-                if not isinstance(value, str):  # numbers, under any key, in call order
-                    self._results.setdefault(ANY_KEY, []).append((tool, value))
-                    continue
-                for token in identifiers_in(value):
-                    self._tokens.setdefault(key, []).append((tool, token))
-                    self._tokens.setdefault(ANY_KEY, []).append((tool, token))
-            if isinstance(args, Mapping):
-                for name, value in args.items():
-                    if isinstance(name, str) and value is not None:
-                        self._args.setdefault(name, []).append((tool, value))
+        if self.index is None:
+            object.__setattr__(self, "index", CallIndex())
+        cast(CallIndex, self.index).extend(self.calls)
 
     def user_values(self, kind: Kind, prop: Mapping[str, Any]) -> list[object]:
         """The user's values for an argument of ``kind`` (:func:`_from_user`)."""
@@ -564,16 +549,47 @@ class Held:
     def results_under(self, key: str) -> list[tuple[str, object]]:
         """(tool, value) of every scalar stored under ``key`` in the results, in order
         (:data:`ANY_KEY`: under any key)."""
-        return self._results.get(key, [])
+        return cast(CallIndex, self.index).results.get(key, [])
 
     def tokens_under(self, key: str) -> list[tuple[str, object]]:
         """(tool, identifier) of every identifier written inside a string stored under
         ``key`` (:data:`ANY_KEY`: under any key), in order."""
-        return self._tokens.get(key, [])
+        return cast(CallIndex, self.index).tokens.get(key, [])
 
     def args_named(self, name: str) -> list[tuple[str, object]]:
         """(tool, value) of every earlier call's argument ``name``, in order."""
-        return self._args.get(name, [])
+        return cast(CallIndex, self.index).args.get(name, [])
+
+
+class CallIndex:
+    """A run's successful calls indexed: the results' scalars by key (numbers under any
+    key too), the identifiers inside their strings, and the calls' arguments by name, each
+    in call order. It only grows: :meth:`extend` indexes the calls it has not seen."""
+
+    __slots__ = ("args", "results", "seen", "tokens")
+
+    def __init__(self) -> None:
+        self.results: dict[str, list[tuple[str, object]]] = {}
+        self.tokens: dict[str, list[tuple[str, object]]] = {}
+        self.args: dict[str, list[tuple[str, object]]] = {}
+        self.seen = 0
+
+    def extend(self, calls: Sequence[tuple[str, object, object]]) -> None:
+        """Index ``calls[seen:]`` (the calls are a run's, in order, only ever added to)."""
+        for tool, args, data in calls[self.seen :]:
+            for key, value in _scalars(data):
+                self.results.setdefault(key, []).append((tool, value))
+                if not isinstance(value, str):  # numbers, under any key, in call order
+                    self.results.setdefault(ANY_KEY, []).append((tool, value))
+                    continue
+                for token in identifiers_in(value):
+                    self.tokens.setdefault(key, []).append((tool, token))
+                    self.tokens.setdefault(ANY_KEY, []).append((tool, token))
+            if isinstance(args, Mapping):
+                for name, value in args.items():
+                    if isinstance(name, str) and value is not None:
+                        self.args.setdefault(name, []).append((tool, value))
+        self.seen = max(self.seen, len(calls))
 
 
 def _scalars(data: object, depth: int = 0) -> Iterator[tuple[str, object]]:
@@ -857,6 +873,60 @@ def _non_null(prop: Mapping[str, Any]) -> Mapping[str, Any]:
     return prop
 
 
+@dataclass(slots=True)
+class _Plan:
+    """One argument's narrowing over a run (the memo keeps it): its schema read once, and
+    per source what was read of it so far. Each source only grows (the user's message is
+    read once, calls only add), so only the values new since the last turn are typed and
+    checked; the answer is kept with what it depended on (``state``)."""
+
+    sources: tuple[Source, ...]
+    own: Mapping[str, Any]
+    kind: Kind
+    check: Any
+    # per source: [where (0 user, 1 identifiers in results, 2 results, 3 calls), its key
+    # (the user's values for 0), the tool it is limited to, values read, values accepted]
+    reads: list[list[Any]]
+    state: tuple[object, ...] | None = None
+    out: Mapping[str, Any] | bool = False
+
+
+def _plan(
+    tool: str,
+    arg: str,
+    prop: Mapping[str, Any],
+    sources: tuple[Source, ...],
+    held: Held,
+    memo: dict[object, Any],
+) -> _Plan | None:
+    """The argument's :class:`_Plan`, or None when it keeps its schema (a ``$ref`` that
+    cannot be checked alone, a source ``schema``)."""
+    entry = memo.get(id(prop))
+    if entry is None:
+        own = _non_null(prop)
+        kind = kind_of(arg, own)
+        checker = None if kind == "other" else _checker(tool, arg, own)
+        entry = memo[id(prop)] = (own, kind, _shared_check(memo, own, checker))
+    own, kind, check = entry
+    if check is None or any(isinstance(source, Anything) for source in sources):
+        return None
+    reads: list[list[Any]] = []
+    for source in sources:
+        match source:
+            case User():
+                reads.append([0, held.user_values(kind, own), None, 0, ()])
+            case Results(tool=of, key=key, tokens=True):
+                reads.append([1, key or arg, of, 0, ()])
+            case Results(tool=of, key=key):
+                reads.append([2, key or arg, of, 0, ()])
+            case Calls(tool=of, arg=name_of):
+                reads.append([3, name_of or arg, of, 0, ()])
+    return _Plan(sources, own, kind, check, reads)
+
+
+_NO_PLAN: Final = object()  # an argument left to its schema
+
+
 def _narrow(
     tool: str,
     arg: str,
@@ -867,34 +937,40 @@ def _narrow(
 ) -> Mapping[str, Any] | bool | None:
     """The argument's schema this turn: an ``enum`` of its values (and, for a plain string
     from the user, their words), DROPPED when its sources hold nothing, None to keep it."""
-    entry = memo.get(id(prop))
-    if entry is None:
-        own = _non_null(prop)
-        kind = kind_of(arg, own)
-        checker = None if kind == "other" else _checker(tool, arg, own)
-        entry = memo[id(prop)] = (own, kind, _shared_check(memo, own, checker))
-    own, kind, check = entry
-    if check is None:
+    key = ("plan", id(prop), tool, arg, id(sources))
+    plan = memo.get(key)
+    if plan is None or (plan is not _NO_PLAN and plan.sources is not sources):
+        plan = _plan(tool, arg, prop, sources, held, memo)
+        memo[key] = _NO_PLAN if plan is None else plan
+    if plan is None or plan is _NO_PLAN:
         return None
-    if any(isinstance(source, Anything) for source in sources):
-        return None
-    # Each source's values are append-only over a run (the user's message is read once,
-    # calls only add): only the values new since the last turn are typed and checked, and
-    # what passed is kept (the memo).
-    accepted: list[tuple[object, ...]] = []
-    for source in sources:
-        match source:
-            case User():  # the user's message is read once a run: its values too
-                found: Sequence[object] = memo.get(("user", kind, id(own)), ())
-                if not found:
-                    found = memo["user", kind, id(own)] = held.user_values(kind, own)
-            case Results(key=key, tokens=True):
-                found = held.tokens_under(key or arg)
-            case Results(key=key):
-                found = held.results_under(key or arg)
-            case Calls(arg=name_of):
-                found = held.args_named(name_of or arg)
-        accepted.append(_accepted(memo, id(prop), source, found, kind, check))
+    index = cast(CallIndex, held.index)
+    check, kind = plan.check, plan.kind
+    sizes: list[int] = []
+    for read in plan.reads:
+        where, name, of, done, accepted = read
+        if where == 0:
+            found: Sequence[object] = name
+        elif where == 1:
+            found = index.tokens.get(name, ())
+        elif where == 2:
+            found = index.results.get(name, ())
+        else:
+            found = index.args.get(name, ())
+        if done < len(found):
+            fresh = list(accepted)
+            for item in found[done:]:
+                if len(fresh) >= _MAX_VALUES:
+                    break
+                if where:
+                    made_by, item = cast(tuple[str, object], item)
+                    if of is not None and made_by != of:
+                        continue
+                value = _typed(kind, item)
+                if check(value):
+                    fresh.append(value)
+            read[3], read[4] = len(found), tuple(fresh)
+        sizes.append(len(read[4]))
     # What the answer depends on, over a run: the values each source offers (they only
     # grow), the spent words and failed values (they only grow too), and the tool's last
     # failure. Unchanged (most arguments, most turns: a new result rarely holds a value
@@ -902,49 +978,18 @@ def _narrow(
     failure = held.failures.get(tool)
     failed = held.failed.get((tool, arg))
     state = (
-        tuple(len(values) for values in accepted),
+        tuple(sizes),
         len(held.spent),
         None if failure is None else (failure[1], repr(failure[0])),
         len(failed) if failed else 0,
     )
-    last = memo.get(("narrowed", id(prop), tool, arg, sources))
-    if last is not None and last[0] == state:
-        return cast("Mapping[str, Any] | bool", last[1])
-    out = _narrow_anew(tool, arg, prop, own, kind, check, sources, accepted, held, memo)
-    memo["narrowed", id(prop), tool, arg, sources] = (state, out)
-    return out
-
-
-def _accepted(
-    memo: dict[object, Any],
-    prop_id: int,
-    source: Source,
-    found: Sequence[object],
-    kind: Kind,
-    check: Any,
-) -> tuple[object, ...]:
-    """The values of ``found`` (one source's, in order) typed for ``kind`` that pass
-    ``check``, at most :data:`_MAX_VALUES`; only those new since the last call are read."""
-    key_of = (prop_id, source)
-    done, accepted = memo.get(key_of, (0, ()))
-    if done >= len(found):
-        return cast("tuple[object, ...]", accepted)
-    fresh = list(accepted)
-    picked = isinstance(source, Results | Calls)
-    of = source.tool if isinstance(source, Results | Calls) else None
-    for item in found[done:]:
-        if len(fresh) >= _MAX_VALUES:
-            break
-        if picked:
-            name, item = cast(tuple[str, object], item)
-            if of is not None and name != of:
-                continue
-        value = _typed(kind, item)
-        if check(value):
-            fresh.append(value)
-    out = tuple(fresh)
-    memo[key_of] = (len(found), out)
-    return out
+    if plan.state != state:
+        accepted = [read[4] for read in plan.reads]
+        plan.out = _narrow_anew(
+            tool, arg, prop, plan.own, kind, check, sources, accepted, held, memo
+        )
+        plan.state = state
+    return plan.out
 
 
 def _narrow_anew(
@@ -963,16 +1008,16 @@ def _narrow_anew(
     source's values."""
     words: list[str] | None = None  # a plain string's words from the user (the pattern)
     enum: dict[tuple[type, object], object] = {}
-    for source, values in zip(sources, accepted, strict=True):
+    for source, taken in zip(sources, accepted, strict=True):
         if isinstance(source, User):
             if kind == "string" and "pattern" not in own and "format" not in own:
                 words = _named_words(held)
             spent = held.spent
-            for value in values:
+            for value in taken:
                 if not _spent(value, spent):  # a grounded call took it and gave nothing
                     enum.setdefault((type(value), value), value)
         else:
-            for value in values:
+            for value in taken:
                 enum.setdefault((type(value), value), value)
     values = list(enum.values())
     failure = held.failures.get(tool)
