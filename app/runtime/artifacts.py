@@ -69,7 +69,7 @@ import orjson
 from toolforge.core.redact import normalize_key, redact_serialisable, remembered_generation
 from toolforge.errors import ErrorCode, RequestError
 from toolforge.log import ARTIFACTS_PRUNED, get_logger
-from toolforge.runtime.run_index import RunIndex, summarise
+from toolforge.runtime.run_index import RunIndex, create_file, summarise
 
 __all__ = ["ARTIFACT_FILES", "SWEEP_INTERVAL_S", "ArtifactStore", "RunArtifacts"]
 
@@ -436,7 +436,6 @@ class RunArtifacts:
         )
 
 
-_NEW_FILE: Final = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 # A run's directory being written, under runs/: hidden (a leading dot is never a stream
 # id, so listing and retention pass it by) until it is renamed to the stream id.
 _PENDING_SUFFIX: Final = ".tmp"
@@ -466,7 +465,7 @@ def _write_run(runs: Path, stream_id: str, contents: Mapping[str, bytes]) -> Non
         written: list[str] = []
         for name in ARTIFACT_FILES:
             try:
-                _create(pending / name, contents[name])
+                create_file(pending / name, contents[name])
                 written.append(name)
             except OSError as exc:
                 failures.append(exc)
@@ -487,22 +486,6 @@ def _write_run(runs: Path, stream_id: str, contents: Mapping[str, bytes]) -> Non
     finally:
         if not renamed:  # what is left of it after a rewrite or a failure
             shutil.rmtree(pending, ignore_errors=True)
-
-
-def _create(path: Path, data: bytes) -> None:
-    """A new owner-only file holding ``data``; removed again if it cannot be written whole."""
-    fd = os.open(path, _NEW_FILE, 0o600)
-    try:
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-        finally:
-            os.close(fd)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(path)
-        raise
 
 
 def _remove_stale_pending(runs: Path, now: float) -> None:

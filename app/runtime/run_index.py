@@ -28,6 +28,7 @@ Why it is built this way:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import secrets
@@ -39,7 +40,15 @@ from typing import Any, Final
 
 import orjson
 
-__all__ = ["INDEX_NAME", "RunIndex", "read_bytes", "read_json", "replace_atomically", "summarise"]
+__all__ = [
+    "INDEX_NAME",
+    "RunIndex",
+    "create_file",
+    "read_bytes",
+    "read_json",
+    "replace_atomically",
+    "summarise",
+]
 
 INDEX_NAME: Final = ".index.ndjson"
 _INPUT_CHARS: Final = 200
@@ -306,12 +315,12 @@ def _first_user_input(prompt: object) -> str | None:
     return None
 
 
-def replace_atomically(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` so that readers see the old file or the new, never half."""
-    # os.open/os.write rather than mkstemp + a file object: the same O_EXCL, owner-only
-    # temp file, in half the system calls (no buffered writer: no fstat, ioctl, lseek).
-    temp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
-    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+def create_file(path: Path, data: bytes) -> None:
+    """A new owner-only file at ``path`` holding ``data`` (never an existing file or a
+    link followed); removed again if it cannot be written whole."""
+    # os.open/os.write rather than a file object: O_EXCL and owner-only in half the system
+    # calls (no buffered writer: no fstat, ioctl, lseek).
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
         try:
             view = memoryview(data)
@@ -319,11 +328,19 @@ def replace_atomically(path: Path, data: bytes) -> None:
                 view = view[os.write(fd, view) :]
         finally:
             os.close(fd)
+    except BaseException:  # leave nothing behind, whatever interrupted us
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        raise
+
+
+def replace_atomically(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` so that readers see the old file or the new, never half."""
+    temp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
+    create_file(temp, data)
+    try:
         os.replace(temp, path)
     except BaseException:
-        # Leave nothing behind, whatever interrupted us.
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(temp)
-        except OSError:
-            pass
         raise

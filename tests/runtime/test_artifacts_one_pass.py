@@ -38,13 +38,13 @@ async def test_the_run_directory_appears_only_with_every_file(
     store = ArtifactStore(tmp_path)
     directory = store.runs / "s1"
     seen: list[bool] = []
-    create = artifacts_module._create
+    create = artifacts_module.create_file
 
     def watched(path: Path, data: bytes) -> None:
         seen.append(directory.exists())  # while any file is being written
         create(path, data)
 
-    monkeypatch.setattr(artifacts_module, "_create", watched)
+    monkeypatch.setattr(artifacts_module, "create_file", watched)
     written = await store.run("s1").write(**SAMPLE)  # type: ignore[arg-type]
     assert seen == [False] * len(ARTIFACT_FILES)
     assert written == directory
@@ -91,14 +91,14 @@ async def test_a_failed_write_leaves_nothing_hidden(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     store = ArtifactStore(tmp_path)
-    create = artifacts_module._create
+    create = artifacts_module.create_file
 
     def full(path: Path, data: bytes) -> None:
         if path.name == "tool_logs.json":
             raise OSError(28, "No space left on device")
         create(path, data)
 
-    monkeypatch.setattr(artifacts_module, "_create", full)
+    monkeypatch.setattr(artifacts_module, "create_file", full)
     with pytest.raises(OSError, match="No space"):
         await store.run("s1").write(**SAMPLE)  # type: ignore[arg-type]
     # Every other file was attempted and is in place; nothing hidden is left.
@@ -139,13 +139,13 @@ async def test_one_writer_thread_writes_every_run_then_ends(
     monkeypatch.setattr(artifacts_module, "_WRITER_LINGER_S", 0.05)
     store = ArtifactStore(tmp_path)
     threads: set[str] = set()
-    create = artifacts_module._create
+    create = artifacts_module.create_file
 
     def noted(path: Path, data: bytes) -> None:
         threads.add(threading.current_thread().name)
         create(path, data)
 
-    monkeypatch.setattr(artifacts_module, "_create", noted)
+    monkeypatch.setattr(artifacts_module, "create_file", noted)
     ids = [f"s{i}" for i in range(40)]
     await asyncio.gather(*(store.run(i).write(**SAMPLE) for i in ids))  # type: ignore[arg-type]
     assert threads == {"artifacts-writer"}
@@ -165,13 +165,13 @@ async def test_a_cancelled_caller_still_gets_its_run_written(
 ) -> None:
     store = ArtifactStore(tmp_path)
     gate = threading.Event()
-    create = artifacts_module._create
+    create = artifacts_module.create_file
 
     def held(path: Path, data: bytes) -> None:
         gate.wait(5)
         create(path, data)
 
-    monkeypatch.setattr(artifacts_module, "_create", held)
+    monkeypatch.setattr(artifacts_module, "create_file", held)
     task = asyncio.create_task(store.run("s1").write(**SAMPLE))  # type: ignore[arg-type]
     await asyncio.sleep(0.05)
     task.cancel()
