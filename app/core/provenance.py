@@ -518,49 +518,6 @@ def source_doc(source: Source) -> object:
 # -- what the run holds --------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class Held:
-    """What a run holds when a turn is compiled: the user's :class:`Said`, the words spent
-    (a grounded call whose result led nowhere), and the successful calls so far, in order:
-    (tool, arguments, result data). The results' scalars by key and the calls' arguments
-    by name are indexed once (:meth:`results_under`, :meth:`args_named`)."""
-
-    said: Said = field(default_factory=Said)
-    calls: tuple[tuple[str, object, object], ...] = ()
-    spent: frozenset[str] = frozenset()
-    # Per tool, its last call when that call failed for good: (arguments, the tool's
-    # message). The retry reads the message (:func:`blamed`, :func:`error_values`).
-    failures: Mapping[str, tuple[object, str]] = field(default_factory=dict)
-    # (tool, argument) -> the values that made a call of it fail for good: not offered again.
-    failed: Mapping[tuple[str, str], frozenset[str]] = field(default_factory=dict)
-    # The calls' values indexed (:class:`CallIndex`): a run passes its own, which grows
-    # with its calls, so a turn does not index every call again.
-    index: CallIndex | None = field(default=None, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        if self.index is None:
-            object.__setattr__(self, "index", CallIndex())
-        cast(CallIndex, self.index).extend(self.calls)
-
-    def user_values(self, kind: Kind, prop: Mapping[str, Any]) -> list[object]:
-        """The user's values for an argument of ``kind`` (:func:`_from_user`)."""
-        return list(_from_user(kind, prop, self.said))
-
-    def results_under(self, key: str) -> list[tuple[str, object]]:
-        """(tool, value) of every scalar stored under ``key`` in the results, in order
-        (:data:`ANY_KEY`: under any key)."""
-        return cast(CallIndex, self.index).results.get(key, [])
-
-    def tokens_under(self, key: str) -> list[tuple[str, object]]:
-        """(tool, identifier) of every identifier written inside a string stored under
-        ``key`` (:data:`ANY_KEY`: under any key), in order."""
-        return cast(CallIndex, self.index).tokens.get(key, [])
-
-    def args_named(self, name: str) -> list[tuple[str, object]]:
-        """(tool, value) of every earlier call's argument ``name``, in order."""
-        return cast(CallIndex, self.index).args.get(name, [])
-
-
 class CallIndex:
     """A run's successful calls indexed: the results' scalars by key (numbers under any
     key too), the identifiers inside their strings, and the calls' arguments by name, each
@@ -590,6 +547,47 @@ class CallIndex:
                     if isinstance(name, str) and value is not None:
                         self.args.setdefault(name, []).append((tool, value))
         self.seen = max(self.seen, len(calls))
+
+
+@dataclass(frozen=True, slots=True)
+class Held:
+    """What a run holds when a turn is compiled: the user's :class:`Said`, the words spent
+    (a grounded call whose result led nowhere), and the successful calls so far, in order:
+    (tool, arguments, result data). The results' scalars by key and the calls' arguments
+    by name are indexed once (:meth:`results_under`, :meth:`args_named`)."""
+
+    said: Said = field(default_factory=Said)
+    calls: tuple[tuple[str, object, object], ...] = ()
+    spent: frozenset[str] = frozenset()
+    # Per tool, its last call when that call failed for good: (arguments, the tool's
+    # message). The retry reads the message (:func:`blamed`, :func:`error_values`).
+    failures: Mapping[str, tuple[object, str]] = field(default_factory=dict)
+    # (tool, argument) -> the values that made a call of it fail for good: not offered again.
+    failed: Mapping[tuple[str, str], frozenset[str]] = field(default_factory=dict)
+    # The calls' values indexed (:class:`CallIndex`): a run passes its own, which grows
+    # with its calls, so a turn does not index every call again.
+    index: CallIndex = field(default_factory=CallIndex, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self.index.extend(self.calls)
+
+    def user_values(self, kind: Kind, prop: Mapping[str, Any]) -> list[object]:
+        """The user's values for an argument of ``kind`` (:func:`_from_user`)."""
+        return list(_from_user(kind, prop, self.said))
+
+    def results_under(self, key: str) -> list[tuple[str, object]]:
+        """(tool, value) of every scalar stored under ``key`` in the results, in order
+        (:data:`ANY_KEY`: under any key)."""
+        return self.index.results.get(key, [])
+
+    def tokens_under(self, key: str) -> list[tuple[str, object]]:
+        """(tool, identifier) of every identifier written inside a string stored under
+        ``key`` (:data:`ANY_KEY`: under any key), in order."""
+        return self.index.tokens.get(key, [])
+
+    def args_named(self, name: str) -> list[tuple[str, object]]:
+        """(tool, value) of every earlier call's argument ``name``, in order."""
+        return self.index.args.get(name, [])
 
 
 def _scalars(data: object, depth: int = 0) -> Iterator[tuple[str, object]]:
@@ -944,7 +942,7 @@ def _narrow(
         memo[key] = _NO_PLAN if plan is None else plan
     if plan is None or plan is _NO_PLAN:
         return None
-    index = cast(CallIndex, held.index)
+    index = held.index
     check, kind = plan.check, plan.kind
     sizes: list[int] = []
     for read in plan.reads:
@@ -1030,7 +1028,7 @@ def _narrow_anew(
         formed, matched = in_their_form(values, examples)
         if matched:  # values it made ("ORD-7781") are checked once, the sources' were
             held_values = set(values)
-            values = [v for v in formed if v in held_values or _checked(memo, prop, check, v)]
+            values = [v for v in formed if v in held_values or check(v)]
         numbers = [v for v in values if isinstance(v, str) and v.isdigit()]
         if numbers and not matched and "pattern" not in own and "format" not in own:
             # A number the user gave may be written with the identifier's prefix
@@ -1039,11 +1037,7 @@ def _narrow_anew(
     elif kind == "string" and message is not None and "enum" not in own:
         # What the tool's own message offers (a list it names, else its words), the
         # user's among them first when the user is a source: "known: checkout".
-        offered = [
-            v
-            for v in error_values(message, _not_values(tool, arg, held))
-            if _checked(memo, prop, check, v)
-        ]
+        offered = [v for v in error_values(message, _not_values(tool, arg, held)) if check(v)]
         if any(isinstance(source, User) for source in sources):
             # The user's words the message names ("known: checkout"); a message that
             # names none of them ("no entity named 'File'") leaves the user's words.
@@ -1100,15 +1094,6 @@ def _shared_check(memo: dict[object, Any], own: Mapping[str, Any], checker: Any)
         return found
 
     return check
-
-
-def _checked(memo: dict[object, Any], prop: Mapping[str, Any], check: Any, value: object) -> bool:
-    """``check(value)``, once per argument and value over a run (the memo)."""
-    key = ("checked", id(prop), type(value), value)
-    found = memo.get(key)
-    if found is None:
-        found = memo[key] = bool(check(value))
-    return bool(found)
 
 
 # -- what a failed call's message says --------------------------------------------------------
