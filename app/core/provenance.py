@@ -589,6 +589,17 @@ class Held:
         """(tool, value) of every earlier call's argument ``name``, in order."""
         return self.index.args.get(name, [])
 
+    def refused(self, tool: str, arg: str, *, identifier: bool) -> frozenset[str]:
+        """The values not offered to ``tool``'s ``arg`` again: those that made a call of
+        it fail for good and, for an identifier, those any tool refused for an argument
+        of the same name (a look-up refused the user's ``7781`` and found ``ORD-7781``:
+        the refund's ``order_id`` is the one that worked)."""
+        own = self.failed.get((tool, arg), frozenset())
+        if not identifier:
+            return own
+        elsewhere = [v for (_, name), v in self.failed.items() if name == arg]
+        return own.union(*elsewhere) if elsewhere else own
+
 
 def _scalars(data: object, depth: int = 0) -> Iterator[tuple[str, object]]:
     """(key, scalar) pairs anywhere in ``data`` (JSON-like), as :func:`values_under` finds
@@ -974,12 +985,12 @@ def _narrow(
     # failure. Unchanged (most arguments, most turns: a new result rarely holds a value
     # this argument takes), the last answer stands.
     failure = held.failures.get(tool)
-    failed = held.failed.get((tool, arg))
+    failed = held.refused(tool, arg, identifier=kind in ("id", "number-id"))
     state = (
         tuple(sizes),
         len(held.spent),
         None if failure is None else (failure[1], repr(failure[0])),
-        len(failed) if failed else 0,
+        len(failed),
     )
     if plan.state != state:
         accepted = [read[4] for read in plan.reads]
@@ -1018,6 +1029,7 @@ def _narrow_anew(
             for value in taken:
                 enum.setdefault((type(value), value), value)
     values = list(enum.values())
+    failed = held.refused(tool, arg, identifier=kind in ("id", "number-id"))
     failure = held.failures.get(tool)
     message = failure[1] if failure is not None and arg in blamed(*failure) else None
     prefixed: str | None = None
@@ -1029,7 +1041,7 @@ def _narrow_anew(
         if matched:  # values it made ("ORD-7781") are checked once, the sources' were
             held_values = set(values)
             values = [v for v in formed if v in held_values or check(v)]
-        numbers = [v for v in values if isinstance(v, str) and v.isdigit()]
+        numbers = [v for v in values if isinstance(v, str) and v.isdigit() and v not in failed]
         if numbers and not matched and "pattern" not in own and "format" not in own:
             # A number the user gave may be written with the identifier's prefix
             # ("7781" as "ORD-7781"), which nothing shows yet: letters, then the number.
@@ -1053,8 +1065,7 @@ def _narrow_anew(
         formed_words = [w for w in words or () if _shape(w) in shapes]
         if formed or formed_words:
             values, words = list[object](formed), formed_words if words is not None else None
-    failed = held.failed.get((tool, arg))
-    if failed:
+    if failed:  # after the form: a refused "7781" still shows its retry "ORD-7781"
         values = [v for v in values if (v if isinstance(v, str) else repr(v)) not in failed]
     values = values[:_MAX_VALUES]
     if prefixed is not None:

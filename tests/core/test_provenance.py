@@ -301,6 +301,28 @@ def test_a_number_the_user_gave_for_an_identifier_may_take_its_prefix() -> None:
     assert retry["properties"]["order_id"] == {"enum": ["ORD-7781"]}  # type: ignore[index]
 
 
+def test_an_identifier_a_tool_refused_is_not_offered_to_that_argument_elsewhere() -> None:
+    # The look-up refused the user's "7781" and then found "ORD-7781": the refund's order
+    # id is the one that worked, never the refused one (on any tool, by the argument's name).
+    refund = {
+        "type": "object",
+        "properties": {"order_id": {"type": "string"}, "amount": {"type": "number"}},
+        "required": ["order_id", "amount"],
+    }
+    found = {"order_id": "ORD-7781", "total": 59.9}
+    held = Held(
+        said_in("Refund order 7781 in full"),
+        calls=(("get_order", {"order_id": "ORD-7781"}, found),),
+        failed={("get_order", "order_id"): frozenset({"7781"})},
+    )
+    props = narrow_properties("refund_order", refund, {}, held, defaults=True)["properties"]  # type: ignore[index]
+    assert props["order_id"] == {"enum": ["ORD-7781"]}
+    # Not refused: the user's number stays offered beside the found one.
+    plain = Held(said_in("Refund order 7781 in full"), calls=held.calls)
+    props = narrow_properties("refund_order", refund, {}, plain, defaults=True)["properties"]  # type: ignore[index]
+    assert "7781" in props["order_id"]["anyOf"][0]["enum"]
+
+
 @pytest.mark.parametrize(
     ("message", "args", "blamed_args"),
     [
