@@ -57,7 +57,9 @@ gravity; "10 m/s for 5 s at 9.8" has a number for the optional acceleration).
 A call that failed for good teaches its retry (:func:`blamed`, :func:`error_values`,
 :func:`in_their_form`): the arguments its message names or quotes take what the message
 offers (a list it names, its words, the form of an identifier it shows), never the value
-that failed (docs/workflows.md).
+that failed; a value the list holds in another case (``Billing`` refused, "one of billing,
+bug") is the one meant; an identifier a tool refused is not offered to an argument of the
+same name on any tool (docs/workflows.md).
 
 A declared source that holds nothing leaves the tool out of the turn while the argument is
 required (its values do not exist yet: call what produces them first), unless the user is
@@ -1055,7 +1057,11 @@ def _narrow_anew(
             # names none of them ("no entity named 'File'") leaves the user's words.
             user = {w.lower() for w in content_words(held.said, held.spent)}
             offered = [v for v in offered if str(v).lower() in user]
-        if offered:  # else the sources' values, less what failed
+        assert failure is not None  # a message is a failure's
+        meant = _as_listed(failure[0], arg, error_values(message, frozenset()))
+        if meant is not None and check(meant):
+            values, words = [meant], None
+        elif offered:  # else the sources' values, less what failed
             values, words = list[object](offered), None
     if kind == "string" and "pattern" not in own and "format" not in own:
         # The form the description shows, where anything offered has it: both the values
@@ -1174,6 +1180,19 @@ def error_values(message: str, exclude: frozenset[str]) -> list[str]:
         if len(item) >= 2 and low not in _FUNCTION_WORDS and low not in exclude:
             out[item] = None
     return list(out)[:_MAX_VALUES]
+
+
+def _as_listed(args: object, arg: str, offered: Sequence[object]) -> object | None:
+    """The value the failed call meant, when the tool's message lists it in another case
+    or spacing (``Billing`` refused, "must be one of billing, bug"): the listed form."""
+    tried = args.get(arg) if isinstance(args, Mapping) else None
+    if not isinstance(tried, str):
+        return None
+    key = tried.strip().casefold()
+    # The same text is the message quoting the refused value ("no log for 'fetch'").
+    return next(
+        (v for v in offered if isinstance(v, str) and v != tried and v.casefold() == key), None
+    )
 
 
 def _not_values(tool: str, arg: str, held: Held) -> frozenset[str]:

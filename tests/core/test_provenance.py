@@ -342,6 +342,24 @@ def test_a_failed_calls_message_blames_the_arguments_it_names_or_quotes(
     assert blamed(args, message) == blamed_args
 
 
+@pytest.mark.parametrize("refused", ["Billing", "BILLING", "billing "])
+def test_a_refused_value_the_tools_list_holds_in_another_case_is_retried_as_listed(
+    refused: str,
+) -> None:
+    # "Billing" refused with "must be one of billing, bug, ...": the model meant the
+    # listed "billing", and its retry is held to it (not the list, where it took "bug").
+    tool = {
+        "type": "object",
+        "properties": {"ticket_id": {"type": "string"}, "category": {"type": "string"}},
+        "required": ["ticket_id", "category"],
+    }
+    args = {"ticket_id": "T-1001", "category": refused}
+    message = "category must be one of billing, bug, feature_request, account"
+    held = Held(said_in("Handle ticket T-1001"), failures={"classify": (args, message)})
+    props = narrow_properties("classify", tool, {}, held, defaults=True)["properties"]  # type: ignore[index]
+    assert props["category"] == {"enum": ["billing"]}
+
+
 def test_the_retry_of_a_plain_string_takes_what_the_tools_message_offers() -> None:
     tool = {
         "type": "object",
