@@ -25,23 +25,40 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Hashable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Final, Protocol
 
 import orjson
 
-from toolforge.core.chat import ChatRequest
 from toolforge.core.compiler import clean_schema
 from toolforge.core.engine.completion import RESPOND, CompletionMode, Guards, Nudges
 from toolforge.core.gbnf import decoding_gaps, json_value_grammar
 from toolforge.core.messages import content_text
 from toolforge.core.native_tools import to_openai_tools
+from toolforge.core.protocol.frames import ModeName
 from toolforge.core.provenance import Held, narrow_properties, said_in
 from toolforge.core.schemas import CompiledSchema, compile_schema
 from toolforge.core.workflow import WorkflowDef
 from toolforge.errors import ErrorCode, RequestError
-from toolforge.runtime.planner import StreamPlan, StreamPlanner, compile_off_loop
+from toolforge.runtime.planner import (
+    PlanRequest,
+    ShapedTurn,
+    StreamPlan,
+    StreamPlanner,
+    StreamTurn,
+    compile_off_loop,
+)
 
-__all__ = ["CompletionAsk", "call_schema", "plan_completion", "plan_workflow_completion"]
+__all__ = [
+    "CompletionAsk",
+    "CompletionShaping",
+    "CompletionTurn",
+    "ShapedCompletion",
+    "call_schema",
+    "completion_request",
+    "plan_completion",
+    "plan_workflow_completion",
+]
 
 _ANY_OBJECT: Final[Mapping[str, Any]] = {"type": "object"}
 _RESPOND_TEXT: Final[Mapping[str, Any]] = {
@@ -125,6 +142,364 @@ def call_schema(functions: Mapping[str, Mapping[str, Any]], *, parallel: bool) -
     }
 
 
+@dataclass(frozen=True, slots=True)
+class CompletionTurn:
+    """The ask of a proxy request's turn with no workflow (``toolforge.runtime.planner.
+    TurnAsk``): what the client offers the model and asks of the answer. Its mode is
+    ``constrained`` when the upstream takes GBNF grammars (the planner's probe, cached per
+    model) and the grammar guardrail is on, else ``native``; that mode's
+    :class:`CompletionShaping` shapes the turn."""
+
+    functions: Mapping[str, Mapping[str, Any]]  # the client's: name -> parameters
+    descriptions: Mapping[str, str]  # the client's functions' descriptions
+    server_tools: Sequence[str]  # toolforge.server_tools: the registry's, run here
+    choice: str  # auto, none, required, or function (forced)
+    forced: str | None  # tool_choice {"type": "function", ...}: its name
+    parallel: bool | None  # parallel_tool_calls, as asked (None: not said)
+    response_format: Any  # the body's response_format (type, json_schema), or None
+    guards: Guards
+    guard_record: tuple[tuple[str, bool], ...]  # the switches, for prompt.json
+    tools_template: str  # prompts/proxy_tools.txt: constrained mode's function listing
+    nudges: Nudges
+    user: str | None = None
+    metadata: Mapping[str, str] | None = None
+
+    async def shape(
+        self,
+        planner: StreamPlanner,
+        request: PlanRequest,
+        stream_id: str,
+        workflow: WorkflowDef | None,
+    ) -> ShapedTurn:
+        guards = self.guards
+        model = request.model or planner.config.model_id
+        grammar_ok = guards.grammar and (await planner.probe(model)).grammar
+        shaping = _CONSTRAINED if grammar_ok else _NATIVE
+
+        # What the model is offered: the client's functions, then the registry's server tools.
+        client = self.functions
+        descriptions = dict(self.descriptions)
+        server: dict[str, Mapping[str, Any]] = {}
+        registry = planner.tools
+        for name in self.server_tools:
+            registry.check_allowed(name)  # unknown or internal tool names are the caller's error
+            spec = registry.get(name)
+            assert spec is not None
+            if name in client:
+                raise _bad(f"server tool {name!r} has the name of one of the request's tools")
+            server[name] = spec.input_schema
+            descriptions[name] = spec.description
+        choice = self.choice
+        forced = self.forced
+        offered = {**client, **server} if choice != "none" else {}
+        fmt = self.response_format
+        await compile_off_loop(
+            [(params, f"{name}.parameters", False) for name, params in offered.items()]
+            + (
+                [(fmt.json_schema.schema_ or {}, fmt.json_schema.name, True)]
+                if fmt is not None and fmt.type == "json_schema"
+                else []
+            )
+        )
+        compiled: dict[str, CompiledSchema] = {
+            name: compile_schema(params, name=f"{name}.parameters", fallback=False)
+            for name, params in offered.items()
+        }
+
+        # The answer: text, any JSON object, or a schema's JSON (response_format).
+        answer: CompiledSchema | None = None
+        if fmt is not None and fmt.type == "json_object":
+            answer = compile_schema(_ANY_OBJECT, name="json_object")
+        elif fmt is not None and fmt.type == "json_schema":
+            answer = compile_schema(fmt.json_schema.schema_ or {}, name=fmt.json_schema.name)
+
+        mode = CompletionMode(
+            name=shaping.name,
+            tools=compiled,
+            choice=choice,  # type: ignore[arg-type]
+            forced=forced,
+            guards=guards,
+            answer=answer if guards.json else None,
+            nudges=self.nudges,
+            id_prefix=f"call_{stream_id[2:]}_",
+        )
+        respond_params = dict(answer.schema) if answer is not None else _RESPOND_TEXT
+        callable_ = dict(offered)
+        if mode.offers_respond:
+            callable_[RESPOND] = respond_params
+            descriptions[RESPOND] = _RESPOND_DESCRIPTION
+        if forced is not None:
+            callable_ = {forced: offered[forced]}
+        offer = _Offer(
+            callable=callable_,
+            offered=offered,
+            narrowed=_narrowed(callable_, request.messages) if guards.provenance else {},
+            descriptions=descriptions,
+            respond_params=respond_params,
+            answer=answer,
+            response_format=fmt,
+            choice=choice,
+            forced=forced,
+            parallel=self.parallel,
+            offers_respond=mode.offers_respond,
+        )
+        max_tokens = request.sampling.get("max_tokens")
+        turn = shaping.turn(
+            offer,
+            list(request.messages),
+            template=self.tools_template,
+            max_depth=planner.config.max_json_depth,
+            max_tokens=max_tokens or _GRAMMAR_TOKENS,
+        )
+        extra = request.extra
+        mode = dataclasses.replace(
+            mode,
+            extra={**extra, **turn.extra},
+            final_extra={**extra, **turn.final_extra},
+            repair_grammar=turn.repair_grammar,
+        )
+        messages = turn.messages
+        chat = planner.chat_request(request, messages, {})
+        prompt_record: dict[str, Any] = {
+            "api": "chat.completions",
+            "model": chat.model,
+            "mode": shaping.name,
+            "messages": messages,
+            "sampling": {
+                "temperature": chat.temperature,
+                "seed": chat.seed,
+                "max_tokens": chat.max_tokens,
+                "top_p": chat.top_p,
+                "stop": chat.stop,
+            },
+            "tools": {name: dict(params) for name, params in callable_.items()},
+            "tool_choice": choice if forced is None else {"function": forced},
+            "server_tools": list(server),
+            "response_format": fmt.model_dump(by_alias=True) if fmt is not None else None,
+            "guardrails": dict(self.guard_record),
+            "request_extra": {k: v for k, v in mode.extra.items() if k != "grammar"},
+            "grammar": "grammar" in mode.extra,
+            # How the arguments were held to what the user said, and where (docs/proxy.md).
+            "constraint": {
+                "backend": shaping.backend,
+                "narrowed": {name: dict(schema) for name, schema in offer.narrowed.items()},
+            },
+            # What the grammar could not hold the model to; validation checks it after.
+            "validated_after_decoding": shaping.gaps(offer),
+            "user": self.user,
+            "metadata": self.metadata,
+        }
+        schemas = {"answer": answer} if answer is not None else {}
+        return ShapedTurn(
+            chat=chat,
+            mode=mode,
+            record=prompt_record,
+            schemas=schemas,
+            result_schema="answer" if answer is not None else None,
+            registered=schemas,
+            tools_allow=tuple(server),
+            approval_tools=frozenset(
+                n for n in server if (s := registry.get(n)) and s.needs_approval
+            ),
+            confirmations={
+                n: s.confirm_with for n in server if (s := registry.get(n)) and s.confirm_with
+            },
+            client_tools=frozenset(client),
+            # The proxy's conversation is the client's: the gateway does not compact it.
+            compacts=False,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class _Offer:
+    """What a proxy turn offers the model, as both modes read it."""
+
+    callable: Mapping[str, Mapping[str, Any]]  # this turn's functions, respond included
+    offered: Mapping[str, Mapping[str, Any]]  # the client's and the server's (tool_choice)
+    narrowed: Mapping[str, Mapping[str, Any]]  # provenance's narrowed parameters, by name
+    descriptions: Mapping[str, str]
+    respond_params: Mapping[str, Any]
+    answer: CompiledSchema | None  # response_format's schema
+    response_format: Any
+    choice: str
+    forced: str | None
+    parallel: bool | None  # as asked
+    offers_respond: bool
+
+    @property
+    def parallel_calls(self) -> bool:
+        """Whether a turn may make several calls: unless the client said no, or forced one."""
+        return self.parallel is not False and self.forced is None
+
+
+@dataclass(frozen=True, slots=True)
+class ShapedCompletion:
+    """What a :class:`CompletionShaping` makes of a proxy turn."""
+
+    extra: Mapping[str, Any]  # each turn's request fields while tools are left
+    final_extra: Mapping[str, Any]  # the same once max_tool_calls is spent
+    repair_grammar: str | None  # the answer's JSON-value grammar (constrained)
+    messages: list[Mapping[str, Any]]  # the client's, with the mode's prompt addendum
+
+
+@dataclass(frozen=True, slots=True)
+class CompletionShaping:
+    """How one mode shapes the proxy's turn (the planner has no ``if mode == ...``): the
+    request fields every turn carries (a grammar, or the upstream's ``tools``,
+    ``tool_choice`` and ``response_format``), the prompt addendum, and what ``prompt.json``
+    records of it. This base is ``native``: the upstream's own function calling."""
+
+    name: ModeName
+    backend: str  # prompt.json's constraint.backend: what holds the arguments
+
+    def turn(
+        self,
+        offer: _Offer,
+        messages: list[Mapping[str, Any]],
+        *,
+        template: str,
+        max_depth: int,
+        max_tokens: int,
+    ) -> ShapedCompletion:
+        turn: dict[str, Any] = {}
+        final: dict[str, Any] = {}
+        fmt = offer.response_format
+        if offer.callable or offer.offered:
+            specs = [
+                {"name": name, "description": offer.descriptions.get(name, ""), "input_schema": p}
+                for name, p in {**offer.offered, **offer.callable, **offer.narrowed}.items()
+            ]
+            turn["tools"] = to_openai_tools(specs)
+            turn["tool_choice"] = _native_choice(offer.choice, offer.forced, offer.offers_respond)
+            if offer.parallel is not None:
+                turn["parallel_tool_calls"] = offer.parallel
+            if offer.offers_respond:
+                final = {
+                    "tools": to_openai_tools(
+                        [
+                            {
+                                "name": RESPOND,
+                                "description": _RESPOND_DESCRIPTION,
+                                "input_schema": offer.respond_params,
+                            }
+                        ]
+                    ),
+                    "tool_choice": "required",
+                }
+        elif offer.answer is not None and fmt is not None:
+            turn["response_format"] = final["response_format"] = fmt.model_dump(
+                by_alias=True, exclude_none=True
+            )
+        return ShapedCompletion(turn, final, None, messages)
+
+    def gaps(self, offer: _Offer) -> dict[str, list[str]]:
+        """The schemas' constraints nothing holds the model to before validation: none
+        recorded here, the upstream's own checks being unknown."""
+        return {}
+
+
+@dataclass(frozen=True, slots=True)
+class _ConstrainedShaping(CompletionShaping):
+    """``constrained``: a GBNF grammar of the call (or of the JSON answer) and a system
+    message that lists the functions; llama-server gets no ``tools``."""
+
+    def turn(
+        self,
+        offer: _Offer,
+        messages: list[Mapping[str, Any]],
+        *,
+        template: str,
+        max_depth: int,
+        max_tokens: int,
+    ) -> ShapedCompletion:
+        turn: dict[str, Any] = {}
+        final: dict[str, Any] = {}
+        callable_, answer = offer.callable, offer.answer
+        if callable_:
+            # With tool_choice auto and no respond offered, prose must stay possible: the
+            # functions are described, but no grammar forces a call (rescue reads one).
+            if offer.choice != "auto" or offer.offers_respond:
+                turn["grammar"] = json_value_grammar(
+                    call_schema({**callable_, **offer.narrowed}, parallel=offer.parallel_calls),
+                    max_depth=max_depth,
+                    max_tokens=max_tokens,
+                )
+            messages = _with_tools_prompt(
+                messages,
+                template,
+                callable_,
+                offer.descriptions,
+                respond=_respond_line(answer)
+                if offer.offers_respond
+                else (
+                    "If no function fits, answer the user in plain text."
+                    if offer.choice == "auto"
+                    else ""
+                ),
+            )
+            if offer.offers_respond:  # max_tool_calls spent: only the answer is left
+                final["grammar"] = json_value_grammar(
+                    call_schema({RESPOND: offer.respond_params}, parallel=False),
+                    max_depth=max_depth,
+                    max_tokens=max_tokens,
+                )
+        elif answer is not None:
+            turn["grammar"] = final["grammar"] = json_value_grammar(
+                answer.schema, max_depth=max_depth, max_tokens=max_tokens
+            )
+        repair = (
+            json_value_grammar(answer.schema, max_depth=max_depth, max_tokens=max_tokens)
+            if answer is not None
+            else None
+        )
+        return ShapedCompletion(turn, final, repair, messages)
+
+    def gaps(self, offer: _Offer) -> dict[str, list[str]]:
+        """What the grammar could not hold the model to (``decoding_gaps``)."""
+        answer = offer.answer
+        return _gaps({**offer.callable, **({"response_format": answer.schema} if answer else {})})
+
+
+_CONSTRAINED: Final = _ConstrainedShaping("constrained", "gbnf")
+_NATIVE: Final = CompletionShaping("native", "tools")
+
+
+def completion_request(req: CompletionAsk, *, tools_template: str, nudges: Nudges) -> PlanRequest:
+    """A proxy request with no workflow as a
+    :class:`~toolforge.runtime.planner.PlanRequest`: its :class:`CompletionTurn`, the
+    client's messages (``developer`` as ``system``), sampling and forwarded parameters."""
+    guards, guard_record = _guards(req.toolforge.guardrails)
+    functions: dict[str, Mapping[str, Any]] = {}
+    descriptions: dict[str, str] = {}
+    for tool in req.tools or ():
+        fn = tool.function
+        functions[fn.name] = fn.parameters if fn.parameters is not None else _ANY_OBJECT
+        descriptions[fn.name] = fn.description or ""
+    choice = req.tool_choice_name
+    return PlanRequest(
+        turn=CompletionTurn(
+            functions=functions,
+            descriptions=descriptions,
+            server_tools=req.toolforge.server_tools,
+            choice=choice,
+            forced=req.tool_choice.function.name if choice == "function" else None,
+            parallel=req.parallel_tool_calls,
+            response_format=req.response_format,
+            guards=guards,
+            guard_record=guard_record,
+            tools_template=tools_template,
+            nudges=nudges,
+            user=req.user,
+            metadata=req.metadata,
+        ),
+        messages=_messages(req.messages),
+        model=req.model,
+        sampling=_sampling(req, stop=True),
+        max_tool_calls=req.toolforge.max_tool_calls,
+        extra=_forwarded(req),
+    )
+
+
 async def plan_completion(
     planner: StreamPlanner,
     req: CompletionAsk,
@@ -133,246 +508,13 @@ async def plan_completion(
     tools_template: str,
     nudges: Nudges,
 ) -> StreamPlan:
-    """The plan of one proxy request (see the module docstring)."""
-    guards, guard_record = _guards(req.toolforge.guardrails)
-    grammar_ok = guards.grammar and (await planner.probe(req.model)).grammar
-    mode_name = "constrained" if grammar_ok else "native"
-
-    # What the model is offered: the client's functions, then the registry's server tools.
-    client: dict[str, Mapping[str, Any]] = {}
-    descriptions: dict[str, str] = {}
-    for tool in req.tools or ():
-        fn = tool.function
-        client[fn.name] = fn.parameters if fn.parameters is not None else _ANY_OBJECT
-        descriptions[fn.name] = fn.description or ""
-    server: dict[str, Mapping[str, Any]] = {}
-    registry = planner.tools
-    for name in req.toolforge.server_tools:
-        registry.check_allowed(name)  # unknown or internal tool names are the caller's error
-        spec = registry.get(name)
-        assert spec is not None
-        if name in client:
-            raise _bad(f"server tool {name!r} has the name of one of the request's tools")
-        server[name] = spec.input_schema
-        descriptions[name] = spec.description
-    choice = req.tool_choice_name
-    forced = req.tool_choice.function.name if choice == "function" else None
-    offered = {**client, **server} if choice != "none" else {}
-    fmt = req.response_format
-    await compile_off_loop(
-        [(params, f"{name}.parameters", False) for name, params in offered.items()]
-        + (
-            [(fmt.json_schema.schema_ or {}, fmt.json_schema.name, True)]
-            if fmt is not None and fmt.type == "json_schema"
-            else []
-        )
-    )
-    compiled: dict[str, CompiledSchema] = {
-        name: compile_schema(params, name=f"{name}.parameters", fallback=False)
-        for name, params in offered.items()
-    }
-
-    # The answer: text, any JSON object, or a schema's JSON (response_format).
-    answer: CompiledSchema | None = None
-    if fmt is not None and fmt.type == "json_object":
-        answer = compile_schema(_ANY_OBJECT, name="json_object")
-    elif fmt is not None and fmt.type == "json_schema":
-        answer = compile_schema(fmt.json_schema.schema_ or {}, name=fmt.json_schema.name)
-
-    mode = CompletionMode(
-        name=mode_name,  # type: ignore[arg-type]
-        tools=compiled,
-        choice=choice,  # type: ignore[arg-type]
-        forced=forced,
-        guards=guards,
-        answer=answer if guards.json else None,
-        nudges=nudges,
-        id_prefix=f"call_{stream_id[2:]}_",
-    )
-    respond_params = dict(answer.schema) if answer is not None else _RESPOND_TEXT
-    callable_ = dict(offered)
-    if mode.offers_respond:
-        callable_[RESPOND] = respond_params
-        descriptions[RESPOND] = _RESPOND_DESCRIPTION
-    if forced is not None:
-        callable_ = {forced: offered[forced]}
-    narrowed = _narrowed(callable_, req.messages) if guards.provenance else {}
-    parallel = req.parallel_tool_calls is not False and forced is None
-    max_tokens = req.max_completion_tokens or req.max_tokens
-    messages = _messages(req.messages)
-
-    extra = _forwarded(req)
-    turn: dict[str, Any] = {}
-    final: dict[str, Any] = {}
-    repair_grammar: str | None = None
-    limit = max_tokens or _GRAMMAR_TOKENS
-    depth = planner.config.max_json_depth
-    if mode_name == "constrained":
-        # With tool_choice auto and no respond offered, prose must stay possible: the
-        # functions are described, but no grammar forces a call (rescue reads one).
-        if callable_ and (choice != "auto" or mode.offers_respond):
-            turn["grammar"] = json_value_grammar(
-                call_schema({**callable_, **narrowed}, parallel=parallel),
-                max_depth=depth,
-                max_tokens=limit,
-            )
-        if callable_:
-            messages = _with_tools_prompt(
-                messages,
-                tools_template,
-                callable_,
-                descriptions,
-                respond=_respond_line(answer)
-                if mode.offers_respond
-                else (
-                    "If no function fits, answer the user in plain text."
-                    if choice == "auto"
-                    else ""
-                ),
-            )
-            if mode.offers_respond:  # max_tool_calls spent: only the answer is left
-                final["grammar"] = json_value_grammar(
-                    call_schema({RESPOND: respond_params}, parallel=False),
-                    max_depth=depth,
-                    max_tokens=limit,
-                )
-        elif answer is not None:
-            turn["grammar"] = final["grammar"] = json_value_grammar(
-                answer.schema, max_depth=depth, max_tokens=limit
-            )
-        if answer is not None:
-            repair_grammar = json_value_grammar(answer.schema, max_depth=depth, max_tokens=limit)
-    else:
-        if callable_ or offered:
-            specs = [
-                {"name": name, "description": descriptions.get(name, ""), "input_schema": params}
-                for name, params in {**offered, **callable_, **narrowed}.items()
-            ]
-            turn["tools"] = to_openai_tools(specs)
-            turn["tool_choice"] = _native_choice(choice, forced, mode.offers_respond)
-            if req.parallel_tool_calls is not None:
-                turn["parallel_tool_calls"] = req.parallel_tool_calls
-            if mode.offers_respond:
-                final = {
-                    "tools": to_openai_tools(
-                        [
-                            {
-                                "name": RESPOND,
-                                "description": _RESPOND_DESCRIPTION,
-                                "input_schema": respond_params,
-                            }
-                        ]
-                    ),
-                    "tool_choice": "required",
-                }
-        elif answer is not None and fmt is not None:
-            turn["response_format"] = final["response_format"] = fmt.model_dump(
-                by_alias=True, exclude_none=True
-            )
-    mode = dataclasses.replace(
-        mode,
-        extra={**extra, **turn},
-        final_extra={**extra, **final},
-        repair_grammar=repair_grammar,
-    )
-    stop = [req.stop] if isinstance(req.stop, str) else req.stop
-    chat = ChatRequest(
-        model=req.model,
-        messages=messages,
-        temperature=req.temperature,
-        seed=req.seed,
-        max_tokens=max_tokens,
-        top_p=req.top_p,
-        stop=stop,
-    )
-    prompt_record: dict[str, Any] = {
-        "api": "chat.completions",
-        "model": chat.model,
-        "mode": mode_name,
-        "messages": messages,
-        "sampling": {
-            "temperature": chat.temperature,
-            "seed": chat.seed,
-            "max_tokens": chat.max_tokens,
-            "top_p": chat.top_p,
-            "stop": stop,
-        },
-        "tools": {name: dict(params) for name, params in callable_.items()},
-        "tool_choice": choice if forced is None else {"function": forced},
-        "server_tools": list(server),
-        "response_format": fmt.model_dump(by_alias=True) if fmt is not None else None,
-        "guardrails": dict(guard_record),
-        "request_extra": {k: v for k, v in mode.extra.items() if k != "grammar"},
-        "grammar": "grammar" in mode.extra,
-        # How the arguments were held to what the user said, and where (docs/proxy.md).
-        "constraint": {
-            "backend": "gbnf" if mode_name == "constrained" else "tools",
-            "narrowed": {name: dict(schema) for name, schema in narrowed.items()},
-        },
-        # What the grammar could not hold the model to; validation checks it after.
-        "validated_after_decoding": _gaps(
-            {**callable_, **({"response_format": answer.schema} if answer else {})}
-        )
-        if mode_name == "constrained"
-        else {},
-        "user": req.user,
-        "metadata": req.metadata,
-    }
-    schemas = {"answer": answer} if answer is not None else {}
-    return StreamPlan(
-        stream_id=stream_id,
-        chat=chat,
-        mode=mode,
-        budget=planner.budget,
-        prompt_record=prompt_record,
-        schemas=schemas,
-        result_schema="answer" if answer is not None else None,
-        registered=schemas,
-        tools_allow=tuple(server),
-        approval_tools=frozenset(n for n in server if (s := registry.get(n)) and s.needs_approval),
-        confirmations={
-            n: s.confirm_with for n in server if (s := registry.get(n)) and s.confirm_with
-        },
-        max_tool_calls=req.toolforge.max_tool_calls,
-        client_tools=frozenset(client),
-    )
+    """The plan of one proxy request with no workflow: the body as a plan request
+    (:func:`completion_request`), built by the one planner."""
+    request = completion_request(req, tools_template=tools_template, nudges=nudges)
+    return await planner.build(request, stream_id)
 
 
 # -- toolforge.workflow: the gateway runs a workflow and answers with its result ---------------
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class _Sampling:
-    temperature: float | None
-    seed: int | None
-    max_tokens: int | None
-    top_p: float | None
-
-    def model_dump(self, *, exclude_none: bool = False) -> dict[str, Any]:
-        out = dataclasses.asdict(self)
-        return {k: v for k, v in out.items() if v is not None} if exclude_none else out
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class _WorkflowAsk:
-    """A proxy request with a workflow, as the stream planner reads a ``POST /v1/stream``
-    body (:class:`~toolforge.runtime.planner.StreamAsk`): the workflow names the tools."""
-
-    mode: str
-    model: str | None
-    sampling: _Sampling
-    max_tool_calls: int
-    workflow: str | Mapping[str, Any] | None
-    messages: list[dict[str, Any]]
-    tools: Sequence[str] | None = None
-    result_schema: str = "AssistantReply"
-    object_schemas: Sequence[str] = ()
-    client_tools: Sequence[Any] = ()
-    profile: str | None = None
-    on_disconnect: Any = "cancel"
-
-    def chat_messages(self) -> list[dict[str, Any]]:
-        return self.messages
 
 
 def workflow_refusals(req: CompletionAsk) -> str | None:
@@ -434,26 +576,15 @@ async def plan_workflow_completion(
     mode = "auto"
     if not switches.grammar and (await planner.probe(req.model)).mode == "constrained":
         mode = "sentinel"
-    ask = _WorkflowAsk(
-        mode=mode,
-        model=req.model,
-        sampling=_Sampling(
-            temperature=req.temperature,
-            seed=req.seed,
-            max_tokens=req.max_completion_tokens or req.max_tokens,
-            top_p=req.top_p,
-        ),
-        max_tool_calls=req.toolforge.max_tool_calls,
-        workflow=workflow.name,
-        messages=_messages(req.messages),
-    )
     _, guard_record = _guards(switches)
     extra = _forwarded(req)
-    return await planner.plan(
-        ask,
-        stream_id,
-        None,
-        workflow=workflow,
+    request = PlanRequest(
+        turn=StreamTurn(mode=mode),
+        messages=_messages(req.messages),
+        model=req.model,
+        sampling=_sampling(req, stop=False),
+        max_tool_calls=req.toolforge.max_tool_calls,
+        workflow=workflow.name,
         extra=extra,
         record={
             "api": "chat.completions",
@@ -463,6 +594,21 @@ async def plan_workflow_completion(
             "metadata": req.metadata,
         },
     )
+    return await planner.build(request, stream_id, workflow=workflow)
+
+
+def _sampling(req: CompletionAsk, *, stop: bool) -> dict[str, Any]:
+    """The sampling the request asks for explicitly; ``stop``: its stop sequences too (a
+    workflow run takes none)."""
+    asked: dict[str, Any] = {
+        "temperature": req.temperature,
+        "seed": req.seed,
+        "max_tokens": req.max_completion_tokens or req.max_tokens,
+        "top_p": req.top_p,
+    }
+    if stop:
+        asked["stop"] = [req.stop] if isinstance(req.stop, str) else req.stop
+    return {k: v for k, v in asked.items() if v is not None}
 
 
 def _narrowed(
@@ -541,13 +687,13 @@ def _messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _with_tools_prompt(
-    messages: list[dict[str, Any]],
+    messages: list[Mapping[str, Any]],
     template: str,
     functions: Mapping[str, Mapping[str, Any]],
     descriptions: Mapping[str, str],
     *,
     respond: str,
-) -> list[dict[str, Any]]:
+) -> list[Mapping[str, Any]]:
     """The functions described in a system message (constrained mode sends no ``tools``):
     after the client's own system message, or as the first message."""
     listing = "\n".join(

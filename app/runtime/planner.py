@@ -1,14 +1,24 @@
-"""Planning a stream: from a validated ``POST /v1/stream`` body to a :class:`StreamPlan`.
+"""Planning a stream: one function builds every plan (:meth:`StreamPlanner.build`), whichever
+front door asked.
 
-What a plan needs beyond the body is decided here, once per app: the mode (``auto`` probes
-the upstream once per model and caches the answer, docs/protocol.md), and the *shape* of the
-request's schemas and tools (the system prompt, the native tools, the registered schemas;
-cached per combination, so a repeated request costs a dict lookup), then the messages,
-sampling, mode strategy and, in constrained mode, the grammar. Routes only parse the body
-and hand it here.
+Each door turns its body into one neutral value, a :class:`PlanRequest`, with a small
+adapter: :func:`stream_request` for a ``POST /v1/stream`` body (and the WebSocket's
+``start``), ``completion_plan.completion_request`` for the proxy's plain request,
+``completion_plan.plan_workflow_completion`` for its workflow runs, and the Python
+runner's own. The request's ``turn`` is the ask of its mode strategy, which decides the
+mode and shapes the turn: the request fields every turn carries, the grammar or the
+upstream's tools, the prompt, the mode's part of the record (``prompt.json``).
+:class:`StreamTurn` (the stream body's, the runner's, a workflow run's) decides the mode
+(``auto`` probes the upstream once per model and caches the answer, docs/protocol.md),
+shapes the request's schemas and tools once per combination (:class:`PlanShape`, so a
+repeated request costs a dict lookup) and hands the rest to the mode's
+:class:`TurnShaping`; the proxy's ``CompletionTurn`` hands it to its
+``CompletionShaping``. The planner adds the workflow's policy and budgets and freezes
+it all in a :class:`StreamPlan`. The planner has no ``if mode == ...`` and no ``if door
+== ...``. Routes only parse the body and hand it here.
 
-The body is read through :class:`StreamAsk`, a protocol that ``toolforge.api.models.
-StreamRequest`` satisfies: runtime does not import the HTTP layer.
+A body is read through a protocol (:class:`StreamAsk`, which ``toolforge.api.models.
+StreamRequest`` satisfies): runtime does not import the HTTP layer.
 """
 
 from __future__ import annotations
@@ -57,12 +67,19 @@ from toolforge.upstream.probe import ModeDecision, probe_tool_mode
 
 __all__ = [
     "DEFAULT_MAX_TOOL_CALLS",
+    "PlanRequest",
     "PlanShape",
     "PlannerConfig",
     "SessionLimits",
+    "ShapedTurn",
     "StreamAsk",
     "StreamPlan",
     "StreamPlanner",
+    "StreamTurn",
+    "TurnAsk",
+    "TurnShaping",
+    "stream_request",
+    "turn_shaping",
 ]
 
 log = get_logger(__name__)
@@ -353,6 +370,181 @@ def turn_shaping(mode: str, upstream_kind: str) -> TurnShaping:
     return _SHAPINGS[mode]
 
 
+class TurnAsk(Protocol):
+    """A door's ask of its turns, and the mode strategy it chooses: how the one planner
+    (:meth:`StreamPlanner.build`) gets a stream's turn shaped. :class:`StreamTurn` for the
+    stream body, the Python runner and the proxy's workflow runs (shaped by a
+    :class:`TurnShaping`); ``toolforge.runtime.completion_plan.CompletionTurn`` for the
+    proxy's plain request (shaped by its ``CompletionShaping``)."""
+
+    async def shape(
+        self,
+        planner: StreamPlanner,
+        request: PlanRequest,
+        stream_id: str,
+        workflow: WorkflowDef | None,
+    ) -> ShapedTurn: ...
+
+
+@dataclass(frozen=True, slots=True)
+class PlanRequest:
+    """One stream's ask, whichever front door it came through: the neutral value the one
+    planner reads (:meth:`StreamPlanner.build`). Each door turns its body into one with a
+    small adapter (:func:`stream_request` for ``POST /v1/stream``,
+    ``completion_plan.completion_request`` for the proxy, the Python runner's own); what
+    only one mode strategy reads is that strategy's ask, ``turn``."""
+
+    turn: TurnAsk
+    messages: Sequence[Mapping[str, Any]]
+    model: str | None = None  # None: the gateway's model
+    # The sampling the door asks for explicitly (temperature, seed, max_tokens, top_p,
+    # stop): it wins over the profile's.
+    sampling: Mapping[str, Any] = field(default_factory=dict)
+    profile: str | None = None  # a named sampling profile (PROFILES)
+    max_tool_calls: int = DEFAULT_MAX_TOOL_CALLS
+    on_disconnect: DisconnectPolicy = "cancel"
+    workflow: str | Mapping[str, Any] | None = None  # a name or an inline definition
+    # The door's own request fields every turn forwards (the upstream's parameters).
+    extra: Mapping[str, Any] = field(default_factory=dict)
+    # What the door adds to the plan's record (prompt.json), after the mode's own.
+    record: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class ShapedTurn:
+    """What a mode strategy makes of a :class:`PlanRequest` (:meth:`TurnAsk.shape`): the
+    first turn's request, the engine's strategy, the mode's part of the record, and the
+    schemas and tools the session holds the model to. The planner adds the rest (the
+    workflow's policy, the budgets) and freezes it all in a :class:`StreamPlan`."""
+
+    chat: ChatRequest
+    mode: Mode
+    record: dict[str, Any]
+    schemas: Mapping[str, CompiledSchema]
+    result_schema: str | None
+    registered: Mapping[str, CompiledSchema]
+    tools_allow: tuple[str, ...]
+    approval_tools: frozenset[str]
+    confirmations: Mapping[str, str]
+    # The tools shown (name, description, input_schema): a workflow's policy checks them.
+    tool_dicts: Sequence[Mapping[str, Any]] = ()
+    client_tools: frozenset[str] = frozenset()
+    awaited_tools: Mapping[str, CompiledSchema] = field(default_factory=dict)
+    # Whether the gateway's context compaction applies (the proxy's plain request: no).
+    compacts: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class StreamTurn:
+    """The ask of a ``POST /v1/stream`` body's turns (the Python runner's and the proxy's
+    workflow runs' too): the mode (``auto``: probed once per model), the registry's tools
+    shown, the schemas, the client's own tools. Shaped by the mode's :class:`TurnShaping`."""
+
+    mode: str = "auto"
+    tools: Sequence[str] | None = None  # None: every model-facing tool
+    result_schema: str = "AssistantReply"
+    object_schemas: Sequence[str | InlineSchemaAsk] = ()
+    client_tools: Sequence[ClientToolAsk] = ()
+
+    async def shape(
+        self,
+        planner: StreamPlanner,
+        request: PlanRequest,
+        stream_id: str,
+        workflow: WorkflowDef | None,
+    ) -> ShapedTurn:
+        await compile_off_loop(
+            [(t.parameters, f"{t.name}.parameters", False) for t in self.client_tools]
+            + [
+                (item.schema_, item.name, True)
+                for item in self.object_schemas
+                if not isinstance(item, str)
+            ]
+        )
+        decision = await planner.decide_mode(self.mode, request.model)
+        mode = decision.mode
+        shaping = turn_shaping(mode, planner.config.upstream_kind)
+        shape = planner._shape(self, shaping, workflow)
+        messages = build_messages(shape.system, request.messages)
+        chat = planner.chat_request(
+            request,
+            messages,
+            {**shape.extra, **request.extra} if request.extra else shape.extra,
+        )
+        record: dict[str, Any] = {
+            "model": chat.model,
+            "mode": mode,
+            "requested_mode": self.mode,
+            "mode_reason": decision.reason,
+            "messages": messages,
+            "sampling": {
+                "temperature": chat.temperature,
+                "seed": chat.seed,
+                "max_tokens": chat.max_tokens,
+                "top_p": chat.top_p,
+            },
+            "result_schema": self.result_schema,
+            "schemas": shape.schema_docs,
+            "tools": shape.tool_dicts,
+            # What the grammar could not hold the model to; validation checks it after.
+            "validated_after_decoding": {
+                name: found
+                for name, schema in [
+                    *((t["name"], t["input_schema"]) for t in shape.tool_dicts),
+                    *shape.schema_docs.items(),
+                ]
+                if (found := decoding_gaps(schema))
+            }
+            if shaping.grammar
+            else {},
+            "max_tool_calls": request.max_tool_calls,
+            # What holds the model to a legal turn before validation (docs/workflows.md).
+            "constraint": shaping.constraint,
+        }
+        objects = [item if isinstance(item, str) else item.name for item in self.object_schemas]
+        schemas = shape.schemas
+        engine_mode = shaping.engine_mode(
+            tools={t["name"]: t["input_schema"] for t in shape.tool_dicts},
+            result=(self.result_schema, schemas[self.result_schema].schema),
+            objects={name: schemas[name].schema for name in objects},
+            max_depth=planner.config.max_json_depth,
+            max_tokens=chat.max_tokens,
+        )
+        return ShapedTurn(
+            chat=chat,
+            mode=engine_mode,
+            record=record,
+            schemas=schemas,
+            result_schema=self.result_schema,
+            registered=shape.registered,
+            tools_allow=tuple(t.name for t in shape.visible),
+            approval_tools=shape.approval_tools,
+            confirmations=shape.confirmations,
+            tool_dicts=shape.tool_dicts,
+            awaited_tools=shape.client_schemas,
+        )
+
+
+def stream_request(req: StreamAsk) -> PlanRequest:
+    """A ``POST /v1/stream`` body as a :class:`PlanRequest`."""
+    return PlanRequest(
+        turn=StreamTurn(
+            mode=req.mode,
+            tools=req.tools,
+            result_schema=req.result_schema,
+            object_schemas=req.object_schemas,
+            client_tools=req.client_tools,
+        ),
+        messages=req.chat_messages(),
+        model=req.model,
+        sampling={} if req.sampling is None else req.sampling.model_dump(exclude_none=True),
+        profile=req.profile,
+        max_tool_calls=req.max_tool_calls,
+        on_disconnect=req.on_disconnect,
+        workflow=req.workflow,
+    )
+
+
 @dataclass(slots=True)
 class StreamPlanner:
     """Plans streams for one app: owns the mode probes and the shape cache."""
@@ -385,79 +577,46 @@ class StreamPlanner:
         idempotency_key: str | None,
         *,
         workflow: WorkflowDef | None = None,
-        extra: Mapping[str, Any] | None = None,
-        record: Mapping[str, Any] | None = None,
+    ) -> StreamPlan:
+        """The plan of a ``POST /v1/stream`` body (the stream route and the WebSocket's
+        ``start``): the body as a :class:`PlanRequest` (:func:`stream_request`), built by
+        :meth:`build`. ``workflow``: the body's workflow, resolved already by a caller that
+        checked it (an API key's tools)."""
+        return await self.build(stream_request(req), stream_id, idempotency_key, workflow=workflow)
+
+    async def build(
+        self,
+        request: PlanRequest,
+        stream_id: str,
+        idempotency_key: str | None = None,
+        *,
+        workflow: WorkflowDef | None = None,
         compactor: Compactor | None = None,
         fit_first_turn: bool = False,
     ) -> StreamPlan:
-        """The plan of one stream: its mode decided, then everything else. ``workflow``:
-        the request's workflow, resolved already (:meth:`workflow_for`) by a caller that
-        checked or changed it; by default ``req.workflow`` is resolved here. ``extra``:
-        request fields every turn forwards (a front door's own parameters); ``record``:
-        what that front door adds to the plan's record (``prompt.json``); ``compactor``: the
-        Python runner's own compaction hook for the workflow's policy; ``fit_first_turn``:
-        the first turn's prompt may be over the budget already (a conversation brought in).
+        """The plan of one stream, whichever door asked: the one function that builds every
+        plan. The request's mode strategy (``request.turn``) decides the mode and shapes the
+        turn (the request fields every turn carries, the grammar or the tools, the prompt,
+        the mode's record); then the workflow's policy and budgets, the door's record, and
+        the plan, frozen.
 
-        Every front door plans here: ``POST /v1/stream``, the proxy's workflow runs (and
-        the other wire formats' workflow runs, through them) and the Python runner
+        ``workflow``: the request's workflow, resolved already (:meth:`workflow_for`) by a
+        caller that checked or changed it; by default ``request.workflow`` is resolved here.
+        ``compactor``: the Python runner's own compaction hook for the workflow's policy;
+        ``fit_first_turn``: the first turn's prompt may be over the budget already (a
+        conversation brought in).
+
+        Every front door plans here: ``POST /v1/stream`` (:meth:`plan`), the proxy's plain
+        requests and workflow runs (and the other wire formats', through them;
+        ``toolforge.runtime.completion_plan``) and the Python runner
         (:class:`toolforge.runtime.workflow_runner.WorkflowRunner`)."""
         if workflow is None:
-            workflow = self.workflow_for(req.workflow)
-        await compile_off_loop(
-            [(t.parameters, f"{t.name}.parameters", False) for t in req.client_tools]
-            + [
-                (item.schema_, item.name, True)
-                for item in req.object_schemas
-                if not isinstance(item, str)
-            ]
-        )
-        decision = await self.decide_mode(req)
-        mode = decision.mode
-        shaping = turn_shaping(mode, self.config.upstream_kind)
-        shape = self._shape(req, shaping, workflow)
-        messages = build_messages(shape.system, req.chat_messages())
-        chat = ChatRequest(
-            model=req.model or self.config.model_id,
-            messages=messages,
-            extra={**shape.extra, **extra} if extra else shape.extra,
-        )
-        if req.profile is not None:
-            chat = PROFILES[req.profile].apply(chat)
-        if req.sampling is not None:  # explicit sampling wins over the profile
-            chat = dataclasses.replace(chat, **req.sampling.model_dump(exclude_none=True))
-        prompt_record: dict[str, Any] = {
-            "model": chat.model,
-            "mode": mode,
-            "requested_mode": req.mode,
-            "mode_reason": decision.reason,
-            "messages": messages,
-            "sampling": {
-                "temperature": chat.temperature,
-                "seed": chat.seed,
-                "max_tokens": chat.max_tokens,
-                "top_p": chat.top_p,
-            },
-            "result_schema": req.result_schema,
-            "schemas": shape.schema_docs,
-            "tools": shape.tool_dicts,
-            # What the grammar could not hold the model to; validation checks it after.
-            "validated_after_decoding": {
-                name: found
-                for name, schema in [
-                    *((t["name"], t["input_schema"]) for t in shape.tool_dicts),
-                    *shape.schema_docs.items(),
-                ]
-                if (found := decoding_gaps(schema))
-            }
-            if shaping.grammar
-            else {},
-            "max_tool_calls": req.max_tool_calls,
-            # What holds the model to a legal turn before validation (docs/workflows.md).
-            "constraint": shaping.constraint,
-        }
-        max_tool_calls = req.max_tool_calls
+            workflow = self.workflow_for(request.workflow)
+        turn = await request.turn.shape(self, request, stream_id, workflow)
+        prompt_record = turn.record
+        max_tool_calls = request.max_tool_calls
         policy: WorkflowPolicy | None = None
-        context = self.context
+        context = self.context if turn.compacts else None
         if workflow is not None:
             # The workflow's own compaction, keep_recent and budget_tokens (docs/context.md).
             context = workflow_context(
@@ -471,32 +630,48 @@ class StreamPlanner:
             max_tool_calls = workflow.tool_call_limit(max_tool_calls)
             policy = WorkflowPolicy(
                 workflow,
-                schemas={t["name"]: t["input_schema"] for t in shape.tool_dicts},
+                schemas={t["name"]: t["input_schema"] for t in turn.tool_dicts},
                 nudges=self.workflow_nudges,
                 compactor=compactor,
             )
-        if record:
-            prompt_record.update(record)
+        if request.record:
+            prompt_record.update(request.record)
         return StreamPlan(
             stream_id=stream_id,
-            chat=chat,
-            mode=self._mode(req, shape, shaping, chat),
-            on_disconnect=req.on_disconnect,
+            chat=turn.chat,
+            mode=turn.mode,
+            on_disconnect=request.on_disconnect,
             budget=self.budget,
             prompt_record=prompt_record,
-            schemas=shape.schemas,
-            result_schema=req.result_schema,
-            registered=shape.registered,
-            tools_allow=tuple(t.name for t in shape.visible),
-            approval_tools=shape.approval_tools,
-            confirmations=shape.confirmations,
+            schemas=turn.schemas,
+            result_schema=turn.result_schema,
+            registered=turn.registered,
+            tools_allow=turn.tools_allow,
+            approval_tools=turn.approval_tools,
+            confirmations=turn.confirmations,
             max_tool_calls=max_tool_calls,
             idempotency_key=idempotency_key,
-            awaited_tools=shape.client_schemas,
+            client_tools=turn.client_tools,
+            awaited_tools=turn.awaited_tools,
             context=context,
             workflow=policy,
             fit_first_turn=fit_first_turn,
         )
+
+    def chat_request(
+        self, request: PlanRequest, messages: Sequence[Mapping[str, Any]], extra: Mapping[str, Any]
+    ) -> ChatRequest:
+        """The first turn's request, as every mode makes it: the request's model (or the
+        gateway's), ``messages`` and ``extra`` as the mode shaped them, the profile's
+        sampling, then the request's own (explicit sampling wins over the profile)."""
+        chat = ChatRequest(
+            model=request.model or self.config.model_id, messages=messages, extra=extra
+        )
+        if request.profile is not None:
+            chat = PROFILES[request.profile].apply(chat)
+        if request.sampling:
+            chat = dataclasses.replace(chat, **request.sampling)
+        return chat
 
     def workflow_for(self, asked: str | Mapping[str, Any] | None) -> WorkflowDef | None:
         """The request's ``workflow``: a registered name, or an inline definition (checked
@@ -523,21 +698,22 @@ class StreamPlanner:
 
     # -- the mode -------------------------------------------------------------------------
 
-    async def decide_mode(self, req: StreamAsk) -> ModeDecision:
-        """``mode``: as asked, or for ``auto`` probed once per model and cached (docs/protocol.md).
+    async def decide_mode(self, asked: str, model: str | None) -> ModeDecision:
+        """The mode ``asked``: as asked, or for ``auto`` probed once per ``model`` and cached
+        (docs/protocol.md).
 
         ``constrained`` needs an upstream that takes GBNF grammars: one the settings call a
         llama-server (``UPSTREAM_KIND``, the managed default), or one the probe finds is.
         """
-        asked = _ASKED.get(req.mode)
-        if asked is not None:
-            return asked
-        if req.mode == "constrained" and self.config.upstream_kind == "llama_server":
+        named = _ASKED.get(asked)
+        if named is not None:
+            return named
+        if asked == "constrained" and self.config.upstream_kind == "llama_server":
             return ModeDecision(
                 "constrained", "asked for by the request (UPSTREAM_KIND=llama_server)", grammar=True
             )
-        decision = await self._probe(req.model or self.config.model_id)
-        if req.mode == "auto":
+        decision = await self._probe(model or self.config.model_id)
+        if asked == "auto":
             return decision
         if decision.grammar:
             return ModeDecision("constrained", "asked for by the request", grammar=True)
@@ -589,24 +765,10 @@ class StreamPlanner:
         self.modes[model] = self.modes.pop(model)  # the most recently used now
         return await asyncio.shield(probe)
 
-    def _mode(
-        self, req: StreamAsk, shape: PlanShape, shaping: TurnShaping, chat: ChatRequest
-    ) -> Mode:
-        """The engine's strategy, as the mode's shaping makes it."""
-        objects = [item if isinstance(item, str) else item.name for item in req.object_schemas]
-        schemas = shape.schemas
-        return shaping.engine_mode(
-            tools={t["name"]: t["input_schema"] for t in shape.tool_dicts},
-            result=(req.result_schema, schemas[req.result_schema].schema),
-            objects={name: schemas[name].schema for name in objects},
-            max_depth=self.config.max_json_depth,
-            max_tokens=chat.max_tokens,
-        )
-
     # -- the shape ------------------------------------------------------------------------
 
     def _shape(
-        self, req: StreamAsk, shaping: TurnShaping, workflow: WorkflowDef | None = None
+        self, req: StreamTurn, shaping: TurnShaping, workflow: WorkflowDef | None = None
     ) -> PlanShape:
         """The request's :class:`PlanShape`: cached unless it has inline schemas (those are
         the caller's own, checked and compiled per request). A workflow's tools are the

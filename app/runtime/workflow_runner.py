@@ -52,10 +52,11 @@ from toolforge.errors import ErrorCode, ToolForgeError, WorkflowError, workflow_
 from toolforge.runtime.executor import ToolExecutor
 from toolforge.runtime.frame_log import decode_frames
 from toolforge.runtime.planner import (
-    DEFAULT_MAX_TOOL_CALLS,
     PlannerConfig,
+    PlanRequest,
     SessionLimits,
     StreamPlanner,
+    StreamTurn,
 )
 from toolforge.runtime.session import StreamSession
 from toolforge.upstream.base import Upstream
@@ -333,17 +334,17 @@ class WorkflowRunner:
     ) -> tuple[StreamSession, WorkflowPolicy]:
         definition = workflow.definition
         planner = self._planner(workflow)
-        ask = _RunnerAsk(
-            mode=self.mode,
-            model=self.model,
-            sampling=_Sampling(self.sampling),
-            max_tool_calls=DEFAULT_MAX_TOOL_CALLS,
+        # The run as a plan request: the workflow names the tools; the caller's messages as
+        # they are; the mode asked for by name (one planner for every front door).
+        request = PlanRequest(
+            turn=StreamTurn(mode=self.mode),
             messages=conversation,
+            model=self.model,
+            sampling={k: v for k, v in self.sampling.items() if v is not None},
         )
-        plan = await planner.plan(
-            ask,
+        plan = await planner.build(
+            request,
             f"wf_{uuid.uuid4().hex[:20]}",
-            None,
             workflow=definition,
             compactor=self.compactor,
             # A conversation brought in (initial_messages) may be over the budget already.
@@ -360,36 +361,6 @@ class WorkflowRunner:
             repair_template=self._repair,
         )
         return session, plan.workflow
-
-
-@dataclass(frozen=True, slots=True)
-class _Sampling:
-    fields: Mapping[str, Any]
-
-    def model_dump(self, *, exclude_none: bool = False) -> dict[str, Any]:
-        return {k: v for k, v in self.fields.items() if v is not None or not exclude_none}
-
-
-@dataclass(frozen=True, slots=True)
-class _RunnerAsk:
-    """A runner's run as the planner reads a ``POST /v1/stream`` body: the workflow names
-    the tools; the caller's messages as they are."""
-
-    mode: str
-    model: str
-    sampling: _Sampling
-    max_tool_calls: int
-    messages: list[dict[str, Any]]
-    tools: Sequence[str] | None = None
-    result_schema: str = "AssistantReply"
-    object_schemas: Sequence[str] = ()
-    client_tools: Sequence[Any] = ()
-    profile: str | None = None
-    on_disconnect: Any = "cancel"
-    workflow: str | None = None
-
-    def chat_messages(self) -> list[dict[str, Any]]:
-        return self.messages
 
 
 # The planner's HTTP client is for mode probes, which a runner never makes (its mode is
