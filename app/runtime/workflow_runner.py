@@ -334,16 +334,8 @@ class WorkflowRunner:
     ) -> tuple[StreamSession, WorkflowPolicy]:
         definition = workflow.definition
         planner = self._planner(workflow)
-        # The run as a plan request: the workflow names the tools; the caller's messages as
-        # they are; the mode asked for by name (one planner for every front door).
-        request = PlanRequest(
-            turn=StreamTurn(mode=self.mode),
-            messages=conversation,
-            model=self.model,
-            sampling={k: v for k, v in self.sampling.items() if v is not None},
-        )
         plan = await planner.build(
-            request,
+            runner_request(self.mode, self.model, self.sampling, conversation),
             f"wf_{uuid.uuid4().hex[:20]}",
             workflow=definition,
             compactor=self.compactor,
@@ -361,6 +353,20 @@ class WorkflowRunner:
             repair_template=self._repair,
         )
         return session, plan.workflow
+
+
+def runner_request(
+    mode: str, model: str, sampling: Mapping[str, Any], messages: Sequence[Mapping[str, Any]]
+) -> PlanRequest:
+    """A runner's run as a plan request (one planner for every front door): the workflow
+    names the tools; the caller's messages as they are; the mode asked for by name; the
+    sampling given (``None``: the upstream's default)."""
+    return PlanRequest(
+        turn=StreamTurn(mode=mode),
+        messages=messages,
+        model=model,
+        sampling={k: v for k, v in sampling.items() if v is not None},
+    )
 
 
 # The planner's HTTP client is for mode probes, which a runner never makes (its mode is
