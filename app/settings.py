@@ -270,9 +270,15 @@ class Settings(BaseSettings):
     # Every Redis call is bounded by this: a Redis that does not answer is a typed 503 for
     # what needs it, never a hang (docs/deployment.md). Loopback/LAN answers in < 1 ms.
     redis_timeout_ms: int = Field(500, ge=10, validation_alias="REDIS_TIMEOUT_MS")
-    # How often a stream's new frames go to its Redis resume buffer, in one round trip:
-    # what a replica that dies can lose at most, and off the per-token path.
+    # How often a replica's streams' new frames go to their Redis resume buffers, in one
+    # round trip for all: what a replica that dies can lose at most; off the per-token path.
     redis_flush_ms: float = Field(5.0, ge=0, validation_alias="REDIS_FLUSH_MS")
+    # The most commands in one resume-buffer round trip (a replica sends all its streams' new
+    # frames of a flush interval in one pipeline; 2000 streams at 10 tokens/s need ~100).
+    redis_mirror_max_entries: int = Field(512, ge=1, validation_alias="REDIS_MIRROR_MAX_ENTRIES")
+    # About the most bytes of frames in one resume-buffer round trip: what is over either cap
+    # follows at once in more round trips, so one round trip's memory stays bounded.
+    redis_mirror_max_bytes: int = Field(1 << 20, ge=1024, validation_alias="REDIS_MIRROR_MAX_BYTES")
     # The most connections a replica opens to Redis (a resuming reader holds one while it
     # waits for frames; the rest are short calls). A call waits up to REDIS_TIMEOUT_MS
     # for one to be free.

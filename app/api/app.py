@@ -224,6 +224,7 @@ def _cluster(settings: Settings) -> RedisCluster | None:
         flush_s=settings.redis_flush_ms / 1000,
         replica_ttl_s=settings.replica_ttl_s,
         resume_ttl_s=settings.resume_ttl_s,
+        mirror_caps=(settings.redis_mirror_max_entries, settings.redis_mirror_max_bytes),
         max_connections=settings.redis_max_connections,
     )
 

@@ -31,15 +31,30 @@ class RedisCluster:
     and leases), ``buffers`` (resume buffers), ``idempotency``, ``commands`` (the control
     channel) and ``slots`` (the global tool limit): each part is one concept, and none of
     them knows about HTTP. ``options``: the connection's (:class:`ConnectionOptions`);
-    ``flush_s`` and ``resume_ttl_s``: the resume buffers' pace and life.
+    ``flush_s`` and ``resume_ttl_s``: the resume buffers' pace and life; ``mirror_caps``:
+    one mirror round trip's most commands and bytes (``REDIS_MIRROR_MAX_ENTRIES``,
+    ``REDIS_MIRROR_MAX_BYTES``).
     """
 
     def __init__(
-        self, url: str, *, flush_s: float, resume_ttl_s: float, **options: Unpack[ConnectionOptions]
+        self,
+        url: str,
+        *,
+        flush_s: float,
+        resume_ttl_s: float,
+        mirror_caps: tuple[int, int] = (512, 1 << 20),
+        **options: Unpack[ConnectionOptions],
     ) -> None:
         self.conn = Connection(url, options)
         self.heartbeat = Heartbeat(self.conn)
-        self.buffers = ResumeBuffers(self.conn, flush_s=flush_s, resume_ttl_s=resume_ttl_s)
+        entries, size = mirror_caps
+        self.buffers = ResumeBuffers(
+            self.conn,
+            flush_s=flush_s,
+            resume_ttl_s=resume_ttl_s,
+            max_entries=entries,
+            max_bytes=size,
+        )
         self.idempotency = IdempotencyRecords(self.conn, self.buffers, self.heartbeat)
         self.commands = CommandChannel(self.conn, self.buffers)
         self.slots = SlotQueue(self.conn, self.heartbeat, self.commands.released)

@@ -1,10 +1,11 @@
 """Resume buffers: every stream's SSE blocks mirrored into Redis, and read back by any
 replica (``GET /v1/streams/{id}`` on a replica that does not run it).
 
-``tf:s:{id}:f`` is a Redis Stream of the frames' bytes exactly as they were sent. A
-*mirror* task per stream follows the frame log like any other reader (it never throttles
-the producer) and appends whatever is new, at most every ``REDIS_FLUSH_MS``, in one round
-trip: the only Redis work while tokens flow, and not on the token's own path. Each entry's
+``tf:s:{id}:f`` is a Redis Stream of the frames' bytes exactly as they were sent. The
+replica's *mirror* (:mod:`.mirror`) follows every stream's frame log like any other reader
+(it never throttles the producer) and appends whatever is new, every ``REDIS_FLUSH_MS``,
+all of the replica's streams in one pipelined round trip: the only Redis work while
+tokens flow, and not on the token's own path. Each entry's
 id is ``{last frame id}-0`` and carries ``f`` (its first frame id), ``d`` (the bytes) and
 ``e`` (``1`` on the entry holding ``done``), so a resume after frame *N* reads from
 ``(N-0``. A replica that dies leaves its buffer; the first reader that finds its owner
@@ -14,106 +15,49 @@ sees the same end.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import time
 from collections.abc import AsyncIterator
-from typing import Final
 
 from toolforge.core.protocol.frames import Done, Error, encode_frame
 from toolforge.core.protocol.sse_blocks import split_blocks
 from toolforge.errors import ErrorCode
-from toolforge.runtime.cluster.connection import BLOCK_MS, Connection, RedisUnavailable
-from toolforge.runtime.cluster.keys import alive_key, frames_key, idem_key, meta_key
+from toolforge.runtime.cluster.connection import BLOCK_MS, Connection
+from toolforge.runtime.cluster.keys import alive_key, frames_key, meta_key
+from toolforge.runtime.cluster.mirror import Mirror
 from toolforge.runtime.frame_log import decode_frames
 from toolforge.runtime.session import StreamSession
 
 __all__ = ["RemoteStream", "ResumeBuffers"]
 
-# A mirror that could not write retries this often.
-_RETRY_S: Final = 0.5
-
 
 class ResumeBuffers:
-    """This replica's side of the buffers: it mirrors the streams it runs, and finds any
-    stream Redis knows."""
+    """This replica's side of the buffers: it mirrors the streams it runs (one loop for
+    all of them, :class:`~.mirror.Mirror`), and finds any stream Redis knows."""
 
-    def __init__(self, conn: Connection, *, flush_s: float, resume_ttl_s: float) -> None:
+    def __init__(
+        self,
+        conn: Connection,
+        *,
+        flush_s: float,
+        resume_ttl_s: float,
+        max_entries: int = 512,
+        max_bytes: int = 1 << 20,
+    ) -> None:
+        """``max_entries`` and ``max_bytes``: one mirror round trip's caps
+        (``REDIS_MIRROR_MAX_ENTRIES``, ``REDIS_MIRROR_MAX_BYTES``)."""
         self._conn = conn
         self.flush_s = flush_s
         self.ttl_ms = max(1000, int(resume_ttl_s * 1000))
-        self._mirrors: set[asyncio.Task[None]] = set()
+        self.mirror = Mirror(
+            conn, flush_s=flush_s, ttl_ms=self.ttl_ms, max_entries=max_entries, max_bytes=max_bytes
+        )
 
     def track(self, session: StreamSession, idempotency_key: str | None = None) -> None:
         """Mirror ``session``'s frames into its resume buffer until its ``done``."""
-        task = asyncio.get_running_loop().create_task(
-            self._mirror(session, idempotency_key), name=f"mirror:{session.id}"
-        )
-        self._mirrors.add(task)
-        task.add_done_callback(self._mirrors.discard)
+        self.mirror.track(session, idempotency_key)
 
     async def flush(self) -> None:
-        """After the streams ended: let the mirrors write their last frames, then stop."""
-        if self._mirrors:
-            await asyncio.wait(self._mirrors, timeout=max(1.0, 4 * self._conn.timeout_s))
-        for task in self._mirrors:
-            task.cancel()
-        await asyncio.gather(*self._mirrors, return_exceptions=True)
-
-    async def _mirror(self, session: StreamSession, idempotency_key: str | None) -> None:
-        conn = self._conn
-        frame_log = session.log
-        keys = [frames_key(session.id), meta_key(session.id)]
-        if idempotency_key is not None:
-            keys.append(idem_key(idempotency_key))
-        refresh_s = max(0.5, self.ttl_ms / 3000)
-        append = conn.script("append")
-        cursor = 0
-        while True:
-            if cursor == frame_log.last_id:
-                if frame_log.closed:
-                    return
-                try:
-                    async with asyncio.timeout(refresh_s):
-                        await frame_log.wait()
-                except TimeoutError:  # idle (a tool, a client): keep the keys alive
-                    with contextlib.suppress(RedisUnavailable):
-                        await self._refresh(keys)
-                    continue
-            # Gather what else comes within the flush interval into the same write: at
-            # most one write per interval, the first frames reach their client before
-            # any Redis work starts, and a short stream is one write, done included.
-            if self.flush_s:
-                await asyncio.sleep(self.flush_s)
-            batch, end = frame_log.take(cursor)
-            if batch is None:
-                continue
-            final = frame_log.closed and end == frame_log.last_id
-            args: list[bytes | str | int] = [f"{end}-0", cursor + 1, batch, int(final)]
-            args += [self.ttl_ms, conn.replica_id, session.plan.owner or ""]
-            try:
-                written = await conn.call("the resume buffer", append(keys=keys, args=args))
-            except RedisUnavailable as exc:
-                # The stream goes on; its copy in Redis catches up once Redis is back
-                # (the frame log still has every frame), or is given up once nobody
-                # could resume it any more.
-                conn.warn("redis.mirror_behind", stream_id=session.id, error=exc.message)
-                finished = session.finished_at
-                if finished is not None and time.monotonic() - finished > self.ttl_ms / 1000:
-                    return
-                await asyncio.sleep(_RETRY_S)
-                continue
-            if not written:  # another replica declared it lost (we were cut off too long)
-                return
-            cursor = end
-            if final:
-                return
-
-    async def _refresh(self, keys: list[str]) -> None:
-        pipe = self._conn.redis.pipeline(transaction=False)
-        for key in keys:
-            pipe.pexpire(key, self.ttl_ms)
-        await self._conn.call("the resume buffer", pipe.execute())
+        """After the streams ended: let the mirror write their last frames, then stop."""
+        await self.mirror.flush(max(1.0, 4 * self._conn.timeout_s))
 
     async def find(self, stream_id: str) -> RemoteStream | None:
         """The stream as Redis knows it, or None (never existed, or expired)."""
