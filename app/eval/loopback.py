@@ -14,7 +14,7 @@ import contextlib
 import functools
 import socket
 import ssl
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -119,12 +119,22 @@ class Harness(Served):
                 await self.upstream.wait_connections_closed()
 
 
+class _EmbeddedServer(GatewayServer):
+    """A gateway served inside another program (the eval, a test): the program owns its
+    signals. uvicorn's own handlers would end the gateway on SIGTERM while the program
+    went on using it (the eval would record every run in flight as a failure)."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
 @contextlib.asynccontextmanager
 async def serve(app: FastAPI, *, start_timeout_s: float = 10.0) -> AsyncIterator[str]:
     """Serve ``app`` with uvicorn on an ephemeral loopback port; yield its base URL.
     ``start_timeout_s``: how long its start-up may take (a managed model server's too)."""
     config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on")
-    server = GatewayServer(config, app)
+    server = _EmbeddedServer(config, app)
     task = asyncio.create_task(server.serve())
     async with asyncio.timeout(start_timeout_s):
         while not server.started:

@@ -4,8 +4,12 @@ proven by a scripted model that needs it."""
 
 from __future__ import annotations
 
+import http.server
+import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import orjson
@@ -152,3 +156,52 @@ def test_a_refused_request_stops_the_cli_with_a_message(tmp_path: Path) -> None:
         cwd=tmp_path,
     )
     assert done.returncode != 0 and "no scripted model 'nobody'" in done.stderr
+
+
+class _Stalled(http.server.BaseHTTPRequestHandler):
+    """An upstream that lists a model and never answers a completion."""
+
+    def do_GET(self) -> None:
+        body = b'{"object": "list", "data": [{"id": "stalled", "object": "model"}]}'
+        self.send_response(200 if self.path.endswith("/models") else 404)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    posts = 0
+
+    def do_POST(self) -> None:
+        type(self).posts += 1
+        time.sleep(30)
+
+    def log_message(self, *_: object) -> None:
+        pass
+
+
+def test_sigterm_stops_the_cli_and_records_no_run_it_cut_off(tmp_path: Path) -> None:
+    # A stopped eval (Ctrl-C, `timeout`, a container stopping) must not write the runs in
+    # flight as failures: a resume would count them as done.
+    upstream = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Stalled)
+    upstream.daemon_threads = True
+    threading.Thread(target=upstream.serve_forever, daemon=True).start()
+    out = tmp_path / "eval"
+    url = f"http://127.0.0.1:{upstream.server_address[1]}/v1"
+    argv = [sys.executable, "-m", "toolforge.cli", "eval", "--backend", url]
+    argv += ["--model", "stalled", "--mode", "native", "--scenario", "basic_2step"]
+    argv += ["--runs", "2", "--concurrency", "2", "--out", str(out)]
+    proc = subprocess.Popen(argv, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 60
+        while not _Stalled.posts and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _Stalled.posts, "the runs never reached the upstream"
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+        upstream.shutdown()
+    assert proc.returncode != 0
+    assert b"stopped" in err
+    results = out / "results.jsonl"
+    assert not results.exists() or results.read_text() == ""

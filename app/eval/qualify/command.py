@@ -20,6 +20,7 @@ import asyncio
 import datetime as dt
 import os
 import platform
+import signal
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
@@ -198,13 +199,32 @@ def eval_command(args: argparse.Namespace) -> None:
                 )
 
         if jobs:
+            # SIGTERM (``timeout``, a container stopping) ends the eval as Ctrl-C does: the
+            # runs in flight are cancelled, not recorded, and the model server is stopped.
+            previous = signal.signal(signal.SIGTERM, _as_interrupt)
             try:
                 asyncio.run(go())
+            except KeyboardInterrupt:
+                kept = len(results.done())
+                print(
+                    f"toolforge eval: stopped: {kept} runs kept in {results.path}; "
+                    "the same command resumes from there",
+                    file=sys.stderr,
+                )
+                raise SystemExit(130) from None
             except EvalSetupError as exc:
                 print(f"toolforge eval: stopped: {exc}", file=sys.stderr)
                 raise SystemExit(1) from None
             except ValueError as exc:  # a backend or model that does not exist
                 print(f"toolforge eval: {exc}", file=sys.stderr)
                 raise SystemExit(2) from None
+            finally:
+                signal.signal(signal.SIGTERM, previous)
     print(write_reports(out, prov))
     print(f"\nreports: {out}/report.md, {out}/report.html, {out}/summary.json")
+
+
+def _as_interrupt(_sig: int, _frame: object) -> None:
+    """SIGTERM as SIGINT: asyncio's runner cancels the main task (the runs in flight), and
+    the eval stops as after Ctrl-C."""
+    signal.raise_signal(signal.SIGINT)
