@@ -113,6 +113,12 @@ class RedisServer:
             self.proc.kill()
             self.proc.wait(timeout=5)
 
+    def restart(self) -> None:
+        """SIGKILL, then a new ``redis-server`` on the same port: Redis back, empty (no
+        persistence), its scripts forgotten."""
+        self.kill()
+        self.proc = self._start()
+
     def pause(self) -> None:
         """SIGSTOP: Redis accepts nothing and answers nothing (a hung server)."""
         self.proc.send_signal(signal.SIGSTOP)
