@@ -7,7 +7,9 @@ app builds one :class:`RedisCluster` at start-up, and these live in Redis, one m
 - :mod:`.heartbeat`: ``tf:r:{replica}``, a key that expires after ``REPLICA_TTL_S`` unless
   the replica renews it, and the leases the replica holds, renewed with it.
 - :mod:`.resume`: stream ownership (``tf:s:{id}:m``, ``{state: running|done|lost,
-  owner}``) and resume buffers (``tf:s:{id}:f``, the frames' SSE blocks as sent).
+  owner}``) and resume buffers (``tf:s:{id}:f``, the frames' SSE blocks as sent), written
+  by :mod:`.mirror`: one loop per replica, one pipelined round trip per flush interval
+  for all its streams.
 - :mod:`.idempotency`: ``tf:k:{sha256(key)}``, ``{h: body hash, s: stream id}``, claimed
   atomically (two replicas given the same key at once: one stream, one in-flight error).
 - :mod:`.commands`: cancel, approvals and client tool results for a stream another
@@ -25,8 +27,8 @@ carries), and the API layer answers it.
 Failures (docs/deployment.md, "What happens on each failure"): every call is bounded by
 ``REDIS_TIMEOUT_MS``; what needs Redis and cannot have it is a
 :class:`RedisUnavailable` (``REDIS_UNAVAILABLE``, retryable). A running stream never
-waits on Redis: its mirror gives up (the stream goes on, resumable on its own replica
-only) and a tool slot falls back to this replica's own gate. A replica that dies leaves
+waits on Redis: its mirror falls behind (the stream goes on, resumable on its own replica
+only until Redis is back and the mirror has caught up) and a tool slot falls back to this replica's own gate. A replica that dies leaves
 its buffer; the first client that resumes it elsewhere after ``REPLICA_TTL_S`` appends
 ``error`` (``STREAM_LOST``) and ``done`` to it, atomically, so every later reader sees
 the same end.
