@@ -1,19 +1,24 @@
-"""Planning an OpenAI-compatible request: from a validated ``POST /v1/chat/completions`` body
-to a :class:`~toolforge.runtime.planner.StreamPlan` whose mode is the proxy's
+"""The proxy's turn: a validated ``POST /v1/chat/completions`` body as a plan request for the
+one planner (:meth:`toolforge.runtime.planner.StreamPlanner.build`), and the mode strategy
+that shapes its turn into a plan whose mode is the proxy's
 (:class:`toolforge.core.engine.completion.CompletionMode`), docs/workflows.md.
 
-The plan decides, once per request:
+:func:`completion_request` is the door's adapter (a plain request: its
+:class:`CompletionTurn`); :func:`plan_workflow_completion` plans a request that runs a
+workflow as ``POST /v1/stream`` plans one. A plain request's turn decides, once per
+request:
 
 * the mode: ``constrained`` when the upstream takes GBNF grammars (llama-server; the
-  stream planner's probe, cached per model) and the grammar guardrail is on, else
-  ``native`` (the upstream's own ``tools``);
+  planner's probe, cached per model) and the grammar guardrail is on, else ``native``
+  (the upstream's own ``tools``);
 * what the model is offered: the client's functions, the registry's ``server_tools``, and
   ``respond`` (the answer as a call) when tools are present and ``tool_choice`` is auto;
-* in constrained mode, the grammar of a call (``{"name", "arguments"}`` whose arguments
-  have the function's schema, or a list of them when ``parallel_tool_calls``) or of the
-  JSON answer, and a system message that describes the functions (llama-server gets no
-  ``tools`` then: the grammar and the prompt are the whole contract);
-* in native mode, the upstream's ``tools``, ``tool_choice`` and ``response_format``;
+* the mode's :class:`CompletionShaping`: in constrained mode, the grammar of a call
+  (``{"name", "arguments"}`` whose arguments have the function's schema, or a list of
+  them when ``parallel_tool_calls``) or of the JSON answer, and a system message that
+  describes the functions (llama-server gets no ``tools`` then: the grammar and the
+  prompt are the whole contract); in native mode, the upstream's ``tools``,
+  ``tool_choice`` and ``response_format``;
 * sampling and the rest, forwarded as given.
 
 The body is read through :class:`CompletionAsk` (``toolforge.api.models.ChatCompletionRequest``
