@@ -74,7 +74,7 @@ ANSWER = {
 }
 
 # The proxy's plain requests (no workflow): name -> body.
-PROXY: Final = {
+PROXY: Final[dict[str, dict[str, Any]]] = {
     "tools": {"messages": USER, "tools": [WEATHER, ORDER]},
     "no_tools": {"messages": USER, "temperature": 0.2, "seed": 7, "max_tokens": 64},
     "forced": {
@@ -118,7 +118,7 @@ PROXY: Final = {
     },
 }
 # The proxy's workflow runs.
-PROXY_WORKFLOW: Final = {
+PROXY_WORKFLOW: Final[dict[str, dict[str, Any]]] = {
     "workflow": {
         "messages": [{"role": "user", "content": "A table for two at Noma at 19:00"}],
         "temperature": 0,
@@ -130,7 +130,7 @@ PROXY_WORKFLOW: Final = {
     },
 }
 # POST /v1/stream bodies.
-STREAM: Final = {
+STREAM: Final[dict[str, dict[str, Any]]] = {
     "stream_plain": {"messages": USER, "mode": "auto"},
     "stream_tools": {
         "input": "Find a cafe in Oslo",
@@ -246,6 +246,10 @@ async def capture() -> dict[str, Any]:
         for name, body in STREAM.items():
             out[f"{kind}/{name}"] = snapshot(await plan_stream(p, body))
     return out
+
+
+def loads(data: bytes) -> Any:
+    return orjson.loads(data)
 
 
 def dumps(value: Any) -> bytes:

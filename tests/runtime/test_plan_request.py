@@ -27,7 +27,7 @@ from toolforge.runtime.planner import (
 )
 from toolforge.runtime.workflow_runner import runner_request
 
-GOLDEN_PLANS = plan_cases.orjson.loads(GOLDEN.read_bytes())
+GOLDEN_PLANS = plan_cases.loads(GOLDEN.read_bytes())
 
 
 @pytest.mark.parametrize("kind", KINDS)
