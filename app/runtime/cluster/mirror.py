@@ -119,7 +119,7 @@ class Mirror:
         self._streams[session.id] = _Tracked(
             session, session.log, keys, session.plan.owner or "", time.monotonic()
         )
-        if self._task is None:
+        if self._task is None or self._task.done():  # done: its event loop was closed
             self._task = asyncio.get_running_loop().create_task(self._run(), name="resume-mirror")
 
     async def flush(self, timeout_s: float) -> None:
