@@ -1,17 +1,17 @@
 """The mirror: the frames of every stream this replica runs, copied into their resume
 buffers in Redis (:mod:`.resume`) by one loop for the whole replica.
 
-Theory of operation. Every flush interval (``REDIS_FLUSH_MS``) the loop looks at each
-tracked stream's frame log (two integers compared: no task and no wake-up per stream) and
-sends, in ONE pipelined round trip (``transaction=False``), the ``append`` script call of
-every stream with new frames, and a ``PEXPIRE`` of the keys of every stream idle for a
-third of ``RESUME_TTL_S``. Each reply advances its own stream's cursor. So a replica pays
-Redis one round trip per interval whatever the number of streams it runs, where one
-mirror task per stream paid one per stream. A round trip carries at most
-``REDIS_MIRROR_MAX_ENTRIES`` commands and about ``REDIS_MIRROR_MAX_BYTES`` of frames
-(a stream's own batch is never split: one larger than that goes alone); what is left of
-an interval's work follows at once in more round trips, so no stream's frames, its
-``done`` least of all, wait for the next interval.
+Theory of operation. Every flush interval (``REDIS_FLUSH_MS``; 0 is taken as 1 ms) the
+loop looks at each tracked stream's frame log (two integers compared: no task and no
+wake-up per stream) and sends, in ONE pipelined round trip (``transaction=False``), the
+``append`` script call of every stream with new frames, and a ``PEXPIRE`` of the keys of
+every stream idle for a third of ``RESUME_TTL_S``. Each reply advances its own stream's
+cursor. So a replica pays Redis one round trip per interval whatever the number of
+streams it runs, where one mirror task per stream paid one per stream. A round trip
+carries at most ``REDIS_MIRROR_MAX_ENTRIES`` commands and about
+``REDIS_MIRROR_MAX_BYTES`` of frames (a stream's own batch is never split: one larger
+than that goes alone); what is left of an interval's work follows at once in more round
+trips, so no stream's frames, its ``done`` least of all, wait for the next interval.
 
 What each stream's buffer gets is what its own mirror task wrote before:
 
@@ -24,8 +24,10 @@ What each stream's buffer gets is what its own mirror task wrote before:
 - Redis unavailable: the stream goes on; its writes are retried every ``_RETRY_S``
   (the frame log still holds every frame, so the buffer catches up in one entry), and
   given up once the stream ended longer than ``RESUME_TTL_S`` ago (nobody could resume
-  it any more). A write that timed out here but ran on Redis is not written twice (the
-  ``append`` script answers an entry id it already holds as written);
+  it any more). A write that timed out here but ran on Redis after all is not an error:
+  sent again as it was, the ``append`` script answers an entry id it already holds as
+  written; with more frames, the next entry repeats some, and readers skip the frames
+  they hold (:meth:`.resume.RemoteStream.follow`);
 - a stream another replica declared lost (``append`` answers 0) is let go;
 - :meth:`Mirror.flush`, at shutdown after the streams ended, writes the last frames.
 """
