@@ -10,6 +10,8 @@ from typing import Annotated, Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from toolforge.runtime.planner import DEFAULT_MAX_TOOL_CALLS
+
 __all__ = [
     "ApprovalDecision",
     "ChatMessage",
@@ -108,7 +110,7 @@ class StreamRequest(BaseModel):
     sampling: Sampling | None = None
     profile: Literal["demo"] | None = None
     model: Annotated[str, Field(min_length=1, max_length=256)] | None = None
-    max_tool_calls: Annotated[int, Field(ge=0, le=64)] = 8
+    max_tool_calls: Annotated[int, Field(ge=0, le=64)] = DEFAULT_MAX_TOOL_CALLS
     # docs/workflows.md: a registered workflow's name (GET /v1/workflows) or an inline definition
     # (checked when the stream is planned: WORKFLOW_INVALID, 422).
     workflow: Annotated[str, Field(min_length=1, max_length=64)] | dict[str, Any] | None = None
@@ -236,7 +238,7 @@ class ToolForgeExtension(BaseModel):
 
     server_tools: list[SchemaName] = Field(default_factory=list, max_length=64)
     guardrails: GuardSwitches = GuardSwitches()
-    max_tool_calls: Annotated[int, Field(ge=0, le=64)] = 8
+    max_tool_calls: Annotated[int, Field(ge=0, le=64)] = DEFAULT_MAX_TOOL_CALLS
     # docs/workflows.md: the gateway runs this workflow (a registered name, GET /v1/workflows, or an
     # inline definition) and answers with its terminal tool's result (docs/proxy.md).
     workflow: Annotated[str, Field(min_length=1, max_length=64)] | dict[str, Any] | None = None
