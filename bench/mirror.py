@@ -6,21 +6,28 @@ set to a ``redis-server`` of the bench's own (``bench.workers``); N streams of `
 tokens ``--delay-ms`` apart start 4 ms apart from one client process. Reported: what Redis
 itself counted while they ran (``INFO``: the ``EVALSHA`` calls, each one stream's entry in
 its resume buffer, and the reads it processed, one per round trip a client sent), so the
-mirror's round trips per entry show without a timer or ``MONITOR``. The gateway of another
-checkout runs with ``PYTHONPATH=<checkout>/.ab-import`` (``bench.ab``'s package shim).
-It prints its table; bench/RESULTS.md is written by hand.
+mirror's round trips per entry show without a timer or ``MONITOR``; and the gateway's CPU
+per token while they ran. ``--client python`` runs the gateway with redis-py's pure-Python
+parser and packer (a ``hiredis`` that fails to import comes first on its ``PYTHONPATH``,
+as when hiredis was not installed), ``hiredis`` as installed; ``--client hiredis,python``
+runs both arms for each N. The gateway of another checkout runs with
+``PYTHONPATH=<checkout>/.ab-import`` (``bench.ab``'s package shim). It prints its table;
+bench/RESULTS.md is written by hand.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
+import tempfile
 import time
+from pathlib import Path
 
 import httpx
 import redis
 
-from bench._procs import scratch, spawn_gateway, spawn_upstream
+from bench._procs import cpu_seconds, scratch, spawn_gateway, spawn_upstream
 from bench.workers import redis_server
 
 __all__ = ["main"]
@@ -33,12 +40,27 @@ def _counts(client: redis.Redis) -> tuple[int, int]:
     return int(stats["total_reads_processed"]), int(evalsha)
 
 
-async def _run(n: int, tokens: int, delay_ms: float) -> str:
-    with scratch("toolforge-mirror-") as (artifacts, procs), redis_server() as url:
+def _without_hiredis(env: dict[str, str], shim: Path) -> None:
+    """``env`` for a gateway whose ``import hiredis`` fails: redis-py's own parser and
+    packer, as before hiredis was a dependency."""
+    (shim / "hiredis").mkdir(exist_ok=True)
+    (shim / "hiredis" / "__init__.py").write_text('raise ImportError("bench.mirror")\n')
+    path = os.environ.get("PYTHONPATH")
+    env["PYTHONPATH"] = f"{shim}{os.pathsep}{path}" if path else str(shim)
+
+
+async def _run(n: int, tokens: int, delay_ms: float, client_arm: str) -> str:
+    with (
+        scratch("toolforge-mirror-") as (artifacts, procs),
+        redis_server() as url,
+        tempfile.TemporaryDirectory(prefix="toolforge-mirror-shim-") as shim,
+    ):
         up = spawn_upstream()
         procs.append(up)
         room = str(max(1000, 2 * n + 100))
         env = {"REDIS_URL": url, "MAX_CONNECTIONS": room, "UPSTREAM_MAX_CONNECTIONS": room}
+        if client_arm == "python":
+            _without_hiredis(env, Path(shim))
         gw = spawn_gateway(f"http://127.0.0.1:{up.port}/v1", artifacts, env=env)
         procs.append(gw)
         stream_url = f"http://127.0.0.1:{gw.port}/v1/stream"
@@ -51,7 +73,7 @@ async def _run(n: int, tokens: int, delay_ms: float) -> str:
             await http.post(stream_url, json={**body, "model": "ttft"})  # the first request
             await asyncio.sleep(1.0)
             reads0, evalsha0 = _counts(client)
-            started = time.monotonic()
+            started, cpu0 = time.monotonic(), cpu_seconds(gw.pid)
 
             async def one(i: int) -> int:
                 await asyncio.sleep(i * 0.004)
@@ -62,12 +84,13 @@ async def _run(n: int, tokens: int, delay_ms: float) -> str:
             complete = sum(await asyncio.gather(*(one(i) for i in range(n))))
             took = time.monotonic() - started
             await asyncio.sleep(0.5)  # the last flushes
+            cpu = cpu_seconds(gw.pid) - cpu0
             reads1, evalsha1 = _counts(client)
         client.close()
     entries, reads = evalsha1 - evalsha0, reads1 - reads0
     return (
-        f"| {n} | {complete} | {took:.1f} | {n * tokens} | {entries} | {reads} | "
-        f"{entries / max(1, reads):.1f} |"
+        f"| {n} | {client_arm} | {complete} | {took:.1f} | {n * tokens} | {entries} | {reads} | "
+        f"{entries / max(1, reads):.1f} | {cpu / (n * tokens) * 1e6:.1f} |"
     )
 
 
@@ -76,13 +99,24 @@ def main() -> None:
     parser.add_argument("--n", default="200,500", help="stream counts, comma-separated")
     parser.add_argument("--tokens", type=int, default=50, help="tokens per stream")
     parser.add_argument("--delay-ms", type=float, default=100.0, help="between two tokens")
-    args = parser.parse_args()
-    print(
-        "| N | complete | s | tokens | EVALSHA (buffer entries) | Redis reads | entries per read |"
+    parser.add_argument(
+        "--client",
+        default="hiredis",
+        help="the gateway's Redis client: hiredis (as installed), python (redis-py's own "
+        "parser and packer), or both comma-separated, run in turn for each N",
     )
-    print("|---|---|---|---|---|---|---|")
+    args = parser.parse_args()
+    arms = [arm.strip() for arm in args.client.split(",")]
+    if not set(arms) <= {"hiredis", "python"}:
+        parser.error(f"--client: hiredis or python, not {args.client!r}")
+    print(
+        "| N | client | complete | s | tokens | EVALSHA (buffer entries) | Redis reads "
+        "| entries per read | gateway CPU µs per token |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
     for n in (int(x) for x in args.n.split(",")):
-        print(asyncio.run(_run(n, args.tokens, args.delay_ms)), flush=True)
+        for arm in arms:
+            print(asyncio.run(_run(n, args.tokens, args.delay_ms, arm)), flush=True)
 
 
 if __name__ == "__main__":

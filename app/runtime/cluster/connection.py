@@ -11,13 +11,15 @@ from collections.abc import Coroutine
 from importlib.resources import files
 from typing import Any, Final, NotRequired, TypedDict
 
-import hiredis
 import redis.asyncio as aioredis
 from redis.asyncio.connection import AbstractConnection
 from redis.commands.core import AsyncScript
 from redis.exceptions import RedisError
 from redis.typing import EncodableT
 from redis.utils import HIREDIS_AVAILABLE
+
+if HIREDIS_AVAILABLE:  # a dependency; without it (or older than 3.2), redis-py's own parts
+    import hiredis
 
 from toolforge.errors import ErrorCode, ToolForgeError
 from toolforge.log import get_logger
