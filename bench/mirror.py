@@ -10,9 +10,16 @@ mirror's round trips per entry show without a timer or ``MONITOR``; and the gate
 per token while they ran. ``--client python`` runs the gateway with redis-py's pure-Python
 parser and packer (a ``hiredis`` that fails to import comes first on its ``PYTHONPATH``,
 as when hiredis was not installed), ``hiredis`` as installed; ``--client hiredis,python``
-runs both arms for each N. The gateway of another checkout runs with
-``PYTHONPATH=<checkout>/.ab-import`` (``bench.ab``'s package shim). It prints its table;
-bench/RESULTS.md is written by hand.
+runs both arms for each N.
+
+``--pipeline 12,100`` measures the client alone instead, in this process: pipelines of
+that many ``append`` EVALSHA calls shaped as the mirror sends them, through the gateway's
+own :class:`~toolforge.runtime.cluster.connection.Connection` (its pool, its timeouts),
+with each reply parser (redis-py's Python one, hiredis) and each packer (redis-py's
+asyncio one, hiredis's), and this process's CPU per command.
+
+The gateway of another checkout runs with ``PYTHONPATH=<checkout>/.ab-import``
+(``bench.ab``'s package shim). It prints its table; bench/RESULTS.md is written by hand.
 """
 
 from __future__ import annotations
@@ -23,12 +30,18 @@ import os
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import redis
+from redis._parsers import _AsyncHiredisParser, _AsyncRESP2Parser
+from redis.utils import HIREDIS_AVAILABLE
 
 from bench._procs import cpu_seconds, scratch, spawn_gateway, spawn_upstream
 from bench.workers import redis_server
+from toolforge.log import configure_logging
+from toolforge.runtime.cluster.connection import Connection
+from toolforge.runtime.cluster.keys import frames_key, meta_key
 
 __all__ = ["main"]
 
@@ -94,6 +107,60 @@ async def _run(n: int, tokens: int, delay_ms: float, client_arm: str) -> str:
     )
 
 
+_FRAMES = b'id: 7\nevent: token\ndata: {"text":"the model"}\n\n' * 3
+
+
+async def _pipelines(url: str, size: int, parser: str, packer: str, rounds: int) -> float:
+    """CPU µs per EVALSHA over ``rounds`` pipelines of ``size``, after a warm-up."""
+    conn = Connection(url, {"timeout_s": 1.0, "replica_ttl_s": 5.0})
+    pool = conn.redis.connection_pool
+    if packer == "python":  # redis-py's own class, as chosen for the URL
+        pool.connection_class = pool.connection_class.__mro__[1]
+    assert pool.connection_class.__name__.startswith("Hiredis") == (packer == "hiredis")
+    parsers = {"python": _AsyncRESP2Parser, "hiredis": _AsyncHiredisParser}
+    pool.connection_kwargs["parser_class"] = parsers[parser]
+    sha = conn.script("append").sha
+    commands: list[tuple[Any, ...]] = []
+    for i in range(size):
+        keys = [frames_key(f"s_{i:012x}"), meta_key(f"s_{i:012x}")]
+        args = [f"{i + 10}-0", i + 1, _FRAMES, 0, 600_000, conn.replica_id, "bench"]
+        commands.append((sha, len(keys), *keys, *args))
+    await conn.redis.script_load(conn.script("append").script)
+
+    async def once() -> None:
+        pipe = conn.redis.pipeline(transaction=False)
+        for command in commands:
+            pipe.evalsha(*command)
+        await pipe.execute(False)
+
+    for _ in range(5):
+        await once()
+    started = time.process_time()
+    for _ in range(rounds):
+        await once()
+    took = time.process_time() - started
+    await conn.aclose()
+    return took / (rounds * size) * 1e6
+
+
+async def _client_table(sizes: list[int]) -> None:
+    if not HIREDIS_AVAILABLE:
+        raise SystemExit("--pipeline compares hiredis with redis-py's own: pip install -e .")
+    configure_logging(level="WARNING")  # not the client's start-up line before each run
+    print("| pipeline | parser | packer | CPU µs per EVALSHA (3 runs) |")
+    print("|---|---|---|---|")
+    with redis_server() as url:
+        for size in sizes:
+            for parser, packer in (
+                ("python", "python"),
+                ("hiredis", "python"),
+                ("hiredis", "hiredis"),
+            ):
+                runs = [await _pipelines(url, size, parser, packer, 12_000 // size) for _ in "123"]
+                cells = " / ".join(f"{run:.1f}" for run in runs)
+                print(f"| {size} | {parser} | {packer} | {cells} |", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", default="200,500", help="stream counts, comma-separated")
@@ -105,7 +172,15 @@ def main() -> None:
         help="the gateway's Redis client: hiredis (as installed), python (redis-py's own "
         "parser and packer), or both comma-separated, run in turn for each N",
     )
+    parser.add_argument(
+        "--pipeline",
+        default="",
+        help="pipeline sizes, comma-separated: the client alone, in process (no gateway)",
+    )
     args = parser.parse_args()
+    if args.pipeline:
+        asyncio.run(_client_table([int(x) for x in args.pipeline.split(",")]))
+        return
     arms = [arm.strip() for arm in args.client.split(",")]
     if not set(arms) <= {"hiredis", "python"}:
         parser.error(f"--client: hiredis or python, not {args.client!r}")
