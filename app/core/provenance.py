@@ -1196,9 +1196,11 @@ def _as_listed(args: object, arg: str, offered: Sequence[object]) -> object | No
 
 
 def _not_values(tool: str, arg: str, held: Held) -> frozenset[str]:
-    """What a retry's value is not: the tool's and its arguments' names, the failed
-    value's words, the user's spent words."""
+    """What a retry's value is not: the tool's and its arguments' names and their words
+    (``fetch_log(service="log")`` is no retry), the failed value's words, the user's
+    spent words."""
     out = {tool.lower(), arg.lower(), *held.spent}
+    out.update(w.lower() for w in _WORD.findall(f"{tool} {arg}".replace("_", " ")))
     failure = held.failures.get(tool)
     if failure is not None and isinstance(failure[0], Mapping):
         for name, value in failure[0].items():
