@@ -8,6 +8,8 @@ from typing import Any
 import pytest
 
 from toolforge.core.tool_specs import ToolError, ToolSpec, validate_args
+from toolforge.core.workflow import parse_workflow
+from toolforge.eval.qualify.ablation import PRESETS
 from toolforge.eval.qualify.catalog import (
     ALL_SCENARIOS,
     COMPACTION_CHAIN,
@@ -148,3 +150,12 @@ def test_select() -> None:
     assert [s.name for s in select(["basic_2step"])] == ["basic_2step"]
     with pytest.raises(KeyError, match="known"):
         select(["nope"])
+
+
+@pytest.mark.parametrize("ablation", sorted(PRESETS))
+def test_every_preset_leaves_every_scenarios_workflow_valid(ablation: str) -> None:
+    # A preset that turns a feature off must not leave a field that names it (no_steps with
+    # the audit's min_calls was refused as WORKFLOW_INVALID before any run).
+    for scenario in ALL_SCENARIOS:
+        doc = PRESETS[ablation].apply(scenario.workflow())
+        parse_workflow(doc, known_tools=scenario.tool_names())

@@ -37,6 +37,7 @@ class Ablation:
         if not self.steps:
             out["required_steps"] = []
             out["prerequisites"] = {}
+            out.pop("min_calls", None)  # a count of a required step's calls: no steps, none
         if not self.recovery:
             out["max_tool_errors"] = 0
         if not self.compaction:
