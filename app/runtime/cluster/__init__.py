@@ -29,9 +29,9 @@ Failures (docs/deployment.md, "What happens on each failure"): every call is bou
 :class:`RedisUnavailable` (``REDIS_UNAVAILABLE``, retryable). A running stream never
 waits on Redis: its mirror falls behind (the stream goes on, resumable on its own replica
 only until Redis is back and the mirror has caught up) and a tool slot falls back to
-this replica's own gate. A replica that dies leaves its buffer; the first client that resumes it elsewhere after ``REPLICA_TTL_S`` appends
-``error`` (``STREAM_LOST``) and ``done`` to it, atomically, so every later reader sees
-the same end.
+this replica's own gate. A replica that dies leaves its buffer; the first client that
+resumes it elsewhere after ``REPLICA_TTL_S`` appends ``error`` (``STREAM_LOST``) and
+``done`` to it, atomically, so every later reader sees the same end.
 """
 
 from toolforge.runtime.cluster.commands import CommandHandler, RemoteError
