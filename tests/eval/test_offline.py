@@ -190,7 +190,15 @@ def test_sigterm_stops_the_cli_and_records_no_run_it_cut_off(tmp_path: Path) -> 
     argv = [sys.executable, "-m", "toolforge.cli", "eval", "--backend", url]
     argv += ["--model", "stalled", "--mode", "native", "--scenario", "basic_2step"]
     argv += ["--runs", "2", "--concurrency", "2", "--out", str(out)]
-    proc = subprocess.Popen(argv, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    # Started as a shell's background job is (`cmd &`): SIGINT ignored. SIGTERM must not
+    # depend on it.
+    proc = subprocess.Popen(
+        argv,
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+    )
     try:
         deadline = time.monotonic() + 60
         while not _Stalled.posts and time.monotonic() < deadline:

@@ -188,6 +188,12 @@ def eval_command(args: argparse.Namespace) -> None:
             print(f"resuming {out}: {skipped} runs already done", file=sys.stderr)
 
         async def go() -> None:
+            # SIGTERM (``timeout``, a container stopping) ends the eval as Ctrl-C does: the
+            # runs in flight are cancelled, not recorded, and the model server is stopped.
+            # On the loop, not through SIGINT: a shell's background job ignores SIGINT.
+            main = asyncio.current_task()
+            assert main is not None
+            asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, main.cancel)
             run: RunFn
             async with make_run(args.backend, args.model) as run:
                 await run_batch(
@@ -199,12 +205,9 @@ def eval_command(args: argparse.Namespace) -> None:
                 )
 
         if jobs:
-            # SIGTERM (``timeout``, a container stopping) ends the eval as Ctrl-C does: the
-            # runs in flight are cancelled, not recorded, and the model server is stopped.
-            previous = signal.signal(signal.SIGTERM, _as_interrupt)
             try:
                 asyncio.run(go())
-            except KeyboardInterrupt:
+            except (KeyboardInterrupt, asyncio.CancelledError):
                 kept = len(results.done())
                 print(
                     f"toolforge eval: stopped: {kept} runs kept in {results.path}; "
@@ -218,13 +221,5 @@ def eval_command(args: argparse.Namespace) -> None:
             except ValueError as exc:  # a backend or model that does not exist
                 print(f"toolforge eval: {exc}", file=sys.stderr)
                 raise SystemExit(2) from None
-            finally:
-                signal.signal(signal.SIGTERM, previous)
     print(write_reports(out, prov))
     print(f"\nreports: {out}/report.md, {out}/report.html, {out}/summary.json")
-
-
-def _as_interrupt(_sig: int, _frame: object) -> None:
-    """SIGTERM as SIGINT: asyncio's runner cancels the main task (the runs in flight), and
-    the eval stops as after Ctrl-C."""
-    signal.raise_signal(signal.SIGINT)
