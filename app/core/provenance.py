@@ -1200,7 +1200,7 @@ def _not_values(tool: str, arg: str, held: Held) -> frozenset[str]:
     (``fetch_log(service="log")`` is no retry), the failed value's words, the user's
     spent words."""
     out = {tool.lower(), arg.lower(), *held.spent}
-    out.update(w.lower() for w in _WORD.findall(f"{tool} {arg}".replace("_", " ")))
+    out.update(w.lower() for w in _WORD.findall(f"{tool} {arg}"))  # _WORD splits at "_"
     failure = held.failures.get(tool)
     if failure is not None and isinstance(failure[0], Mapping):
         for name, value in failure[0].items():
