@@ -170,10 +170,11 @@ class _Stalled(http.server.BaseHTTPRequestHandler):
         self.wfile.write(body)
 
     posts = 0
+    release = threading.Event()
 
     def do_POST(self) -> None:
         type(self).posts += 1
-        time.sleep(30)
+        self.release.wait(30)
 
     def log_message(self, *_: object) -> None:
         pass
@@ -208,7 +209,12 @@ def test_sigterm_stops_the_cli_and_records_no_run_it_cut_off(tmp_path: Path) -> 
         _, err = proc.communicate(timeout=30)
     finally:
         proc.kill()
+        # Release the stalled handlers and close the listening socket here: a handler
+        # thread that outlived the test held the last reference to the server, and its
+        # socket was reported unclosed in whichever test ran next.
+        _Stalled.release.set()
         upstream.shutdown()
+        upstream.server_close()
     assert proc.returncode != 0
     assert b"stopped" in err
     results = out / "results.jsonl"
