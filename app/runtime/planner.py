@@ -707,6 +707,19 @@ class StreamPlanner:
         """
         named = _ASKED.get(asked)
         if named is not None:
+            if asked == "native" and self.config.upstream_base_url is not None:
+                # Asked for by name, native mode still needs a template that shows the model
+                # its tools: where the upstream says it has none, the model would never see
+                # them and every turn would end without a call.
+                probed = await self._probe(model or self.config.model_id)
+                if probed.native_tools is False:
+                    raise RequestError(
+                        ErrorCode.MODE_UNAVAILABLE,
+                        "mode 'native' needs a chat template that renders tools, and this "
+                        f"model's has none ({probed.reason}); use 'auto' or "
+                        f"'{probed.mode}'",
+                        http_status=422,
+                    )
             return named
         if asked == "constrained" and self.config.upstream_kind == "llama_server":
             return ModeDecision(

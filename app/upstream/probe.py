@@ -35,11 +35,16 @@ _LLAMA_SERVER_PROPS = frozenset(
 
 @dataclass(frozen=True, slots=True)
 class ModeDecision:
-    """The mode a stream runs in, why, and whether the upstream takes GBNF grammars."""
+    """The mode a stream runs in, why, and whether the upstream takes GBNF grammars.
+
+    ``native_tools``: whether the model's chat template renders tools, where the upstream
+    says (llama-server's ``/props``, Ollama's capabilities); ``None`` where it does not.
+    """
 
     mode: Literal["sentinel", "constrained", "native"]
     reason: str
     grammar: bool = False
+    native_tools: bool | None = None
 
 
 async def _json(response_coro: Any) -> Any:
@@ -75,13 +80,17 @@ async def probe_tool_mode(
         caps = props.get("chat_template_caps")
         if isinstance(caps, dict) and caps.get("supports_tool_calls") is True:
             return ModeDecision(
-                "native", "llama-server /props: the chat template does tool calls", grammar=True
+                "native",
+                "llama-server /props: the chat template does tool calls",
+                grammar=True,
+                native_tools=True,
             )
         return ModeDecision(
             "constrained",
             "llama-server /props: the chat template has no tool calls, and the server "
             "takes GBNF grammars",
             grammar=True,
+            native_tools=False,
         )
     if llama_server:
         return ModeDecision(
@@ -95,8 +104,12 @@ async def probe_tool_mode(
     )
     if isinstance(show, dict) and isinstance(caps := show.get("capabilities"), list):
         if "tools" in caps:
-            return ModeDecision("native", f"Ollama /api/show: {model} has the tools capability")
-        return ModeDecision("sentinel", f"Ollama /api/show: {model} has no tools capability")
+            return ModeDecision(
+                "native", f"Ollama /api/show: {model} has the tools capability", native_tools=True
+            )
+        return ModeDecision(
+            "sentinel", f"Ollama /api/show: {model} has no tools capability", native_tools=False
+        )
     return ModeDecision(
         "sentinel",
         "the upstream does not report tool support or grammars (/props, /api/show); "

@@ -144,3 +144,53 @@ async def test_concurrent_first_requests_share_one_probe(make_gateway: HarnessFa
     results = await asyncio.gather(*(gw.stream({"input": "x"}) for _ in range(8)))
     assert all(frames(r)[0].data["mode"] == "constrained" for r in results)
     assert len([r for r in gw.upstream.all_requests if r.path == "/props"]) == 1
+
+
+async def test_native_is_refused_where_the_template_renders_no_tools(
+    make_gateway: HarnessFactory,
+) -> None:
+    # SmolLM2's and Gemma 3's templates: llama-server drops the request's tools, so the model
+    # would be asked for calls it is never shown, turn after turn.
+    props = {"chat_template_caps": {"supports_tools": False, "supports_tool_calls": False}}
+    gw = await make_gateway(
+        [Script.from_tokens(["a"])],
+        routes={"/props": Script(end="status", status=200, body=orjson.dumps(props).decode())},
+    )
+    response = await gw.client.post(f"{gw.url}/v1/stream", json={"input": "x", "mode": "native"})
+    assert response.status_code == 422
+    error = response.json()["error"]
+    assert error["code"] == "MODE_UNAVAILABLE"
+    assert "renders tools" in error["message"] and "'constrained'" in error["message"]
+    assert gw.upstream.requests == []  # nothing was generated
+    # auto on the same upstream still runs, with the grammar
+    events = await gw.stream({"input": "y"})
+    assert frames(events)[0].data["mode"] == "constrained"
+
+
+async def test_native_is_refused_for_an_ollama_model_without_tools(
+    make_gateway: HarnessFactory,
+) -> None:
+    show = {"capabilities": ["completion"]}
+    gw = await make_gateway(
+        [Script.from_tokens(["a"])],
+        routes={"/api/show": Script(end="status", status=200, body=orjson.dumps(show).decode())},
+    )
+    response = await gw.client.post(
+        f"{gw.url}/v1/stream", json={"input": "x", "mode": "native", "model": "smollm2"}
+    )
+    assert response.status_code == 422
+    assert response.json()["error"]["code"] == "MODE_UNAVAILABLE"
+    assert "'sentinel'" in response.json()["error"]["message"]
+
+
+async def test_native_runs_where_the_template_does_tool_calls(
+    make_gateway: HarnessFactory,
+) -> None:
+    props = {"chat_template_caps": {"supports_tools": True, "supports_tool_calls": True}}
+    gw = await make_gateway(
+        [Script.from_tokens(["a"])],
+        routes={"/props": Script(end="status", status=200, body=orjson.dumps(props).decode())},
+    )
+    events = await gw.stream({"input": "x", "mode": "native"})
+    assert_well_formed(events)
+    assert frames(events)[0].data["mode"] == "native"
