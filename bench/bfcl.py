@@ -438,15 +438,19 @@ async def ask(client: httpx.AsyncClient, url: str, arm: str, case: Case, model: 
 
 
 async def measure(
-    cases: Sequence[Case], gateway: Gateway, concurrency: int, out: IO[str]
+    cases: Sequence[Case],
+    gateway: Gateway,
+    concurrency: int,
+    out: IO[str],
+    arms: Sequence[str] = ARMS,
 ) -> dict[str, list[Record]]:
-    """Every case on both arms (arms in alternating order, ``concurrency`` cases at once);
+    """Every case on each of ``arms`` (in alternating order, ``concurrency`` cases at once);
     each record is written to ``out`` as it comes."""
     urls = {
         "proxy": f"{gateway.url}/v1/chat/completions",
         "alone": f"{gateway.server_url}/v1/chat/completions",
     }
-    records: dict[str, dict[str, Record]] = {arm: {} for arm in ARMS}
+    records: dict[str, dict[str, Record]] = {arm: {} for arm in arms}
     gate = asyncio.Semaphore(concurrency)
     done = 0
     timeout = httpx.Timeout(TIMEOUT_S, connect=10)
@@ -457,7 +461,7 @@ async def measure(
             nonlocal done
             async with gate:
                 marks = []
-                for arm in ARMS if i % 2 == 0 else ARMS[::-1]:
+                for arm in arms if i % 2 == 0 else arms[::-1]:
                     record = await ask(client, urls[arm], arm, case, gateway.model)
                     records[arm][case.id] = record
                     out.write(json.dumps(record.to_json(), ensure_ascii=False) + "\n")
@@ -470,7 +474,7 @@ async def measure(
                 )
 
         await asyncio.gather(*(one(i, case) for i, case in enumerate(cases)))
-    return {arm: [records[arm][c.id] for c in cases] for arm in ARMS}
+    return {arm: [records[arm][c.id] for c in cases] for arm in arms}
 
 
 # -- the report -------------------------------------------------------------------------
@@ -563,6 +567,8 @@ async def run(args: argparse.Namespace) -> None:
         raise RuntimeError(f"expected {CASES} simple_python cases, found {len(cases)}")
     if args.limit is not None:
         cases = cases[: args.limit]
+    if args.stride is not None:
+        cases = cases[:: args.stride]
     load_at_start = load_average()
     started = time.monotonic()
     kept: list[str] = []
@@ -575,6 +581,13 @@ async def run(args: argparse.Namespace) -> None:
         finished = {case for case, lines in lines_by_case.items() if len(lines) == len(ARMS)}
         kept = [line for c in cases if c.id in finished for line in lines_by_case[c.id]]
         cases = [c for c in cases if c.id not in finished]
+    arms: Sequence[str] = ARMS
+    if args.alone_from is not None:
+        # llama-server alone does not run the gateway's code: its replies to the same
+        # cases, model and server flags are taken from an earlier run, and only the proxy
+        # arm is asked (half the time: the alone arm's prose runs to max_tokens).
+        kept = alone_lines(args.alone_from, cases)
+        arms = ("proxy",)
     with code_at(args.rev) as (env, code), tempfile.TemporaryDirectory() as artifacts:
         out: Path = args.resume or args.out or default_out(code)
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -589,7 +602,7 @@ async def run(args: argparse.Namespace) -> None:
             print(f"bfcl: gateway {gateway.url}, llama-server {gateway.server_url}", flush=True)
             with out.open("w", encoding="utf-8") as sink:
                 sink.writelines(line + "\n" for line in kept)
-                results = await measure(cases, gateway, args.concurrency, sink)
+                results = await measure(cases, gateway, args.concurrency, sink, arms)
     if kept:
         results = rescore(out)  # the kept cases and the new ones, in the data's order
     command = " ".join(["python -m bench.bfcl", *sys.argv[1:]])
@@ -603,8 +616,23 @@ async def run(args: argparse.Namespace) -> None:
         load_at_start=load_at_start,
     )
     print("\n".join([HEADING, *lines]))
-    if args.limit is None and not args.no_write:
+    if args.limit is None and args.stride is None and not args.no_write:
         write_section(HEADING, lines)
+
+
+def alone_lines(path: Path, cases: Sequence[Case]) -> list[str]:
+    """The alone arm's raw lines of ``cases`` in ``path``, in the cases' order; SystemExit
+    naming the first case it lacks."""
+    alone: dict[str, str] = {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.strip() and (record := json.loads(line))["arm"] == "alone":
+            alone[record["id"]] = line
+    missing = [c.id for c in cases if c.id not in alone]
+    if missing:
+        raise SystemExit(
+            f"--alone-from {path}: no alone reply for {len(missing)} cases (first: {missing[0]})"
+        )
+    return [alone[c.id] for c in cases]
 
 
 def rescore(path: Path) -> dict[str, list[Record]]:
@@ -637,6 +665,14 @@ def rescore(path: Path) -> dict[str, list[Record]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--limit", type=int, help="the first N cases only (RESULTS.md untouched)")
+    parser.add_argument(
+        "--stride", type=int, help="every Nth case only, a sample (RESULTS.md untouched)"
+    )
+    parser.add_argument(
+        "--alone-from",
+        type=Path,
+        help="the llama-server-alone arm from this earlier raw results file; ask the proxy only",
+    )
     parser.add_argument(
         "--concurrency",
         type=int,
@@ -701,6 +737,10 @@ def main() -> None:
         return
     if args.limit is not None and args.limit < 1:
         parser.error("--limit must be at least 1")
+    if args.stride is not None and args.stride < 1:
+        parser.error("--stride must be at least 1")
+    if args.alone_from is not None and args.resume is not None:
+        parser.error("--alone-from and --resume do not go together")
     if args.concurrency < 1:
         parser.error("--concurrency must be at least 1")
     asyncio.run(run(args))

@@ -155,6 +155,18 @@ _NUMBER_WORDS: Final = {
 # "un"/"une" and "eins"' "ein"/"eine" are articles as often as numbers ("einen Tisch"):
 # as English "a", they state no number.
 del _NUMBER_WORDS["un"]
+# A scale word after a number multiplies it ("100 million" is 100000000, "2,5 Milliarden"
+# 2500000000): English, German, French, the languages of the tables above.
+_SCALES: Final = {
+    word: 10**power
+    for power, line in (
+        (3, "thousand tausend mille"),
+        (6, "million millions millionen mio"),
+        (9, "billion billions milliarde milliarden milliard milliards mrd"),
+    )
+    for word in line.split()
+}
+_SCALE_AFTER: Final = re.compile(r"\s{1,3}([^\W\d_]{3,12})\b")
 # Month names (and their usual abbreviations' first three letters), the same languages.
 _MONTHS: Final = {
     name: month
@@ -221,6 +233,9 @@ class Said:
     times: tuple[str, ...] = ()
     dates: tuple[str, ...] = ()
     names: tuple[str, ...] = ()  # the things the user named (:func:`names_in`)
+    quoted: tuple[str, ...] = ()  # what the user put in quotes, as written (:func:`quoted_in`)
+    spans: tuple[str, ...] = ()  # runs of 1 to 6 of the user's words, as written (:func:`spans_in`)
+    lists: tuple[list[int | float], ...] = ()  # lists of numbers written in brackets
 
 
 def said_in(text: str) -> Said:
@@ -275,13 +290,21 @@ def said_in(text: str) -> Said:
     }
     numbers: dict[int | float, None] = {}
     for m in _NUMBER.finditer(rest):
+        after = _SCALE_AFTER.match(rest, m.end())
+        scale = _SCALES.get(after[1].lower(), 1) if after and not m["pct"] else 1
         for value in _readings(m[1], m["sep"], percent=bool(m["pct"])):
+            if scale != 1:  # "100 million": the number meant, not its first word
+                value = round(value * scale, 6)
+                value = int(value) if float(value).is_integer() else value
             numbers[value] = None
     for word in _WORD.findall(rest):
         if (n := _NUMBER_WORDS.get(word.lower())) is not None:
             numbers[n] = None
     return Said(
         names=names_in(text),
+        quoted=quoted_in(text),
+        lists=lists_in(text),
+        spans=spans_in(text),
         words=tuple(words),
         tokens=tuple(tokens)[:_MAX_WORDS],
         numbers=tuple(numbers)[:_MAX_VALUES],
@@ -340,6 +363,77 @@ def _date(year: str, month: str, day: str) -> str | None:
         31,
     )[m - 1]
     return f"{y:04d}-{m:02d}-{d:02d}" if d <= days else None
+
+
+# A value in quotes: 'Ticket to Ride', "Apple Inc.", “David”. The closing quote ends a word
+# ("It's" inside 'I love it! It's fresh.' does not close it).
+_QUOTED: Final = re.compile(
+    r"(?<!\w)'((?:[^'\n]|'(?=\w)){1,200}?)'(?!\w)|\"([^\"\n]{1,200}?)\"|“([^”\n]{1,200}?)”|‘([^’\n]{1,200}?)’"
+)
+# Between two words of one span: spaces and the marks inside a phrase ("2x^2", "x = 1",
+# "January 1, 2021", "Paris, France"), at most 3 characters; a sentence's end or a clause's
+# (". ! ? ; :"), a quote or a bracket ends the span.
+_SPAN_GAP: Final = re.compile(r"[^.!?;:\n\"'“”‘’()\[\]{}]{1,3}")
+_MAX_SPANS: Final = 256
+# The characters a pattern must escape (ECMA-262's SyntaxCharacter).
+_SYNTAX: Final = frozenset("^$\\.*+?()[]{}|/")
+
+
+# Two or more numbers in brackets or parentheses, comma-separated: a list the user wrote.
+_NUMBER_LIST: Final = re.compile(
+    r"[\[(]\s{0,3}(-?\d{1,12}(?:\.\d{1,12})?(?:\s{0,3},\s{0,3}-?\d{1,12}(?:\.\d{1,12})?){1,63})\s{0,3}[\])]"
+)
+
+
+def lists_in(text: str) -> tuple[list[int | float], ...]:
+    """The lists of numbers ``text`` writes in brackets ("[3, 4, 5]", "(40.7128, -74.006)"),
+    each as its numbers."""
+    out: list[list[int | float]] = []
+    for m in _NUMBER_LIST.finditer(text[:_MAX_TEXT]):
+        numbers = [float(n) for n in m[1].split(",")]
+        out.append([int(n) if n.is_integer() else n for n in numbers])
+        if len(out) >= _MAX_VALUES:
+            break
+    return tuple(out)
+
+
+def quoted_in(text: str) -> tuple[str, ...]:
+    """What ``text`` puts in quotes, whole and as written: a value given to be used as is."""
+    found = (
+        next(g for g in m.groups() if g is not None) for m in _QUOTED.finditer(text[:_MAX_TEXT])
+    )
+    return tuple(dict.fromkeys(q.strip() for q in found if q.strip()))[:_MAX_VALUES]
+
+
+def spans_in(text: str) -> tuple[str, ...]:
+    """Runs of 1 to 6 words of ``text`` as written, inside one phrase ("plasma membrane",
+    "New York City", "theory of relativity"): a function word may sit inside a run but
+    neither starts nor ends one."""
+    tokens = list(_NAME_TOKEN.finditer(text[:_MAX_TEXT]))
+    out: dict[str, None] = {}
+    for i, first in enumerate(tokens):
+        if first[0].lower() in _FUNCTION_WORDS:
+            continue
+        for j in range(i, min(i + _SPAN_WORDS, len(tokens))):
+            last = tokens[j]
+            if j > i and not _SPAN_GAP.fullmatch(text[tokens[j - 1].end() : last.start()]):
+                break
+            if last[0].lower() in _FUNCTION_WORDS:
+                continue
+            out[text[first.start() : last.end()]] = None
+            if len(out) >= _MAX_SPANS:
+                return tuple(out)
+    return tuple(out)
+
+
+def spans_pattern(spans: Sequence[str]) -> str | None:
+    """A JSON Schema ``pattern`` for exactly one of ``spans``, or None when there are none
+    (a span holding a character a JSON string escapes is left out)."""
+    usable = [s for s in spans if '"' not in s and "\\" not in s]
+    if not usable:
+        return None
+    escaped = ("".join("\\" + c if c in _SYNTAX else c for c in s) for s in usable)
+    return f"^({'|'.join(escaped)})$"
 
 
 def words_pattern(words: Sequence[str]) -> str | None:
@@ -569,6 +663,9 @@ class Held:
     # The calls' values indexed (:class:`CallIndex`): a run passes its own, which grows
     # with its calls, so a turn does not index every call again.
     index: CallIndex = field(default_factory=CallIndex, repr=False, compare=False)
+    # A request with no workflow: its plain strings may take any of the user's content
+    # words (a restaurant's cuisine is no name), not only the words of the names given.
+    plain: bool = False
 
     def __post_init__(self) -> None:
         self.index.extend(self.calls)
@@ -647,6 +744,7 @@ Kind = Literal[
     "number-id",
     "email",
     "string",
+    "numbers",
     "other",
 ]
 # An e-mail address by its name (``email``, ``*_email``, ``*Email``), as with identifiers.
@@ -669,6 +767,9 @@ def kind_of(name: str, prop: Mapping[str, Any]) -> Kind:
         return "number-id" if _ID_NAME.search(name) else "integer"
     if kind == "number":
         return "number"
+    if kind == "array" and isinstance(items := prop.get("items"), Mapping):
+        if items.get("type") in ("number", "integer") and "enum" not in items:
+            return "numbers"  # read as the lists the user wrote: "[3, 4, 5]", "(40.7, -74.0)"
     if kind != "string":
         return "other"
     fmt = prop.get("format")
@@ -700,6 +801,10 @@ def default_sources(
     kind = kind_of(name, prop)
     if kind == "other":
         return ()
+    if kind == "numbers":
+        # With no workflow, only a list the user wrote: an optional one they did not is
+        # left out. A workflow's lists keep their schema unless it declares a source.
+        return (User(),) if plain else ()
     if not required and plain:
         if kind == "string":
             return ()
@@ -718,6 +823,11 @@ def default_sources(
         return (Results(), Results(key="id"), Calls(), User())
     if kind == "email":
         return (User(), Results(), Calls())
+    if plain:
+        # A request with no workflow has no earlier results: a required plain string's
+        # value is the user's (a name or token they wrote, else 1 to 6 of their words),
+        # not a description's text or a type name the model made up.
+        return (User(),)
     return ()
 
 
@@ -1003,6 +1113,12 @@ def _narrow(
     return plan.out
 
 
+def _key(value: object) -> tuple[type, object]:
+    """A value's key among an argument's values: by type (1 is not True) and, for a list
+    the user wrote, by its items."""
+    return (type(value), tuple(value) if isinstance(value, list) else value)
+
+
 def _narrow_anew(
     tool: str,
     arg: str,
@@ -1019,17 +1135,25 @@ def _narrow_anew(
     source's values."""
     words: list[str] | None = None  # a plain string's words from the user (the pattern)
     enum: dict[tuple[type, object], object] = {}
+    free = kind == "string" and "pattern" not in own and "format" not in own
     for source, taken in zip(sources, accepted, strict=True):
         if isinstance(source, User):
-            if kind == "string" and "pattern" not in own and "format" not in own:
+            if free and held.plain:
+                # No workflow: what the user quoted, whole, and runs of their words as
+                # written ("plasma membrane", not "plasma" then anything).
+                words = [w for w in held.said.spans if w.lower() not in held.spent]
+                for value in held.said.quoted:
+                    if check(value):
+                        enum.setdefault((str, value), value)
+            elif free:
                 words = _named_words(held)
             spent = held.spent
             for value in taken:
                 if not _spent(value, spent):  # a grounded call took it and gave nothing
-                    enum.setdefault((type(value), value), value)
+                    enum.setdefault(_key(value), value)
         else:
             for value in taken:
-                enum.setdefault((type(value), value), value)
+                enum.setdefault(_key(value), value)
     values = list(enum.values())
     failed = held.refused(tool, arg, identifier=kind in ("id", "number-id"))
     failure = held.failures.get(tool)
@@ -1077,7 +1201,10 @@ def _narrow_anew(
     if prefixed is not None:
         pattern: dict[str, Any] = {"type": "string", "pattern": prefixed}
         return {"anyOf": [{"enum": values}, pattern]} if values else pattern
-    pattern_text = words_pattern(words) if words is not None else None
+    if words is None:
+        pattern_text = None
+    else:
+        pattern_text = spans_pattern(words) if held.plain else words_pattern(words)
     if pattern_text is not None:
         pattern = {"type": "string", "pattern": pattern_text}
         if "maxLength" in own:
@@ -1306,6 +1433,8 @@ def _from_user(kind: Kind, prop: Mapping[str, Any], said: Said) -> Iterator[obje
     (the schema's check picks the ones it accepts)."""
     if kind in ("integer", "number", "number-id"):
         yield from said.numbers
+    elif kind == "numbers":
+        yield from said.lists
     elif kind == "time" or (kind == "string" and "pattern" in prop):
         for t in said.times:
             yield from (t, f"{t}:00", f"{t}:00Z")

@@ -620,11 +620,12 @@ def _narrowed(
     functions: Mapping[str, Mapping[str, Any]], messages: Sequence[Mapping[str, Any]]
 ) -> dict[str, dict[str, Any]]:
     """The functions whose arguments the default provenance narrows for a plain request
-    (no workflow): numbers, dates, times and identifiers to what the last user message
-    states, optional arguments nothing provides left out (toolforge.core.provenance).
+    (no workflow): numbers, dates, times, identifiers and required plain strings to what
+    the last user message states, optional arguments nothing provides left out
+    (toolforge.core.provenance).
     Only changed ones, as a backend reads them (``clean_schema``); ``respond`` is free."""
     last = next((m for m in reversed(messages) if m.get("role") == "user"), None)
-    held = Held(said=said_in(content_text(last.get("content"), " ") if last else ""))
+    held = Held(said=said_in(content_text(last.get("content"), " ") if last else ""), plain=True)
     out: dict[str, dict[str, Any]] = {}
     for name, params in functions.items():
         if name == RESPOND:

@@ -8,6 +8,7 @@ answer, sent back as the call, is accurate.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -17,6 +18,7 @@ from bench.bfcl import (
     CASES,
     Case,
     Verdict,
+    alone_lines,
     ask,
     data_dir,
     load_cases,
@@ -376,3 +378,20 @@ async def test_ask_sends_the_body_and_judges_what_comes_back_over_http() -> None
     assert prose.to_json()["content"] == "It is 25."
     assert failed.verdict == Verdict(False, False, "HTTP 500") and "boom" in failed.error
     assert reset.verdict == Verdict(False, False, "error") and reset.status is None
+
+
+def test_the_alone_arm_is_taken_from_an_earlier_run_in_the_cases_order(
+    cases: list[Case], tmp_path: Path
+) -> None:
+    earlier = tmp_path / "earlier.jsonl"
+    picked = [cases[8], cases[0]]
+    lines = [
+        {"id": cases[0].id, "arm": "proxy", "reason": "p0"},
+        {"id": cases[0].id, "arm": "alone", "reason": "a0"},
+        {"id": cases[8].id, "arm": "alone", "reason": "a8"},
+    ]
+    earlier.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    got = [json.loads(line)["reason"] for line in alone_lines(earlier, picked)]
+    assert got == ["a8", "a0"]  # the alone lines only, in the order asked
+    with pytest.raises(SystemExit, match=rf"1 cases \(first: {cases[1].id}\)"):
+        alone_lines(earlier, [cases[0], cases[1]])

@@ -483,3 +483,122 @@ def test_an_email_argument_takes_the_addresses_the_user_wrote_not_their_words() 
     props = narrow_properties("send", tool, {"email": (User(),)}, held, defaults=True)["properties"]  # type: ignore[index]
     assert props["email"] == {"enum": ["ana@example.com", "bo@corp.io"]}
     assert props["cc"] == {"enum": ["ana@example.com", "bo@corp.io"]}
+
+
+def test_a_plain_requests_required_string_takes_the_users_words() -> None:
+    # With no workflow there are no results to read: a required plain string is the user's
+    # (a name they wrote, or their words), never a description's text or a type's name.
+    find = {
+        "type": "object",
+        "properties": {
+            "cuisine": {"type": "string", "description": "Cuisine of the restaurant."},
+            "location": {"type": "string"},
+            "note": {"type": "string"},
+        },
+        "required": ["cuisine", "location"],
+    }
+    said = said_in("Find a sushi restaurant in Boston that is open on Sundays.")
+    held = Held(said, plain=True)
+    narrowed = narrow_properties("find", find, {}, held, defaults=True, plain=True)
+    assert narrowed is not None
+    props = narrowed["properties"]
+    assert props["note"] == {"type": "string"}  # optional: its schema, as before
+    for arg in ("cuisine", "location"):
+        names, words = props[arg]["anyOf"]
+        assert names == {"enum": ["Boston", "Sundays"]}
+        pattern = re.compile(words["pattern"])
+        # a run of the user's words as written, not only the names' ("sushi" is no name)
+        assert pattern.match("sushi") and pattern.match("Boston")
+        assert pattern.match("sushi restaurant") and pattern.match("open on Sundays")
+        assert not pattern.match("Cuisine of the restaurant.") and not pattern.match("string")
+        # words not side by side in the message, or a run that ends on a function word
+        assert not pattern.match("Boston sushi") and not pattern.match("open on")
+    # In a workflow, the same argument keeps its schema unless the workflow declares the user.
+    workflow = narrow_properties("find", find, {}, Held(said), defaults=True)
+    assert workflow is not None
+    assert workflow["properties"]["cuisine"] == find["properties"]["cuisine"]
+
+
+def test_a_plain_requests_string_with_a_pattern_takes_only_what_fits() -> None:
+    code = {
+        "type": "object",
+        "properties": {"airport": {"type": "string", "pattern": "^[A-Z]{3}$"}},
+        "required": ["airport"],
+    }
+    held = Held(said_in("Flights from CDG tomorrow"), plain=True)
+    narrowed = narrow_properties("f", code, {}, held, defaults=True, plain=True)
+    assert narrowed is not None and narrowed["properties"]["airport"] == {"enum": ["CDG"]}
+    # nothing fits: the schema decides, the call is not blocked
+    held = Held(said_in("flights tomorrow"), plain=True)
+    narrowed = narrow_properties("f", code, {}, held, defaults=True, plain=True)
+    assert narrowed is not None
+    assert narrowed["properties"]["airport"] == code["properties"]["airport"]
+
+
+def test_a_quoted_value_is_offered_whole_and_runs_stay_inside_a_phrase() -> None:
+    said = said_in(
+        "Review 'I love the food here! It's always fresh.' for the game "
+        '"The Legend of Zelda: Breath of the Wild", in Paris, France. Then 2x^2 at x = 1.'
+    )
+    assert said.quoted == (
+        "I love the food here! It's always fresh.",
+        "The Legend of Zelda: Breath of the Wild",
+    )
+    assert {"Paris, France", "2x^2", "x = 1", "Legend of Zelda"} <= set(said.spans)
+    # a sentence's end, a clause's colon or a quote ends a run
+    assert not any("France. Then" in s or "Zelda: Breath" in s for s in said.spans)
+    assert not any(s.startswith(("the ", "of ")) or s.endswith((" the", " of")) for s in said.spans)
+    schema = {
+        "type": "object",
+        "properties": {"title": {"type": "string"}},
+        "required": ["title"],
+    }
+    held = Held(said, plain=True)
+    narrowed = narrow_properties("f", schema, {}, held, defaults=True, plain=True)
+    assert narrowed is not None
+    enum, runs = narrowed["properties"]["title"]["anyOf"]
+    assert enum["enum"][:2] == list(said.quoted)
+    assert re.fullmatch(r"\^\(.*\)\$", runs["pattern"])
+    assert re.match(runs["pattern"], "2x^2") and not re.match(runs["pattern"], "2x2")
+
+
+@pytest.mark.parametrize(
+    ("text", "numbers"),
+    [
+        ("100 million shares and a payout of 50 million USD", (100_000_000, 50_000_000)),
+        ("2,5 Milliarden Euro", (2_500_000_000,)),
+        ("3 mille euros, 12 pommes", (3000, 12)),
+        ("10 millionaires", (10,)),  # a word that starts like a scale is none
+        ("grew 5% to 1.5 billion", (5, 0.05, 1_500_000_000)),
+    ],
+)
+def test_a_scale_word_multiplies_the_number_before_it(
+    text: str, numbers: tuple[float, ...]
+) -> None:
+    assert said_in(text).numbers == numbers
+
+
+def test_a_list_of_numbers_is_one_the_user_wrote() -> None:
+    said = said_in("Compare group A [3, 4, 5, 6, 4] with B [7, 8, 9, 8, 7] at (40.7128, -74.006).")
+    assert said.lists == ([3, 4, 5, 6, 4], [7, 8, 9, 8, 7], [40.7128, -74.006])
+    ints = {"type": "array", "items": {"type": "integer"}}
+    schema = {
+        "type": "object",
+        "properties": {
+            "a": ints,
+            "b": ints,
+            "point": {"type": "array", "items": {"type": "number"}},
+        },
+        "required": ["a", "b"],
+    }
+    held = Held(said, plain=True)
+    narrowed = narrow_properties("t", schema, {}, held, defaults=True, plain=True)
+    assert narrowed is not None
+    props = narrowed["properties"]
+    assert props["a"] == {"enum": [[3, 4, 5, 6, 4], [7, 8, 9, 8, 7]]}  # integers only
+    assert props["point"] == {"enum": [[3, 4, 5, 6, 4], [7, 8, 9, 8, 7], [40.7128, -74.006]]}
+    # none written: a required list keeps its schema, an optional one is left out
+    held = Held(said_in("compare the two groups"), plain=True)
+    narrowed = narrow_properties("t", schema, {}, held, defaults=True, plain=True)
+    assert narrowed is not None
+    assert narrowed["properties"]["a"] == ints and narrowed["properties"]["point"] is False
