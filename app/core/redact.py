@@ -402,12 +402,27 @@ def redact_serialisable(value: object, *, extra_keys: Iterable[str] = ()) -> obj
     same thing once serialised. Anything else goes to :func:`redact`. Never raises.
     """
     try:
-        sensitive = SENSITIVE_KEYS | {normalize_key(k) for k in extra_keys if isinstance(k, str)}
+        if type(extra_keys) is tuple:  # the artifact writer's: once per tuple, not per frame
+            sensitive = _sensitive_keys(extra_keys)
+        else:
+            sensitive = _sensitive_union(extra_keys)
         return _redact_plain(value, sensitive, _PLAIN_DEPTH)
     except _NotPlain:
         return redact(value, extra_keys=extra_keys)
     except Exception:  # a broken iterable of extra keys: the general walk copes
         return redact(value, extra_keys=extra_keys)
+
+
+def _sensitive_union(extra_keys: Iterable[str]) -> frozenset[str]:
+    """:data:`SENSITIVE_KEYS` and ``extra_keys``, as :func:`normalize_key` compares them."""
+    return SENSITIVE_KEYS | {normalize_key(k) for k in extra_keys if isinstance(k, str)}
+
+
+@functools.lru_cache(maxsize=256)
+def _sensitive_keys(extra_keys: tuple[str, ...]) -> frozenset[str]:
+    """:func:`_sensitive_union` of a tuple (immutable, so the set can be kept): an artifact
+    store passes the same few tuples for every frame of every run."""
+    return _sensitive_union(extra_keys)
 
 
 class _NotPlain(Exception):

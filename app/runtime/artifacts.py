@@ -454,6 +454,9 @@ def _write_run(runs: Path, stream_id: str, contents: Mapping[str, bytes]) -> Non
     reader sees each file whole, old or new. Every file is attempted; the first failure is
     raised after the others are in place."""
     pending = runs / f".{stream_id}.{secrets.token_hex(6)}{_PENDING_SUFFIX}"
+    # The files' paths as text: os.open takes it as is, where a Path per file cost the
+    # writer's thread more than the name it builds.
+    inside = f"{pending}{os.sep}"
     try:
         os.mkdir(pending)
     except FileNotFoundError:  # the first run, or runs/ removed by hand
@@ -465,7 +468,7 @@ def _write_run(runs: Path, stream_id: str, contents: Mapping[str, bytes]) -> Non
         written: list[str] = []
         for name in ARTIFACT_FILES:
             try:
-                create_file(pending / name, contents[name])
+                create_file(inside + name, contents[name])
                 written.append(name)
             except OSError as exc:
                 failures.append(exc)

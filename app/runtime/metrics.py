@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Mapping
-from typing import ClassVar, Final
+from typing import ClassVar, Final, NamedTuple
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import choose_encoder
@@ -53,6 +53,15 @@ OTHER: Final = "other"
 def _amount(value: float) -> float:
     """A counter increment or observation that cannot raise or poison a series."""
     return value if math.isfinite(value) and value > 0 else 0.0
+
+
+class _ModelSeries(NamedTuple):
+    """One (model, mode)'s series that every stream's end adds to."""
+
+    duration: Histogram
+    ttft: Histogram
+    tokens: Counter
+    prompt_tokens: Counter
 
 
 class GatewayMetrics:
@@ -165,6 +174,12 @@ class GatewayMetrics:
         self._models: set[str] = set(models or ())
         self._models_fixed = models is not None
         self._tools: frozenset[str] | None = None if tools is None else frozenset(tools)
+        # The labelled series a stream's end adds to, looked up once per label value:
+        # ``labels()`` checks and joins its arguments under a lock on every call. Bounded
+        # as the labels are (models, modes, outcomes, event names).
+        self._per_model: dict[tuple[str, str], _ModelSeries] = {}
+        self._finished: dict[tuple[str, str, str], Counter] = {}
+        self._frame_series: dict[str, Counter] = {}
         self.streams = Counter(
             "toolforge_streams",
             "Streams finished, by outcome, model and mode.",
@@ -353,16 +368,31 @@ class GatewayMetrics:
         """
         model = self._model(model)
         self.streams_active.dec()
-        self.streams.labels(outcome=outcome, model=model, mode=mode).inc()
-        self.stream_duration.labels(model=model, mode=mode).observe(_amount(duration_s))
-        ttft = self.ttft.labels(model=model, mode=mode)  # the series exists from the start
+        finished = self._finished.get((outcome, model, mode))
+        if finished is None:
+            finished = self.streams.labels(outcome=outcome, model=model, mode=mode)
+            self._finished[(outcome, model, mode)] = finished
+        finished.inc()
+        series = self._per_model.get((model, mode))
+        if series is None:  # the ttft series exists from the start, observed or not
+            series = self._per_model[(model, mode)] = _ModelSeries(
+                self.stream_duration.labels(model=model, mode=mode),
+                self.ttft.labels(model=model, mode=mode),
+                self.tokens.labels(model=model, mode=mode),
+                self.prompt_tokens.labels(model=model, mode=mode),
+            )
+        series.duration.observe(_amount(duration_s))
         if ttft_s is not None:
-            ttft.observe(_amount(ttft_s))
+            series.ttft.observe(_amount(ttft_s))
+        frames = self._frame_series
         for event, count in frame_counts.items():
             if count > 0:
-                self.frames.labels(event=event).inc(count)
-        self.tokens.labels(model=model, mode=mode).inc(_amount(tokens))
-        self.prompt_tokens.labels(model=model, mode=mode).inc(_amount(prompt_tokens))
+                counter = frames.get(event)
+                if counter is None:
+                    counter = frames[event] = self.frames.labels(event=event)
+                counter.inc(count)
+        series.tokens.inc(_amount(tokens))
+        series.prompt_tokens.inc(_amount(prompt_tokens))
         self.queue_paused.inc(_amount(paused_s))
 
     def upstream_error(self, code: str) -> None:

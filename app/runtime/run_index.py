@@ -315,7 +315,7 @@ def _first_user_input(prompt: object) -> str | None:
     return None
 
 
-def create_file(path: Path, data: bytes) -> None:
+def create_file(path: str | Path, data: bytes) -> None:
     """A new owner-only file at ``path`` holding ``data`` (never an existing file or a
     link followed); removed again if it cannot be written whole."""
     # os.open/os.write rather than a file object: O_EXCL and owner-only in half the system

@@ -93,8 +93,8 @@ async def test_a_failed_write_leaves_nothing_hidden(
     store = ArtifactStore(tmp_path)
     create = artifacts_module.create_file
 
-    def full(path: Path, data: bytes) -> None:
-        if path.name == "tool_logs.json":
+    def full(path: str | Path, data: bytes) -> None:
+        if Path(path).name == "tool_logs.json":
             raise OSError(28, "No space left on device")
         create(path, data)
 
