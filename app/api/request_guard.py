@@ -25,7 +25,7 @@ results) are read here first, under the same two limits, then handed on.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final
 
 import orjson
@@ -40,6 +40,8 @@ from toolforge.settings import Settings
 __all__ = ["LOOPBACK_HOSTS", "HostAllowlist", "RequestGuard", "split_host"]
 
 LOOPBACK_HOSTS: Final = ("localhost", "127.0.0.1", "[::1]")
+# How many allowed Host values a guard remembers (past it, each is checked every time).
+_HOSTS_REMEMBERED: Final = 64
 
 
 def split_host(value: str) -> tuple[str, str] | None:
@@ -121,6 +123,9 @@ class RequestGuard:
     hosts: HostAllowlist | None  # None: the Host header is not checked
     max_body_bytes: int
     max_depth: int
+    # Host values the list allowed already (the list never changes): a client sends the
+    # same one on every request, so it is parsed once, not per request. Bounded.
+    _allowed: set[bytes] = field(default_factory=set, compare=False, repr=False)
 
     @classmethod
     def from_settings(cls, settings: Settings, *, keys: bool) -> RequestGuard:
@@ -151,15 +156,10 @@ class RequestGuard:
                 return RequestError(
                     ErrorCode.BAD_REQUEST, "the request has no Host header", http_status=400
                 )
-            shown = host.decode("latin-1")
-            if not self.hosts.allows(shown):
-                return RequestError(
-                    ErrorCode.FORBIDDEN,
-                    f"this gateway does not answer to the host {shown[:100]!r}; call it as "
-                    "localhost or 127.0.0.1, or list the name in ALLOWED_HOSTS "
-                    "(docs/security.md)",
-                    http_status=403,
-                )
+            if host not in self._allowed:
+                refused = self._host_refusal(self.hosts, host)
+                if refused is not None:
+                    return refused
         if scope["method"] == "POST" and has_body and not _is_json(content_type):
             shown = "none" if content_type is None else repr(content_type.decode("latin-1"))
             return RequestError(
@@ -168,6 +168,20 @@ class RequestGuard:
                 f"(got {shown[:100]})",
                 http_status=415,
             )
+        return None
+
+    def _host_refusal(self, hosts: HostAllowlist, host: bytes) -> RequestError | None:
+        shown = host.decode("latin-1")
+        if not hosts.allows(shown):
+            return RequestError(
+                ErrorCode.FORBIDDEN,
+                f"this gateway does not answer to the host {shown[:100]!r}; call it as "
+                "localhost or 127.0.0.1, or list the name in ALLOWED_HOSTS "
+                "(docs/security.md)",
+                http_status=403,
+            )
+        if len(self._allowed) < _HOSTS_REMEMBERED:
+            self._allowed.add(host)
         return None
 
     async def buffered(self, scope: Scope, receive: Receive) -> Receive:

@@ -35,6 +35,7 @@ import orjson
 
 from toolforge.core.redact import public_url, redact_text
 from toolforge.errors import ErrorCode, UpstreamError
+from toolforge.upstream.http11 import Body
 from toolforge.upstream.transport import PostTemplate, ResponseHead
 
 __all__ = [
@@ -378,6 +379,12 @@ async def drain(chunks: AsyncIterator[bytes]) -> None:
     # httpcore shields its pool cleanup with anyio scopes, which a native cancel ignores;
     # under load asyncio.timeout firing inside that cleanup left pool entries ACTIVE and
     # their sockets open (bench B4).
+    if isinstance(chunks, Body) and chunks.received:
+        # The lean transport's body, in full already (the usual end: ``[DONE]`` and the
+        # last chunk came together): read without waiting, so no time limit to set up.
+        async for _ in chunks:
+            pass
+        return
     seen = 0
     with anyio.move_on_after(_DRAIN_S):
         try:

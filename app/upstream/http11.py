@@ -229,6 +229,12 @@ class Body(httpx.AsyncByteStream):
     def __aiter__(self) -> Body:
         return self
 
+    @property
+    def received(self) -> bool:
+        """The whole body is in: reading what is left never waits."""
+        conn = self._conn
+        return conn is None or conn.complete
+
     async def __anext__(self) -> bytes:
         conn = self._conn
         if conn is None:
