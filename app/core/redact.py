@@ -413,6 +413,38 @@ def redact_serialisable(value: object, *, extra_keys: Iterable[str] = ()) -> obj
         return redact(value, extra_keys=extra_keys)
 
 
+# How many distinct mapping keys :class:`_KeyTexts` keeps (past it, each is redacted anew).
+_KEYS_REMEMBERED: Final = 4096
+
+
+class _KeyTexts:
+    """Mapping keys as :func:`redact_text` returns them, kept while the remembered secrets
+    stay the same (their generation): every run's documents repeat the same few dozen
+    keys ("event", "data", "chunk", ...), and each one cost a full scan per occurrence."""
+
+    __slots__ = ("generation", "texts")
+
+    def __init__(self) -> None:
+        self.generation = 0
+        self.texts: dict[str, str] = {}
+
+    def redact(self, key: str) -> str:
+        generation = _remembered.generation  # set after the pattern: a match sees it
+        if generation != self.generation:
+            self.texts = {}
+            self.generation = generation
+        texts = self.texts
+        found = texts.get(key)
+        if found is None:
+            found = redact_text(key)
+            if len(texts) < _KEYS_REMEMBERED:
+                texts[key] = found
+        return found
+
+
+_key_texts: Final = _KeyTexts()
+
+
 def _sensitive_union(extra_keys: Iterable[str]) -> frozenset[str]:
     """:data:`SENSITIVE_KEYS` and ``extra_keys``, as :func:`normalize_key` compares them."""
     return SENSITIVE_KEYS | {normalize_key(k) for k in extra_keys if isinstance(k, str)}
@@ -455,9 +487,9 @@ def _redact_plain(value: object, sensitive: frozenset[str], depth: int) -> objec
             if type(key) is not str:
                 raise _NotPlain
             if normalize_key(key) in sensitive:
-                out[redact_text(key)] = None if child is None else REDACTED
+                out[_key_texts.redact(key)] = None if child is None else REDACTED
             else:
-                out[redact_text(key)] = _redact_plain(child, sensitive, depth - 1)
+                out[_key_texts.redact(key)] = _redact_plain(child, sensitive, depth - 1)
         return out
     if kind is list:
         return [_redact_plain(child, sensitive, depth - 1) for child in value]  # type: ignore[attr-defined]

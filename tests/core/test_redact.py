@@ -23,6 +23,7 @@ from toolforge.core.redact import (
     redact,
     redact_serialisable,
     redact_text,
+    remember_secrets,
 )
 
 # --------------------------------------------------------------------------- by key
@@ -363,6 +364,16 @@ def test_redact_serialisable_matches_redact_on_plain_data(value: object) -> None
     assert repr(redact_serialisable(value, extra_keys=["k"])) == repr(
         redact(value, extra_keys=["k"])
     )
+
+
+def test_a_key_seen_before_a_secret_is_remembered_is_redacted_after() -> None:
+    secret = "kq-key-secret-5d1e0b"
+    value = {f"x-{secret}": 1, "plain": {"x": 2}}
+    assert secret in str(redact_serialisable(value))  # its key's text kept from here on
+    remember_secrets([secret])
+    again = redact_serialisable(value)
+    assert secret not in str(again) and f"x-{REDACTED}" in str(again)
+    assert again == redact(value)
 
 
 def test_redact_serialisable_falls_back_for_everything_else() -> None:
