@@ -21,7 +21,7 @@ TS_BUILD := $(TS_DIR)/dist/index.js
 # compiler and cmake when llama-server must be built).
 PREREQS := app/runtime/prereqs.py
 
-.PHONY: corpora docs install node-check node-install run test test-fast check lint typecheck bench bench-bfcl clean conformance ts-build ui chromium redis-server-check prereqs prereqs-build
+.PHONY: corpora docs install node-check node-install run test test-fast check lint typecheck bench bench-bfcl bench-bfcl-relevance clean conformance ts-build ui chromium redis-server-check prereqs prereqs-build
 
 prereqs:
 	@command -v $(PYTHON) >/dev/null || { echo "toolforge: $(PYTHON) is not on PATH: install Python >= 3.11 (Debian/Ubuntu: sudo apt install python3 python3-venv; macOS: brew install python@3.12)" >&2; exit 1; }
@@ -184,6 +184,11 @@ bench: $(STAMP)
 # BFCL_ARGS='--limit 20' takes a quick look (RESULTS.md is then left as it is).
 bench-bfcl: $(STAMP) corpora
 	$(BIN)/python -m bench.bfcl $(BFCL_ARGS)
+
+# BFCL irrelevance (bench/bfcl_relevance.py): 240 questions no offered function answers;
+# the proxy should decline (no call). Judges any change that makes the proxy call more.
+bench-bfcl-relevance: $(STAMP) corpora
+	$(BIN)/python -m bench.bfcl_relevance $(BFCL_ARGS)
 
 # The compose stack (docker/compose.yaml) built and run on this machine, and checked through
 # its nginx: keys, the demo stream, a resume after `docker stop` of a replica, `down`
