@@ -33,14 +33,7 @@ from typing import Final
 import httpx
 
 from bench._results import load_average
-from bench.bfcl import (
-    TIMEOUT_S,
-    Case,
-    ask,
-    code_at,
-    data_dir,
-    embedded_gateway,
-)
+from bench.bfcl import TIMEOUT_S, Case, code_at, data_dir, embedded_gateway, request_body
 
 CATEGORY: Final = "BFCL_v4_irrelevance.json"
 CASES: Final = 240  # the category's size in bfcl-eval's data
@@ -57,6 +50,33 @@ def load_irrelevance(data: Path) -> list[Case]:
         (messages,) = entry["question"]
         cases.append(Case(entry["id"], messages, entry["function"][0], {}))
     return cases
+
+
+async def ask(client: httpx.AsyncClient, url: str, case: Case, model: str) -> dict[str, object]:
+    """Send ``case`` as ``bench.bfcl`` sends its own; what came back, as a line of ``--out``."""
+    started = time.perf_counter()
+    status: int | None = None
+    message: dict[str, object] = {}
+    error = ""
+    try:
+        response = await client.post(url, json=request_body(case, model))
+        status = response.status_code
+        reply = response.json()
+        choices = reply.get("choices") if isinstance(reply, dict) else None
+        if status == 200 and choices:
+            message = choices[0].get("message") or {}
+        else:
+            error = json.dumps(reply)[:500]
+    except (httpx.HTTPError, ValueError) as exc:
+        error = f"{type(exc).__name__}: {exc}"
+    return {
+        "id": case.id,
+        "status": status,
+        "seconds": round(time.perf_counter() - started, 3),
+        "content": message.get("content"),
+        "tool_calls": message.get("tool_calls"),
+        "error": error,
+    }
 
 
 def declined(record: dict[str, object]) -> bool:
@@ -83,7 +103,7 @@ async def run(args: argparse.Namespace) -> None:
 
                 async def one(case: Case) -> None:
                     async with gate:
-                        record = (await ask(client, url, "proxy", case, gateway.model)).to_json()
+                        record = await ask(client, url, case, gateway.model)
                     lines.append(record)
                     mark = "declined" if declined(record) else "CALLED"
                     print(f"{len(lines):3}/{len(cases)} {case.id:<18} {mark}", flush=True)

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import time
 
-from bench.bfcl import data_dir
-from bench.bfcl_relevance import CASES, declined, load_irrelevance, report
+import httpx
+
+from bench.bfcl import data_dir, request_body
+from bench.bfcl_relevance import CASES, ask, declined, load_irrelevance, report
+from tests.bench.test_bfcl import completion, reply
+from toolforge.eval.scripted_upstream import ScriptedUpstream
 
 
 def test_the_loader_finds_every_irrelevance_case_with_its_function() -> None:
@@ -35,3 +39,22 @@ def test_the_report_counts_what_was_declined_and_why_not() -> None:
     assert "**2/4 (50%)**" in text
     assert "Not declined: called 1, HTTP 422 1" in text
     assert "`python -m bench.bfcl_relevance --stride 8` at `abc1234`" in text
+
+
+async def test_ask_records_a_call_a_decline_and_a_failure_over_http() -> None:
+    # The irrelevant case has no possible answer: a call is recorded as it came, not judged
+    # against one (that crashed the first run of this bench).
+    case = load_irrelevance(data_dir())[0]
+    called = reply(("determine_body_mass_index", {"weight": 10, "height": 5}))
+    scripts = [
+        {"end": "status", "status": 200, "body": completion(called)},
+        {"end": "status", "status": 200, "body": completion({"content": "25 m2"}, "stop")},
+        {"end": "status", "status": 500, "body": '{"error": {"message": "boom"}}'},
+    ]
+    async with ScriptedUpstream(scripts) as up, httpx.AsyncClient(timeout=10) as client:
+        url = f"{up.base_url}/chat/completions"
+        got = [await ask(client, url, case, "m") for _ in scripts]
+    assert up.requests[0].json == request_body(case, "m")
+    assert [declined(r) for r in got] == [False, True, False]
+    assert got[0]["tool_calls"] == called["tool_calls"] and got[1]["content"] == "25 m2"
+    assert got[2]["status"] == 500 and "boom" in str(got[2]["error"])
