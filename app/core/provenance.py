@@ -1142,9 +1142,9 @@ def _narrow_anew(
                 # No workflow: what the user quoted, whole, and runs of their words as
                 # written ("plasma membrane", not "plasma" then anything).
                 words = [w for w in held.said.spans if w.lower() not in held.spent]
-                for value in held.said.quoted:
-                    if check(value):
-                        enum.setdefault((str, value), value)
+                for quoted in held.said.quoted:
+                    if check(quoted):
+                        enum.setdefault((str, quoted), quoted)
             elif free:
                 words = _named_words(held)
             spent = held.spent
