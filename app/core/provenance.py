@@ -233,13 +233,17 @@ class Said:
     times: tuple[str, ...] = ()
     dates: tuple[str, ...] = ()
     names: tuple[str, ...] = ()  # the things the user named (:func:`names_in`)
-    quoted: tuple[str, ...] = ()  # what the user put in quotes, as written (:func:`quoted_in`)
-    spans: tuple[str, ...] = ()  # runs of 1 to 6 of the user's words, as written (:func:`spans_in`)
+    # Read only for a request with no workflow (``said_in(phrases=True)``): what the user put
+    # in quotes, and runs of 1 to 6 of their words, as written (:func:`quoted_in`,
+    # :func:`spans_in`).
+    quoted: tuple[str, ...] = ()
+    spans: tuple[str, ...] = ()
     lists: tuple[list[int | float], ...] = ()  # lists of numbers written in brackets
 
 
-def said_in(text: str) -> Said:
-    """The :class:`Said` of ``text`` (see the module docstring)."""
+def said_in(text: str, *, phrases: bool = False) -> Said:
+    """The :class:`Said` of ``text`` (see the module docstring); ``phrases``: its quoted
+    values and runs of words too, which only a request with no workflow reads."""
     text = text[:_MAX_TEXT]
     words: dict[str, None] = {}
     for word in _WORD.findall(text):
@@ -302,9 +306,9 @@ def said_in(text: str) -> Said:
             numbers[n] = None
     return Said(
         names=names_in(text),
-        quoted=quoted_in(text),
+        quoted=quoted_in(text) if phrases else (),
         lists=lists_in(text),
-        spans=spans_in(text),
+        spans=spans_in(text) if phrases else (),
         words=tuple(words),
         tokens=tuple(tokens)[:_MAX_WORDS],
         numbers=tuple(numbers)[:_MAX_VALUES],
@@ -663,8 +667,8 @@ class Held:
     # The calls' values indexed (:class:`CallIndex`): a run passes its own, which grows
     # with its calls, so a turn does not index every call again.
     index: CallIndex = field(default_factory=CallIndex, repr=False, compare=False)
-    # A request with no workflow: its plain strings may take any of the user's content
-    # words (a restaurant's cuisine is no name), not only the words of the names given.
+    # A request with no workflow: a plain string takes what the user quoted or a run of their
+    # words as written (its ``said`` read with ``phrases``), not the words of the names given.
     plain: bool = False
 
     def __post_init__(self) -> None:

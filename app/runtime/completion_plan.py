@@ -625,7 +625,8 @@ def _narrowed(
     (toolforge.core.provenance).
     Only changed ones, as a backend reads them (``clean_schema``); ``respond`` is free."""
     last = next((m for m in reversed(messages) if m.get("role") == "user"), None)
-    held = Held(said=said_in(content_text(last.get("content"), " ") if last else ""), plain=True)
+    text = content_text(last.get("content"), " ") if last else ""
+    held = Held(said=said_in(text, phrases=True), plain=True)
     out: dict[str, dict[str, Any]] = {}
     for name, params in functions.items():
         if name == RESPOND:
