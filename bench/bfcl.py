@@ -58,7 +58,7 @@ import tarfile
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Final
@@ -408,8 +408,20 @@ class Record:
         }
 
 
-async def ask(client: httpx.AsyncClient, url: str, arm: str, case: Case, model: str) -> Record:
-    """Send ``case`` to ``url`` (an arm's chat completions) and judge the reply."""
+Judge = Callable[[Case, Mapping[str, Any] | None], Verdict]
+
+
+async def ask(
+    client: httpx.AsyncClient,
+    url: str,
+    arm: str,
+    case: Case,
+    model: str,
+    *,
+    judge: Judge = score,
+) -> Record:
+    """Send ``case`` to ``url`` (an arm's chat completions) and judge the reply (``judge``:
+    this category's rules; :func:`score` for ``simple_python``)."""
     started = time.perf_counter()
     status: int | None = None
     try:
@@ -433,7 +445,7 @@ async def ask(client: httpx.AsyncClient, url: str, arm: str, case: Case, model: 
         verdict = Verdict(False, False, f"HTTP {status}")
         return Record(case.id, arm, verdict, took, status, None, None, error)
     message = choices[0].get("message") or {}
-    verdict = score(case, message)
+    verdict = judge(case, message)
     return Record(case.id, arm, verdict, took, status, message, choices[0].get("finish_reason"), "")
 
 

@@ -26,14 +26,15 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 import httpx
 
+from bench import bfcl
 from bench._results import load_average
-from bench.bfcl import TIMEOUT_S, Case, code_at, data_dir, embedded_gateway, request_body
+from bench.bfcl import TIMEOUT_S, Case, Verdict, code_at, data_dir, embedded_gateway
 
 CATEGORY: Final = "BFCL_v4_irrelevance.json"
 CASES: Final = 240  # the category's size in bfcl-eval's data
@@ -52,31 +53,15 @@ def load_irrelevance(data: Path) -> list[Case]:
     return cases
 
 
+def judge(case: Case, message: Mapping[str, Any] | None) -> Verdict:
+    """This category's verdict: a reply is right (``accurate``) when it holds no call."""
+    called = bool((message or {}).get("tool_calls"))
+    return Verdict(called, not called, "called" if called else "")
+
+
 async def ask(client: httpx.AsyncClient, url: str, case: Case, model: str) -> dict[str, object]:
     """Send ``case`` as ``bench.bfcl`` sends its own; what came back, as a line of ``--out``."""
-    started = time.perf_counter()
-    status: int | None = None
-    message: dict[str, object] = {}
-    error = ""
-    try:
-        response = await client.post(url, json=request_body(case, model))
-        status = response.status_code
-        reply = response.json()
-        choices = reply.get("choices") if isinstance(reply, dict) else None
-        if status == 200 and choices:
-            message = choices[0].get("message") or {}
-        else:
-            error = json.dumps(reply)[:500]
-    except (httpx.HTTPError, ValueError) as exc:
-        error = f"{type(exc).__name__}: {exc}"
-    return {
-        "id": case.id,
-        "status": status,
-        "seconds": round(time.perf_counter() - started, 3),
-        "content": message.get("content"),
-        "tool_calls": message.get("tool_calls"),
-        "error": error,
-    }
+    return (await bfcl.ask(client, url, "proxy", case, model, judge=judge)).to_json()
 
 
 def declined(record: dict[str, object]) -> bool:

@@ -56,5 +56,6 @@ async def test_ask_records_a_call_a_decline_and_a_failure_over_http() -> None:
         got = [await ask(client, url, case, "m") for _ in scripts]
     assert up.requests[0].json == request_body(case, "m")
     assert [declined(r) for r in got] == [False, True, False]
+    assert [r["accurate"] for r in got] == [False, True, False]  # this category's verdict
     assert got[0]["tool_calls"] == called["tool_calls"] and got[1]["content"] == "25 m2"
     assert got[2]["status"] == 500 and "boom" in str(got[2]["error"])
