@@ -229,6 +229,7 @@ class GuardSwitches(BaseModel):
     json_: bool = Field(True, alias="json")
     reasoning: bool = True
     provenance: bool = True
+    relevance: bool = True
 
 
 class ToolForgeExtension(BaseModel):

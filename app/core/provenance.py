@@ -87,6 +87,7 @@ from toolforge.errors import RequestError
 
 __all__ = [
     "DROPPED",
+    "FUNCTION_WORDS",
     "CallIndex",
     "Calls",
     "Held",
@@ -141,6 +142,7 @@ _FUNCTION_WORDS: Final = frozenset(
         )
     ).split()
 )
+FUNCTION_WORDS: Final = _FUNCTION_WORDS  # for other readers of a message (core.relevance)
 # Number words up to twelve in English, German and French ("zwei", "deux"); Spanish and
 # Italian ones are left out: "once", "due" and "sei" are words of other languages too.
 _NUMBER_WORDS: Final = {

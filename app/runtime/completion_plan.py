@@ -42,6 +42,7 @@ from toolforge.core.messages import content_text
 from toolforge.core.native_tools import to_openai_tools
 from toolforge.core.protocol.frames import ModeName
 from toolforge.core.provenance import Held, narrow_properties, said_in
+from toolforge.core.relevance import named_in
 from toolforge.core.schemas import CompiledSchema, compile_schema
 from toolforge.core.workflow import WorkflowDef
 from toolforge.errors import ErrorCode, RequestError
@@ -218,6 +219,24 @@ class CompletionTurn:
         elif fmt is not None and fmt.type == "json_schema":
             answer = compile_schema(fmt.json_schema.schema_ or {}, name=fmt.json_schema.name)
 
+        # The relevance guard: where the last message is the user's and names an offered
+        # function, the turn is a call (respond left out of the grammar); constrained mode
+        # only, where the grammar and not the model's own training decides (docs/proxy.md).
+        named: dict[str, list[str]] = {}
+        if (
+            shaping is _CONSTRAINED
+            and guards.relevance
+            and guards.respond
+            and choice == "auto"
+            and offered
+            and request.messages
+            and request.messages[-1].get("role") == "user"
+        ):
+            last = request.messages[-1]
+            named = named_in(
+                content_text(last.get("content"), " "),
+                {name: descriptions.get(name) or "" for name in offered},
+            )
         mode = CompletionMode(
             name=shaping.name,
             tools=compiled,
@@ -247,6 +266,7 @@ class CompletionTurn:
             forced=forced,
             parallel=self.parallel,
             offers_respond=mode.offers_respond,
+            call_due=bool(named),
         )
         max_tokens = request.sampling.get("max_tokens")
         turn = shaping.turn(
@@ -261,6 +281,7 @@ class CompletionTurn:
             mode,
             extra={**extra, **turn.extra},
             final_extra={**extra, **turn.final_extra},
+            call_extra={**extra, **turn.call_extra} if turn.call_extra is not None else None,
             repair_grammar=turn.repair_grammar,
         )
         messages = turn.messages
@@ -279,6 +300,9 @@ class CompletionTurn:
             },
             "tools": {name: dict(params) for name, params in callable_.items()},
             "tool_choice": choice if forced is None else {"function": forced},
+            # The functions the last user message names, by the words that name them: a
+            # call was required of this turn (the relevance guard).
+            "named": named,
             "server_tools": list(server),
             "response_format": fmt.model_dump(by_alias=True) if fmt is not None else None,
             "guardrails": dict(self.guard_record),
@@ -330,6 +354,7 @@ class _Offer:
     forced: str | None
     parallel: bool | None  # as asked
     offers_respond: bool
+    call_due: bool = False  # the relevance guard: the user's message names a function
 
     @property
     def parallel_calls(self) -> bool:
@@ -345,6 +370,9 @@ class ShapedCompletion:
     final_extra: Mapping[str, Any]  # the same once max_tool_calls is spent
     repair_grammar: str | None  # the answer's JSON-value grammar (constrained)
     messages: list[Mapping[str, Any]]  # the client's, with the mode's prompt addendum
+    # a turn answering the user's message while a call is due (the relevance guard): the
+    # request fields with respond left out; None: as every other turn
+    call_extra: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -419,6 +447,7 @@ class _ConstrainedShaping(CompletionShaping):
     ) -> ShapedCompletion:
         turn: dict[str, Any] = {}
         final: dict[str, Any] = {}
+        call_extra: dict[str, Any] | None = None
         callable_, answer = offer.callable, offer.answer
         if callable_:
             # With tool_choice auto and no respond offered, prose must stay possible: the
@@ -442,6 +471,15 @@ class _ConstrainedShaping(CompletionShaping):
                     else ""
                 ),
             )
+            if offer.call_due:  # the user named a function: their message is answered by a call
+                calls = {n: p for n, p in callable_.items() if n != RESPOND}
+                call_extra = {
+                    "grammar": json_value_grammar(
+                        call_schema({**calls, **offer.narrowed}, parallel=offer.parallel_calls),
+                        max_depth=max_depth,
+                        max_tokens=max_tokens,
+                    )
+                }
             if offer.offers_respond:  # max_tool_calls spent: only the answer is left
                 final["grammar"] = json_value_grammar(
                     call_schema({RESPOND: offer.respond_params}, parallel=False),
@@ -457,7 +495,7 @@ class _ConstrainedShaping(CompletionShaping):
             if answer is not None
             else None
         )
-        return ShapedCompletion(turn, final, repair, messages)
+        return ShapedCompletion(turn, final, repair, messages, call_extra)
 
     def gaps(self, offer: _Offer) -> dict[str, list[str]]:
         """What the grammar could not hold the model to (``decoding_gaps``)."""
@@ -546,10 +584,12 @@ def workflow_refusals(req: CompletionAsk) -> str | None:
         ),
         (req.stop, "'stop': a stop sequence would cut the workflow's tool calls"),
         (
-            not (switches.respond and switches.json_ and switches.reasoning),
+            not (
+                switches.respond and switches.json_ and switches.reasoning and switches.relevance
+            ),
             "'toolforge.guardrails': a workflow takes 'grammar', 'rescue', 'nudge' and "
             "'provenance'; "
-            "'respond', 'json' and 'reasoning' are not switches of a workflow run",
+            "'respond', 'json', 'reasoning' and 'relevance' are not switches of a workflow run",
         ),
     )
     for asked, why in checks:

@@ -412,9 +412,78 @@ async def test_on_llama_server_a_grammar_makes_the_call(
     }
     body = sent(gw)
     assert "tools" not in body  # the grammar and the system prompt are the contract
-    assert '\\"get_weather\\"' in body["grammar"] and '\\"respond\\"' in body["grammar"]
+    # "Weather in Paris?" names get_weather: a call is due, respond is not in the grammar.
+    assert '\\"get_weather\\"' in body["grammar"]
+    assert '\\"respond\\"' not in body["grammar"]
     system = body["messages"][0]
     assert system["role"] == "system" and "get_weather" in system["content"]
+
+
+async def test_a_message_that_names_no_function_keeps_respond(
+    make_gateway: HarnessFactory, sdk: SDK
+) -> None:
+    reply = '{"name": "respond", "arguments": {"content": "Hello!"}}'
+    gw = await make_gateway([Script.from_tokens([reply])], upstream_kind="llama_server")
+    done = await sdk(gw).chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "Hi, who are you?"}], tools=[WEATHER]
+    )
+    assert done.choices[0].message.content == "Hello!"
+    grammar = parse(sent(gw)["grammar"])
+    assert grammar.accepts(reply)
+    assert grammar.accepts('{"name": "get_weather", "arguments": {"city": "Hi"}}')
+
+
+async def test_a_message_that_names_a_function_is_answered_by_a_call(
+    make_gateway: HarnessFactory, sdk: SDK
+) -> None:
+    call = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
+    gw = await make_gateway([Script.from_tokens([call])], upstream_kind="llama_server")
+    done = await sdk(gw).chat.completions.create(
+        model="m",
+        messages=[{"role": "user", "content": "Wie ist das Wetter in Paris? The weather, please."}],
+        tools=[WEATHER, TIME],
+    )
+    assert [c.function.name for c in done.choices[0].message.tool_calls or []] == ["get_weather"]
+    grammar = parse(sent(gw)["grammar"])
+    assert grammar.accepts(call)
+    assert not grammar.accepts('{"name": "respond", "arguments": {"content": "Sunny."}}')
+    # get_time is offered still: the guard takes respond away, not the other functions.
+    assert grammar.accepts('{"name": "get_time", "arguments": {"city": "Paris"}}')
+
+
+async def test_the_relevance_guard_can_be_switched_off(
+    make_gateway: HarnessFactory, sdk: SDK
+) -> None:
+    reply = '{"name": "respond", "arguments": {"content": "Sunny."}}'
+    gw = await make_gateway([Script.from_tokens([reply])], upstream_kind="llama_server")
+    done = await sdk(gw).chat.completions.create(
+        model="m",
+        messages=USER,
+        tools=[WEATHER],
+        extra_body={"toolforge": {"guardrails": {"relevance": False}}},
+    )
+    assert done.choices[0].message.content == "Sunny."
+    assert parse(sent(gw)["grammar"]).accepts(reply)
+
+
+async def test_after_a_server_tool_the_answer_is_possible_again(
+    make_gateway: HarnessFactory, sdk: SDK
+) -> None:
+    search = '{"name": "places.search", "arguments": {"query": "pizza"}}'
+    answer = '{"name": "respond", "arguments": {"content": "Two pizzerias are open."}}'
+    gw = await make_gateway(
+        [Script.from_tokens([search]), Script.from_tokens([answer])], upstream_kind="llama_server"
+    )
+    done = await sdk(gw).chat.completions.create(
+        model="m",
+        messages=[{"role": "user", "content": "Search pizza restaurants near me"}],
+        extra_body={"toolforge": {"server_tools": ["places.search"]}},
+    )
+    assert done.choices[0].message.content == "Two pizzerias are open."
+    first, second = parse(sent(gw, 0)["grammar"]), parse(sent(gw, 1)["grammar"])
+    assert first.accepts(search) and not first.accepts(answer)  # the user named the search
+    assert second.accepts(answer)  # the last message is the tool's result: respond is back
+    assert sent(gw, 1)["messages"][-1]["role"] == "tool"
 
 
 async def test_on_llama_server_respond_is_the_answer(

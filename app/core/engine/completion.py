@@ -97,6 +97,9 @@ class Guards:
     # arguments held to what the user said (numbers, dates, times, identifiers), optional
     # ones nothing provides left out (toolforge.core.provenance)
     provenance: bool = True
+    # constrained mode: a last user message that names an offered function (a word of its
+    # name or description) is answered by a call, respond not offered (toolforge.core.relevance)
+    relevance: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,6 +173,9 @@ class CompletionMode:
     answer: CompiledSchema | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
     final_extra: Mapping[str, Any] = field(default_factory=dict)
+    # A turn whose last message is the user's, while tools are left, when a call is due
+    # (the relevance guard): the grammar without respond. None: ``extra`` as every turn.
+    call_extra: Mapping[str, Any] | None = None
     repair_grammar: str | None = None  # the answer's JSON-value grammar (constrained)
     nudges: Nudges = Nudges()
     id_prefix: str = "call_"
@@ -194,6 +200,8 @@ class CompletionMode:
         hints: TurnHints | None = None,
     ) -> ChatRequest:
         extra = self.extra if tools_left else self.final_extra
+        if self.call_extra is not None and tools_left and messages[-1].get("role") == "user":
+            extra = self.call_extra
         if not extra and messages is base.messages:
             return base
         return dataclasses.replace(base, messages=messages, extra={**base.extra, **extra})
