@@ -74,6 +74,7 @@ call it with what the run holds.
 
 from __future__ import annotations
 
+import datetime
 import functools
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -205,14 +206,25 @@ _NAMED_TIMES: Final = {
     "mitternacht": 0,
     "mezzanotte": 0,
 }
-_ISO_DATE: Final = re.compile(r"(?<!\d)(\d{4})-(\d{2})-(\d{2})(?!\d)")
+_ISO_DATE: Final = re.compile(r"(?<!\d)(\d{4})[-/](\d{2})[-/](\d{2})(?!\d)")
 _DAY_FIRST: Final = re.compile(r"(?<![\d.])(\d{1,2})[./](\d{1,2})[./](\d{4})(?!\d)")
 _NAMED_DATE: Final = re.compile(
     r"(?<!\d)(\d{1,2})(?:st|nd|rd|th|er|\.)?\s+([^\W\d_]{3,12})\.?,?\s+(\d{4})(?!\d)"
 )
 _MONTH_FIRST: Final = re.compile(
-    r"\b([^\W\d_]{3,12})\.?\s+(\d{1,2})(?:st|nd|rd|th)?,?\s+(\d{4})(?!\d)"
+    r"\b([^\W\d_]{3,12})(?:\.\s{0,2}|\s{1,2})(\d{1,2})(?:st|nd|rd|th)?(?:,\s{0,2}|\s{1,2})(\d{4})(?!\d)"
 )
+# The form a plain string's description gives a date: "YYYY-MM-DD", "MM-DD-YYYY",
+# "dd/mm/yyyy" (a year, a month and a day, one separator), "month-day-year" in words, or a
+# date as example ("e.g., 2022-04-28").
+_DATE_FORM: Final = re.compile(
+    r"(?<![A-Za-z])([YyMmDd]{1,4})([-/.])([YyMmDd]{1,4})\2([YyMmDd]{1,4})(?![A-Za-z])"
+)
+_DATE_FORM_WORDS: Final = re.compile(r"\b(year|month|day)-(year|month|day)-(year|month|day)\b")
+_DATE_EXAMPLE: Final = re.compile(r"(?<!\d)\d{4}-\d{2}-\d{2}(?!\d)")
+# A date by its name: ``date``, ``*_date``, ``*Date`` (API naming).
+_DATE_NAME: Final = re.compile(r"^date$|_date$|[a-z]Date$")
+_FORM_PARTS: Final = {"y": "%Y", "m": "%m", "d": "%d"}
 # A number: digits with one decimal separator ("2.5", "2,5"), or groups of three digits
 # ("10,000", "10.000", "1 000 000" with narrow or no-break spaces), an exponent ("1e-3"),
 # a percent sign ("5%").
@@ -252,15 +264,15 @@ def said_in(text: str, *, phrases: bool = False) -> Said:
         for form in (word, word.lower()):
             if len(words) < _MAX_WORDS:
                 words[form] = None
-    dates: dict[str, None] = {}
+    dates: dict[str, int] = {}  # each date at where the text first writes it
     rest = text
     for pattern, order in ((_ISO_DATE, "ymd"), (_DAY_FIRST, "dmy")):
         for m in pattern.finditer(text):
             parts = dict(zip(order, m.groups(), strict=True))
             found = _date(parts["y"], parts["m"], parts["d"])
             if found:
-                dates[found] = None
-        rest = pattern.sub(" ", rest)
+                dates.setdefault(found, m.start())
+        rest = pattern.sub(_blank, rest)  # blanked, so positions still hold
 
     def named(day: int, month: int, year: int) -> Callable[[re.Match[str]], str]:
         def take(m: re.Match[str]) -> str:
@@ -268,8 +280,8 @@ def said_in(text: str, *, phrases: bool = False) -> Said:
             found = _date(m[year], str(number), m[day]) if number else None
             if found is None:
                 return m[0]  # "3 kids, 0700" is no date: its numbers stay numbers
-            dates[found] = None
-            return " "
+            dates.setdefault(found, m.start())
+            return _blank(m)
 
         return take
 
@@ -315,8 +327,14 @@ def said_in(text: str, *, phrases: bool = False) -> Said:
         tokens=tuple(tokens)[:_MAX_WORDS],
         numbers=tuple(numbers)[:_MAX_VALUES],
         times=tuple(times)[:_MAX_VALUES],
-        dates=tuple(dates)[:_MAX_VALUES],
+        dates=tuple(sorted(dates, key=dates.__getitem__))[:_MAX_VALUES],
     )
+
+
+def _blank(m: re.Match[str]) -> str:
+    """What a match read is replaced with: as many spaces, so later readers' positions
+    still hold."""
+    return " " * len(m[0])
 
 
 def _readings(raw: str, sep: str | None, *, percent: bool) -> list[int | float]:
@@ -452,8 +470,8 @@ def words_pattern(words: Sequence[str]) -> str | None:
 
 
 # A token as a name may be written: letters and digits joined by "-", ".", "'" ("INC-88",
-# "O'Neil", "St.-Denis").
-_NAME_TOKEN: Final = re.compile(r"[^\W_](?:[\w\-.']{0,62}[^\W_])?")
+# "O'Neil", "St.-Denis"), less a possessive "'s" ("Einstein's" names Einstein).
+_NAME_TOKEN: Final = re.compile(r"[^\W_](?:[\w\-.']{0,62}[^\W_])?(?<!'s)")
 _SENTENCE_GAP: Final = re.compile(r"[.!?]")
 
 
@@ -1144,6 +1162,14 @@ def _narrow_anew(
     free = kind == "string" and "pattern" not in own and "format" not in own
     for source, taken in zip(sources, accepted, strict=True):
         if isinstance(source, User):
+            form = date_form(arg, own) if free and held.said.dates else None
+            if form is not None:
+                # A date by its name or description, and the user wrote dates: those
+                # dates, in the form described (ISO when none is), and nothing else.
+                for value in _dates_in_form(form, held.said.dates):
+                    if check(value):
+                        enum.setdefault((str, value), value)
+                continue
             if free and held.plain:
                 # No workflow: what the user quoted, whole, and runs of their words as
                 # written ("plasma membrane", not "plasma" then anything).
@@ -1361,6 +1387,40 @@ def _named_words(held: Held) -> list[str]:
 def _is_word_name(name: str) -> bool:
     """A name of words ("Ana Lima"), not a code ("INC-88", "CDG")."""
     return all(_is_word(token) for token in name.split())
+
+
+def date_form(name: str, prop: Mapping[str, Any]) -> str | None:
+    """The ``strftime`` form of a plain string argument that is a date by its description
+    ("Format: MM-DD-YYYY" is ``%m-%d-%Y``; "the date (month-day-year)"; an ISO date as
+    example) or by its name (``date``, ``check_in_date``: ISO, ``%Y-%m-%d``); None when it
+    is neither (docs/workflows.md, "Provenance")."""
+    description = prop.get("description")
+    text = description[:_MAX_TEXT] if isinstance(description, str) else ""
+    for m in _DATE_FORM.finditer(text):
+        parts = [m[1].lower(), m[3].lower(), m[4].lower()]
+        letters = [p[0] for p in parts]
+        if sorted(letters) != ["d", "m", "y"] or any(len(set(p)) != 1 for p in parts):
+            continue
+        if any(len(p) > 2 for p in parts if p[0] != "y"):
+            continue
+        return m[2].join(_FORM_PARTS[p[0]] if p[0] != "y" or len(p) > 2 else "%y" for p in parts)
+    if m := _DATE_FORM_WORDS.search(text.lower()):
+        if sorted(m.groups()) == ["day", "month", "year"]:
+            return "-".join(_FORM_PARTS[p[0]] for p in m.groups())
+    if _DATE_EXAMPLE.search(text) or _DATE_NAME.search(name):
+        return "%Y-%m-%d"
+    return None
+
+
+def _dates_in_form(form: str, dates: Sequence[str]) -> list[str]:
+    """The user's dates (ISO) written in ``form``."""
+    out: list[str] = []
+    for iso in dates:
+        try:
+            out.append(datetime.date.fromisoformat(iso).strftime(form))
+        except ValueError:
+            continue
+    return out
 
 
 @functools.lru_cache(maxsize=4096)

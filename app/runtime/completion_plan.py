@@ -584,9 +584,7 @@ def workflow_refusals(req: CompletionAsk) -> str | None:
         ),
         (req.stop, "'stop': a stop sequence would cut the workflow's tool calls"),
         (
-            not (
-                switches.respond and switches.json_ and switches.reasoning and switches.relevance
-            ),
+            not (switches.respond and switches.json_ and switches.reasoning and switches.relevance),
             "'toolforge.guardrails': a workflow takes 'grammar', 'rescue', 'nudge' and "
             "'provenance'; "
             "'respond', 'json', 'reasoning' and 'relevance' are not switches of a workflow run",

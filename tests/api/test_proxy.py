@@ -486,6 +486,27 @@ async def test_after_a_server_tool_the_answer_is_possible_again(
     assert sent(gw, 1)["messages"][-1]["role"] == "tool"
 
 
+async def test_a_call_the_grammar_let_the_model_repeat_is_made_once(
+    make_gateway: HarnessFactory, sdk: SDK
+) -> None:
+    paris = {"name": "get_weather", "arguments": {"city": "Paris"}}
+    rome = {"name": "get_weather", "arguments": {"city": "Rome"}}
+    reply = orjson.dumps([paris, rome, paris, {**paris, "arguments": {"city": "Paris"}}])
+    gw = await make_gateway([Script.from_tokens([reply.decode()])], upstream_kind="llama_server")
+    done = await sdk(gw).chat.completions.create(
+        model="m",
+        messages=[{"role": "user", "content": "Weather in Paris and Rome?"}],
+        tools=[WEATHER],
+    )
+    calls = done.choices[0].message.tool_calls or []
+    assert [orjson.loads(c.function.arguments) for c in calls] == [
+        {"city": "Paris"},
+        {"city": "Rome"},
+    ]
+    assert len({c.id for c in calls}) == 2
+    assert (done.model_extra or {})["toolforge"]["guardrails"] == {"repeated_call": 2}
+
+
 async def test_on_llama_server_respond_is_the_answer(
     make_gateway: HarnessFactory, sdk: SDK
 ) -> None:

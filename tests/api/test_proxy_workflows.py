@@ -260,6 +260,7 @@ async def test_guardrail_switches_map_to_the_workflows_own(
         ({"response_format": {"type": "json_object"}}, "response_format"),
         ({"stop": ["\n"]}, "'stop'"),
         ({"toolforge": {"guardrails": {"respond": False}}}, "guardrails"),
+        ({"toolforge": {"guardrails": {"relevance": False}}}, "'relevance'"),
         ({"toolforge": {"workflow": {**NOPE}}}, "WORKFLOW_INVALID"),
         ({"toolforge": {"workflow": {**NOPE}}}, "tool 'nope' does not exist"),
     ],

@@ -151,10 +151,15 @@ def test_the_json_answer_is_decided_by_the_guarantee() -> None:
 
 
 def test_the_grammar_call_is_read_in_constrained_mode() -> None:
-    reply = orjson.dumps([{"name": "get_weather", "arguments": {"city": "A"}}] * 2).decode()
+    a, b = ({"name": "get_weather", "arguments": {"city": c}} for c in "AB")
+    reply = orjson.dumps([a, b]).decode()
     run = run_of(mode(name="constrained", extra={"grammar": "root ::= x"}), deltas(reply))
     assert [c[0] for c in calls(run)] == ["get_weather", "get_weather"]
     assert run.kinds(CallModel)[0].request.extra["grammar"] == "root ::= x"
+    # the same call repeated in the list is made once
+    reply = orjson.dumps([a, a, b, a]).decode()
+    run = run_of(mode(name="constrained", extra={"grammar": "root ::= x"}), deltas(reply))
+    assert len(calls(run)) == 2
 
 
 def test_reasoning_goes_to_its_own_frames() -> None:

@@ -16,6 +16,7 @@ from toolforge.core.provenance import (
     Results,
     User,
     blamed,
+    date_form,
     narrow_properties,
     parse_sources,
     said_in,
@@ -67,6 +68,13 @@ SEARCHED = (("search", {"query": "thai"}, {"places": [{"place_id": "p-17", "name
         ("$10,000 at 5% for 10 years", (10000, 10, 5, 0.05), (), ()),
         ("10.000 Euro, 1e-3, 1\u202f000\u202f000", (10000, 10, 0.001, 1000000), (), ()),
         ("at 13pm or 25:00 on 2026-02-30", (13,), (), ()),  # no such time or date: 13 a number
+        # year first with slashes, a month's abbreviation with a dot, no space before the year
+        (
+            "on 2022/08/16, Jun.20,2023 and March.11, 2022",
+            (),
+            (),
+            ("2022-08-16", "2023-06-20", "2022-03-11"),
+        ),
     ],
 )
 def test_what_the_user_said_is_read_the_same_in_every_language(
@@ -606,3 +614,61 @@ def test_a_list_of_numbers_is_one_the_user_wrote() -> None:
     narrowed = narrow_properties("t", schema, {}, held, defaults=True, plain=True)
     assert narrowed is not None
     assert narrowed["properties"]["a"] == ints and narrowed["properties"]["point"] is False
+
+
+@pytest.mark.parametrize(
+    ("name", "description", "form"),
+    [
+        ("date", "Format: yyyy-mm-dd.", "%Y-%m-%d"),
+        ("birth", "Must be in MM-DD-YYYY format.", "%m-%d-%Y"),
+        ("when", "Check-in date. Format - DD/MM/YYYY.", "%d/%m/%Y"),
+        ("when", "The date (month-day-year) of the game.", "%m-%d-%Y"),
+        ("when", "Accepts a standard date, e.g., 2022-04-28.", "%Y-%m-%d"),
+        ("check_in_date", "The day the stay begins.", "%Y-%m-%d"),  # a date by its name: ISO
+        ("startDate", "", "%Y-%m-%d"),
+        ("month", "In 'mm-yyyy' format.", None),  # no day: not a date
+        ("city", "A city, e.g. Paris.", None),
+        ("update", "candidate's mandate", None),
+    ],
+)
+def test_a_plain_string_is_a_date_by_its_description_or_name(
+    name: str, description: str, form: str | None
+) -> None:
+    assert date_form(name, {"type": "string", "description": description}) == form
+
+
+def test_a_date_argument_takes_the_users_dates_in_the_described_form() -> None:
+    schema = {
+        "type": "object",
+        "properties": {
+            "check_in": {"type": "string", "description": "Format MM-DD-YYYY."},
+            "check_out_date": {"type": "string"},
+            "city": {"type": "string"},
+        },
+        "required": ["check_in", "check_out_date", "city"],
+    }
+    said = said_in("A room in Paris, France from July 10, 2022 to 20 juillet 2022.", phrases=True)
+    narrowed = narrow_properties(
+        "book", schema, {}, Held(said, plain=True), defaults=True, plain=True
+    )
+    assert narrowed is not None
+    props = narrowed["properties"]
+    assert props["check_in"] == {"enum": ["07-10-2022", "07-20-2022"]}
+    assert props["check_out_date"] == {"enum": ["2022-07-10", "2022-07-20"]}
+    assert "enum" not in props["city"] or "2022-07-10" not in props["city"]["enum"]
+    # No date written: a date argument stays a plain string of the user's words.
+    said = said_in("A room in Paris this weekend.", phrases=True)
+    narrowed = narrow_properties(
+        "book", schema, {}, Held(said, plain=True), defaults=True, plain=True
+    )
+    assert narrowed is not None
+    assert "pattern" in str(narrowed["properties"]["check_out_date"])
+
+
+def test_a_possessive_names_its_owner() -> None:
+    said = said_in(
+        "What was Albert Einstein's work, and The Weeknd's tour? Ask O'Neil.", phrases=True
+    )
+    assert {"Albert Einstein", "The Weeknd"} <= set(said.names)
+    assert "Albert Einstein" in said.spans and not any("'s" in s for s in said.spans)
+    assert any("O'Neil" in n for n in said.names)  # an apostrophe inside a name stays

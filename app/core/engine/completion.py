@@ -260,6 +260,9 @@ class CompletionReader(TurnReader):
             calls = self._assembler.finish()
         elif mode.tools and mode.choice != "none":
             calls = self._grammar_calls(content) if mode.name == "constrained" else []
+            if len(calls) > 1:
+                calls, repeats = _once_each(calls)
+                notes += ["repeated_call"] * repeats
             if not calls and mode.guards.rescue:
                 calls = self._rescued(content)
                 rescued = {call.id for call in calls}
@@ -398,6 +401,33 @@ class CompletionReader(TurnReader):
     def _call(self, index: int, name: str, args: object) -> AssembledCall:
         text = orjson.dumps(args).decode() if not isinstance(args, str) else args
         return AssembledCall(index, f"{self._mode.id_prefix}{self._turn}_{index}", name, text)
+
+
+def _once_each(calls: list[AssembledCall]) -> tuple[list[AssembledCall], int]:
+    """The grammar's list of calls with each call once: a small model that may write a
+    list repeats its call (the same function, the same arguments, up to eight times: a
+    loop, not a request), and a call made twice runs twice. Returns the calls kept, in
+    order, with their indexes and ids renumbered, and how many were dropped."""
+    seen: set[tuple[str, bytes]] = set()
+    kept: list[AssembledCall] = []
+    for call in calls:
+        try:
+            key = (
+                call.name,
+                orjson.dumps(orjson.loads(call.arguments_text), option=orjson.OPT_SORT_KEYS),
+            )
+        except orjson.JSONDecodeError:
+            key = (call.name, call.arguments_text.encode())
+        if key not in seen:
+            seen.add(key)
+            kept.append(call)
+    if len(kept) == len(calls):
+        return calls, 0
+    renumbered = [
+        dataclasses.replace(call, index=i, id=call.id.rsplit("_", 1)[0] + f"_{i}")
+        for i, call in enumerate(kept)
+    ]
+    return renumbered, len(calls) - len(kept)
 
 
 def _wire(name: str) -> str:
