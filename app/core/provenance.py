@@ -25,6 +25,8 @@ day-first numeric date (``3.12.2026``, ``03/12/2026``) or a day, a month name of
 languages and a year (``3 décembre 2026``); a ``time`` a time of day (``19:30``,
 ``19h30``, ``19 Uhr``, ``7pm``, ``7:30 p.m.``) as ``HH:MM`` (``HH:MM:SS`` and an offset,
 ``Z``, where the schema's format asks for one); a ``date-time`` a date and a time of it;
+a plain string that is a date by its description ("MM-DD-YYYY") or name (``check_in_date``)
+the dates, in that form (:func:`date_form`);
 an identifier (an argument named ``id`` or ``*_id``/``*Id``, or ``format: uuid``) a token
 of the message holding a digit (``T-1001``); any other string 1 to 6 of the message's
 words. Every value offered is checked against the argument's own schema (its pattern,
@@ -253,6 +255,9 @@ class Said:
     quoted: tuple[str, ...] = ()
     spans: tuple[str, ...] = ()
     lists: tuple[list[int | float], ...] = ()  # lists of numbers written in brackets
+    # the numbers written more than once ("2 adults for 2 nights"): two arguments of one call
+    # may both take one of these, and no other (plain requests, :func:`_one_value_each`)
+    repeated: tuple[int | float, ...] = ()
 
 
 def said_in(text: str, *, phrases: bool = False) -> Said:
@@ -306,18 +311,21 @@ def said_in(text: str, *, phrases: bool = False) -> Said:
         for t in _TOKEN.findall(rest)
         if any(c.isdigit() for c in t) and not _NUMBER.fullmatch(t.rstrip(".:/-#"))
     }
-    numbers: dict[int | float, None] = {}
+    numbers: dict[int | float, int] = {}  # each number, and how many times it is written
     for m in _NUMBER.finditer(rest):
         after = _SCALE_AFTER.match(rest, m.end())
         scale = _SCALES.get(after[1].lower(), 1) if after and not m["pct"] else 1
+        read: dict[int | float, None] = {}
         for value in _readings(m[1], m["sep"], percent=bool(m["pct"])):
             if scale != 1:  # "100 million": the number meant, not its first word
                 value = round(value * scale, 6)
                 value = int(value) if float(value).is_integer() else value
-            numbers[value] = None
+            read[value] = None
+        for value in read:
+            numbers[value] = numbers.get(value, 0) + 1
     for word in _WORD.findall(rest):
         if (n := _NUMBER_WORDS.get(word.lower())) is not None:
-            numbers[n] = None
+            numbers[n] = numbers.get(n, 0) + 1
     return Said(
         names=names_in(text),
         quoted=quoted_in(text) if phrases else (),
@@ -326,6 +334,7 @@ def said_in(text: str, *, phrases: bool = False) -> Said:
         words=tuple(words),
         tokens=tuple(tokens)[:_MAX_WORDS],
         numbers=tuple(numbers)[:_MAX_VALUES],
+        repeated=tuple(n for n, times in numbers.items() if times > 1)[:_MAX_VALUES],
         times=tuple(times)[:_MAX_VALUES],
         dates=tuple(sorted(dates, key=dates.__getitem__))[:_MAX_VALUES],
     )
@@ -925,7 +934,11 @@ def narrow_properties(
     if not changed:
         return schema
     narrowed = {**props, **changed}
-    branches = None if "anyOf" in schema else _one_value_each(narrowed, props)
+    branches = None
+    if "anyOf" not in schema:
+        branches = _one_value_each(narrowed, props, numbers=plain, repeated=held.said.repeated)
+        if plain and (strings := _strings_apart(narrowed)) is not None:
+            branches = _crossed(branches, strings)
     if branches is None:
         return {**schema, "properties": narrowed}
     return {**schema, "properties": narrowed, "anyOf": branches}
@@ -935,14 +948,21 @@ _MAX_BRANCHES: Final = 16  # values of the first argument spelled out, one branc
 
 
 def _one_value_each(
-    narrowed: Mapping[str, Any], own: Mapping[str, Any]
+    narrowed: Mapping[str, Any],
+    own: Mapping[str, Any],
+    *,
+    numbers: bool = False,
+    repeated: Sequence[object] = (),
 ) -> list[dict[str, Any]] | None:
     """Two arguments of one call never take the same value of the run's: a flight's
     origin and destination both offered ``CDG`` and ``JFK`` take one each. The first
     argument offered values another one is offered too becomes one branch per value, the
-    other arguments without it. Strings of identifiers and plain strings only: two
-    numbers, dates or e-mail addresses of one call may well be the same (2 guests, 2
-    nights). None when no two arguments share a value."""
+    other arguments without it, and so on for the next such argument while the branches
+    number at most :data:`_MAX_ALL_BRANCHES`. Strings of identifiers and plain strings;
+    with ``numbers`` (a plain request, whose numbers are the user's alone) numbers too,
+    except those in ``repeated`` (written more than once: "2 adults for 2 nights"). A
+    workflow's numbers of one call may well be the same (an amount and an order's total).
+    None when no two arguments share a value."""
     enums = [
         (arg, prop["enum"])
         for arg, prop in narrowed.items()
@@ -960,25 +980,172 @@ def _one_value_each(
             return None  # no value offered to two arguments
     except TypeError:  # an unhashable value (a list): nothing shared to tell apart
         return None
-    offered: list[tuple[str, list[str]]] = []
+    offered: list[tuple[str, list[object]]] = []
     for arg, values in enums:
         base = own.get(arg)
-        if not isinstance(base, Mapping) or not all(isinstance(v, str) for v in values):
+        if not isinstance(base, Mapping):
             continue
-        if kind_of(arg, _non_null(base)) in ("id", "string"):
-            offered.append((arg, values))
-    for i, (first, values) in enumerate(offered):
-        others = [(arg, vals) for arg, vals in offered[i + 1 :] if set(vals) & set(values)]
+        kind = kind_of(arg, _non_null(base))
+        if all(isinstance(v, str) for v in values) and kind in ("id", "string"):
+            offered.append((arg, list(values)))
+        elif (
+            numbers
+            and kind in ("integer", "number")
+            and all(isinstance(v, int | float) and not isinstance(v, bool) for v in values)
+        ):
+            offered.append((arg, list(values)))
+    return _apart(offered, frozenset(repeated), _MAX_ALL_BRANCHES)
+
+
+def _strings_apart(narrowed: Mapping[str, Any]) -> list[dict[str, Any]] | None:
+    """A plain request's strings kept apart where they are offered both values and runs
+    of the user's words (``{"anyOf": [{"enum": names}, {"pattern": runs}]}``): the first
+    string whose values another string is offered too becomes one branch per value (the
+    others without it, in their values and runs), and one branch where it is a run of
+    words that is none of those values. "LeBron James" is then a player's name or a
+    team's, never both. None when no two strings share a value."""
+    strings: list[tuple[str, list[str], list[str] | None, dict[str, Any]]] = []
+    for arg, prop in narrowed.items():
+        offer = _string_offer(prop)
+        if offer is not None:
+            strings.append((arg, *offer))
+    for i, (first, values, runs, extra) in enumerate(strings):
+        later = strings[i + 1 :]
+        others = [s for s in later if set(values) & {*s[1], *(s[2] or ())}]
         if not others or len(values) > _MAX_BRANCHES:
+            continue
+        if runs is None and all(s[2] is None for s in others):
+            continue  # values only: _one_value_each keeps them apart
+        branches: list[dict[str, Any]] = []
+        for value in values:
+            props: dict[str, Any] = {first: {"const": value}}
+            for arg, their_values, their_runs, their_extra in others:
+                props[arg] = _string_prop(
+                    [v for v in their_values if v != value],
+                    None if their_runs is None else [r for r in their_runs if r != value],
+                    their_extra,
+                )
+            if all(p is not False for p in props.values()):
+                branches.append({"properties": props})
+        if runs is not None:
+            own_runs = [r for r in runs if r not in values]
+            if own_runs:
+                branches.append({"properties": {first: _string_prop([], own_runs, extra)}})
+        return branches or None
+    return None
+
+
+def _string_offer(prop: object) -> tuple[list[str], list[str] | None, dict[str, Any]] | None:
+    """A narrowed plain string's values and runs of words (None: no runs), and the rest of
+    its run's schema (``maxLength``); None for anything else."""
+    if not isinstance(prop, Mapping):
+        return None
+    if len(prop) == 1 and isinstance(enum := prop.get("enum"), list):
+        return (
+            ([v for v in enum if isinstance(v, str)], None, {})
+            if all(isinstance(v, str) for v in enum)
+            else None
+        )
+    run = prop
+    values: list[str] = []
+    if len(prop) == 1 and isinstance(any_of := prop.get("anyOf"), list) and len(any_of) == 2:
+        first, run = any_of
+        if not (isinstance(first, Mapping) and set(first) == {"enum"}):
+            return None
+        if not all(isinstance(v, str) for v in first["enum"]):
+            return None
+        values = list(first["enum"])
+    if not isinstance(run, Mapping) or run.get("type") != "string" or "pattern" not in run:
+        return None
+    runs = _pattern_runs(run["pattern"])
+    if runs is None:
+        return None
+    return values, runs, {k: v for k, v in run.items() if k not in ("type", "pattern")}
+
+
+def _string_prop(values: list[str], runs: list[str] | None, extra: Mapping[str, Any]) -> Any:
+    """The schema of a string offered ``values`` and ``runs`` (as narrowing writes one);
+    False when it is offered nothing."""
+    pattern = spans_pattern(runs) if runs else None
+    if pattern is None:
+        return {"enum": values} if values else False
+    run = {"type": "string", "pattern": pattern, **extra}
+    return {"anyOf": [{"enum": values}, run]} if values else run
+
+
+def _pattern_runs(pattern: object) -> list[str] | None:
+    """The runs of words a :func:`spans_pattern` pattern admits, or None when ``pattern``
+    is not one."""
+    if not isinstance(pattern, str) or not (pattern.startswith("^(") and pattern.endswith(")$")):
+        return None
+    runs: list[str] = []
+    current: list[str] = []
+    escaped = False
+    for c in pattern[2:-2]:
+        if escaped:
+            current.append(c)
+            escaped = False
+        elif c == "\\":
+            escaped = True
+        elif c == "|":
+            runs.append("".join(current))
+            current = []
+        elif c in _SYNTAX:
+            return None  # a pattern of another kind (words_pattern's repetition)
+        else:
+            current.append(c)
+    runs.append("".join(current))
+    return runs
+
+
+_MAX_ALL_BRANCHES: Final = 64  # branches of one call's arguments kept apart, in all
+
+
+def _crossed(
+    first: list[dict[str, Any]] | None, second: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """Both sets of branches at once (each of ``first`` with each of ``second``), or
+    ``second`` alone when that would make more than :data:`_MAX_ALL_BRANCHES`."""
+    if not first or len(first) * len(second) > _MAX_ALL_BRANCHES:
+        return second
+    out: list[dict[str, Any]] = []
+    for a in first:
+        for b in second:
+            if set(a["properties"]) & set(b["properties"]):
+                return second  # both keep the same argument apart: the strings' only
+            out.append({"properties": {**a["properties"], **b["properties"]}})
+    return out
+
+
+def _apart(
+    offered: Sequence[tuple[str, list[object]]], repeated: frozenset[object], budget: int
+) -> list[dict[str, Any]] | None:
+    """:func:`_one_value_each`'s branches for ``offered`` (argument, values), at most
+    ``budget`` of them; None when no two share a value that may not repeat."""
+    for i, (first, values) in enumerate(offered):
+        later = offered[i + 1 :]
+        others = [(arg, vals) for arg, vals in later if set(vals) & set(values) - repeated]
+        if not others or len(values) > min(_MAX_BRANCHES, budget):
             continue
         branches: list[dict[str, Any]] = []
         for value in values:
             props: dict[str, Any] = {first: {"const": value}}
-            for arg, vals in others:
-                rest = [v for v in vals if v != value]
-                props[arg] = {"enum": rest} if rest else False
-            if all(p is not False for p in props.values()):
+            rest_offered: list[tuple[str, list[object]]] = []
+            for arg, vals in later:
+                rest = vals
+                if value not in repeated and any(arg == o for o, _ in others):
+                    rest = [v for v in vals if v != value]
+                rest_offered.append((arg, rest))
+                if rest is not vals:
+                    props[arg] = {"enum": rest} if rest else False
+            if any(p is False for p in props.values()):
+                continue
+            inner = _apart(rest_offered, repeated, budget // len(values))
+            if inner is None:
                 branches.append({"properties": props})
+            else:
+                for branch in inner:
+                    branches.append({"properties": {**props, **branch["properties"]}})
         return branches or None
     return None
 

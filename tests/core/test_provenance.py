@@ -672,3 +672,60 @@ def test_a_possessive_names_its_owner() -> None:
     assert {"Albert Einstein", "The Weeknd"} <= set(said.names)
     assert "Albert Einstein" in said.spans and not any("'s" in s for s in said.spans)
     assert any("O'Neil" in n for n in said.names)  # an apostrophe inside a name stays
+
+
+def _accepts(schema: dict[str, Any], value: dict[str, Any]) -> bool:
+    from toolforge.core.schemas import compile_schema
+
+    return compile_schema(schema, name="t", fallback=False).is_valid(value)
+
+
+def test_a_number_written_once_goes_to_one_argument_of_a_plain_request() -> None:
+    schema = {
+        "type": "object",
+        "properties": {
+            "height": {"type": "integer"},
+            "initial_velocity": {"type": "integer"},
+            "gravity": {"type": "number"},
+        },
+        "required": ["height", "initial_velocity"],
+    }
+    said = said_in("An object dropped from 100 m, starting at zero.", phrases=True)
+    assert said.numbers == (100, 0) and said.repeated == ()
+    narrowed = narrow_properties("f", schema, {}, Held(said, plain=True), defaults=True, plain=True)
+    assert narrowed is not None
+    assert _accepts(narrowed, {"height": 100, "initial_velocity": 0})
+    assert not _accepts(narrowed, {"height": 100, "initial_velocity": 100})
+    # written twice, a number may go to two arguments
+    said = said_in("2 adults for 2 nights", phrases=True)
+    assert said.repeated == (2,)
+    rooms = {
+        "type": "object",
+        "properties": {"adults": {"type": "integer"}, "nights": {"type": "integer"}},
+        "required": ["adults", "nights"],
+    }
+    narrowed = narrow_properties("f", rooms, {}, Held(said, plain=True), defaults=True, plain=True)
+    assert narrowed is not None and _accepts(narrowed, {"adults": 2, "nights": 2})
+    # a workflow's numbers of one call may be the same (an amount and a total)
+    said = said_in("An object dropped from 100 m, starting at zero.")
+    narrowed = narrow_properties("f", schema, {}, Held(said), defaults=True)
+    assert narrowed is not None and _accepts(narrowed, {"height": 100, "initial_velocity": 100})
+
+
+def test_a_name_the_user_gave_goes_to_one_string_of_a_plain_request() -> None:
+    schema = {
+        "type": "object",
+        "properties": {"player_name": {"type": "string"}, "team": {"type": "string"}},
+        "required": ["player_name", "team"],
+    }
+    said = said_in(
+        "Get point and rebound stats for player 'LeBron James' from last game", phrases=True
+    )
+    narrowed = narrow_properties("f", schema, {}, Held(said, plain=True), defaults=True, plain=True)
+    assert narrowed is not None
+    assert _accepts(narrowed, {"player_name": "LeBron James", "team": "last game"})
+    assert not _accepts(narrowed, {"player_name": "LeBron James", "team": "LeBron James"})
+    # a run of words for the first, then the name for the second: still one each
+    assert _accepts(narrowed, {"player_name": "rebound stats", "team": "LeBron James"})
+    # two runs of words are not kept apart: that would take a branch per run
+    assert _accepts(narrowed, {"player_name": "LeBron", "team": "LeBron"})
