@@ -258,6 +258,10 @@ class Said:
     # the numbers written more than once ("2 adults for 2 nights"): two arguments of one call
     # may both take one of these, and no other (plain requests, :func:`_one_value_each`)
     repeated: tuple[int | float, ...] = ()
+    # the numbers one written number may mean ("10,000": 10000 and 10; "5%": 5 and 0.05):
+    # an argument that takes one of them takes the written number, and no other argument
+    # of the call takes the other
+    alike: tuple[tuple[int | float, ...], ...] = ()
 
 
 def said_in(text: str, *, phrases: bool = False) -> Said:
@@ -312,6 +316,7 @@ def said_in(text: str, *, phrases: bool = False) -> Said:
         if any(c.isdigit() for c in t) and not _NUMBER.fullmatch(t.rstrip(".:/-#"))
     }
     numbers: dict[int | float, int] = {}  # each number, and how many times it is written
+    alike: list[tuple[int | float, ...]] = []
     for m in _NUMBER.finditer(rest):
         after = _SCALE_AFTER.match(rest, m.end())
         scale = _SCALES.get(after[1].lower(), 1) if after and not m["pct"] else 1
@@ -323,6 +328,8 @@ def said_in(text: str, *, phrases: bool = False) -> Said:
             read[value] = None
         for value in read:
             numbers[value] = numbers.get(value, 0) + 1
+        if len(read) > 1 and len(alike) < _MAX_VALUES:
+            alike.append(tuple(read))
     for word in _WORD.findall(rest):
         if (n := _NUMBER_WORDS.get(word.lower())) is not None:
             numbers[n] = numbers.get(n, 0) + 1
@@ -335,6 +342,7 @@ def said_in(text: str, *, phrases: bool = False) -> Said:
         tokens=tuple(tokens)[:_MAX_WORDS],
         numbers=tuple(numbers)[:_MAX_VALUES],
         repeated=tuple(n for n, times in numbers.items() if times > 1)[:_MAX_VALUES],
+        alike=tuple(alike),
         times=tuple(times)[:_MAX_VALUES],
         dates=tuple(sorted(dates, key=dates.__getitem__))[:_MAX_VALUES],
     )
@@ -936,7 +944,14 @@ def narrow_properties(
     narrowed = {**props, **changed}
     branches = None
     if "anyOf" not in schema:
-        branches = _one_value_each(narrowed, props, numbers=plain, repeated=held.said.repeated)
+        branches = _one_value_each(
+            narrowed,
+            props,
+            numbers=plain,
+            repeated=held.said.repeated,
+            alike=held.said.alike,
+            required=frozenset(must),
+        )
         if plain and (strings := _strings_apart(narrowed)) is not None:
             branches = _crossed(branches, strings)
     if branches is None:
@@ -953,6 +968,8 @@ def _one_value_each(
     *,
     numbers: bool = False,
     repeated: Sequence[object] = (),
+    alike: Sequence[Sequence[object]] = (),
+    required: frozenset[str] = frozenset(),
 ) -> list[dict[str, Any]] | None:
     """Two arguments of one call never take the same value of the run's: a flight's
     origin and destination both offered ``CDG`` and ``JFK`` take one each. The first
@@ -960,7 +977,8 @@ def _one_value_each(
     other arguments without it, and so on for the next such argument while the branches
     number at most :data:`_MAX_ALL_BRANCHES`. Strings of identifiers and plain strings;
     with ``numbers`` (a plain request, whose numbers are the user's alone) numbers too,
-    except those in ``repeated`` (written more than once: "2 adults for 2 nights"). A
+    except those in ``repeated`` (written more than once: "2 adults for 2 nights"); a
+    number taken also takes the others ``alike`` names with it ("12,000" is 12000 or 12). A
     workflow's numbers of one call may well be the same (an amount and an order's total).
     None when no two arguments share a value."""
     enums = [
@@ -994,7 +1012,12 @@ def _one_value_each(
             and all(isinstance(v, int | float) and not isinstance(v, bool) for v in values)
         ):
             offered.append((arg, list(values)))
-    return _apart(offered, frozenset(repeated), _MAX_ALL_BRANCHES)
+    same: dict[object, frozenset[object]] = {}
+    for group in alike:
+        for value in group:
+            same[value] = same.get(value, frozenset()) | frozenset(group)
+    # No branch at all: no call could keep them apart; then they are not kept apart.
+    return _apart(offered, frozenset(repeated), _MAX_ALL_BRANCHES, same, required) or None
 
 
 def _strings_apart(narrowed: Mapping[str, Any]) -> list[dict[str, Any]] | None:
@@ -1022,7 +1045,9 @@ def _strings_apart(narrowed: Mapping[str, Any]) -> list[dict[str, Any]] | None:
             for arg, their_values, their_runs, their_extra in others:
                 props[arg] = _string_prop(
                     [v for v in their_values if v != value],
-                    None if their_runs is None else [r for r in their_runs if r != value],
+                    None
+                    if their_runs is None
+                    else [r for r in their_runs if not _overlaps(r, value)],
                     their_extra,
                 )
             if all(p is not False for p in props.values()):
@@ -1033,6 +1058,13 @@ def _strings_apart(narrowed: Mapping[str, Any]) -> list[dict[str, Any]] | None:
                 branches.append({"properties": {first: _string_prop([], own_runs, extra)}})
         return branches or None
     return None
+
+
+def _overlaps(run: str, value: str) -> bool:
+    """Whether ``run`` is ``value``, a part of it or holds it, word for word ("LeBron" and
+    "LeBron James")."""
+    a, b = f" {run.casefold()} ", f" {value.casefold()} "
+    return a in b or b in a
 
 
 def _string_offer(prop: object) -> tuple[list[str], list[str] | None, dict[str, Any]] | None:
@@ -1118,10 +1150,17 @@ def _crossed(
 
 
 def _apart(
-    offered: Sequence[tuple[str, list[object]]], repeated: frozenset[object], budget: int
+    offered: Sequence[tuple[str, list[object]]],
+    repeated: frozenset[object],
+    budget: int,
+    same: Mapping[object, frozenset[object]],
+    required: frozenset[str],
 ) -> list[dict[str, Any]] | None:
     """:func:`_one_value_each`'s branches for ``offered`` (argument, values), at most
-    ``budget`` of them; None when no two share a value that may not repeat."""
+    ``budget`` of them; None when no two share a value that may not repeat, ``[]`` when
+    no branch can give every ``required`` argument a value of its own (an optional one
+    with none left is left out). ``same``: the values one written number may mean, by
+    each of them."""
     for i, (first, values) in enumerate(offered):
         later = offered[i + 1 :]
         others = [(arg, vals) for arg, vals in later if set(vals) & set(values) - repeated]
@@ -1134,19 +1173,21 @@ def _apart(
             for arg, vals in later:
                 rest = vals
                 if value not in repeated and any(arg == o for o, _ in others):
-                    rest = [v for v in vals if v != value]
-                rest_offered.append((arg, rest))
+                    taken = same.get(value, frozenset()) | {value}
+                    rest = [v for v in vals if v not in taken]
+                if rest:
+                    rest_offered.append((arg, rest))
                 if rest is not vals:
                     props[arg] = {"enum": rest} if rest else False
-            if any(p is False for p in props.values()):
+            if any(p is False and arg in required for arg, p in props.items()):
                 continue
-            inner = _apart(rest_offered, repeated, budget // len(values))
+            inner = _apart(rest_offered, repeated, budget // len(values), same, required)
             if inner is None:
                 branches.append({"properties": props})
             else:
                 for branch in inner:
                     branches.append({"properties": {**props, **branch["properties"]}})
-        return branches or None
+        return branches
     return None
 
 

@@ -706,6 +706,29 @@ def test_a_number_written_once_goes_to_one_argument_of_a_plain_request() -> None
     }
     narrowed = narrow_properties("f", rooms, {}, Held(said, plain=True), defaults=True, plain=True)
     assert narrowed is not None and _accepts(narrowed, {"adults": 2, "nights": 2})
+    # "12,000" is 12000 or 12 (grouped thousands, or a decimal comma): one number, one argument
+    said = said_in("A car that travels 12,000 miles a year at 25 MPG", phrases=True)
+    assert (12000, 12) in said.alike
+    fuel = {
+        "type": "object",
+        "properties": {
+            "distance": {"type": "integer"},
+            "efficiency": {"type": "number"},
+            "reduction": {"type": "integer"},
+        },
+        "required": ["distance", "efficiency"],
+    }
+    narrowed = narrow_properties("f", fuel, {}, Held(said, plain=True), defaults=True, plain=True)
+    assert narrowed is not None
+    assert _accepts(narrowed, {"distance": 12000, "efficiency": 25})
+    assert not _accepts(narrowed, {"distance": 12000, "efficiency": 25, "reduction": 12})
+    assert not _accepts(narrowed, {"distance": 12, "efficiency": 25, "reduction": 25})
+    # three required numbers and two written: no call keeps them apart, so none is asked to
+    fuel["required"] = ["distance", "efficiency", "reduction"]
+    narrowed = narrow_properties("f", fuel, {}, Held(said, plain=True), defaults=True, plain=True)
+    assert narrowed is not None and _accepts(
+        narrowed, {"distance": 12000, "efficiency": 25, "reduction": 25}
+    )
     # a workflow's numbers of one call may be the same (an amount and a total)
     said = said_in("An object dropped from 100 m, starting at zero.")
     narrowed = narrow_properties("f", schema, {}, Held(said), defaults=True)
@@ -725,6 +748,7 @@ def test_a_name_the_user_gave_goes_to_one_string_of_a_plain_request() -> None:
     assert narrowed is not None
     assert _accepts(narrowed, {"player_name": "LeBron James", "team": "last game"})
     assert not _accepts(narrowed, {"player_name": "LeBron James", "team": "LeBron James"})
+    assert not _accepts(narrowed, {"player_name": "LeBron James", "team": "LeBron"})  # its words
     # a run of words for the first, then the name for the second: still one each
     assert _accepts(narrowed, {"player_name": "rebound stats", "team": "LeBron James"})
     # two runs of words are not kept apart: that would take a branch per run
