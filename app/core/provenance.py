@@ -51,8 +51,9 @@ Where a workflow declares nothing for an argument, a default applies (:func:`def
                                                 only; with nothing there it is left out
 
 A request with no workflow (the OpenAI-compatible proxy's plain requests, switched off by
-its ``provenance`` guardrail) gets the same defaults, except that an optional plain string
-keeps its schema, and an optional number may take the user's numbers only when the user
+its ``provenance`` guardrail) gets the same defaults, except that a boolean is what the
+user's words say of it (:func:`toolforge.core.words.flag_in`; an optional one they do not
+name is left out), an optional plain string keeps its schema, and an optional number may take the user's numbers only when the user
 wrote more numbers than the tool's required number arguments take ("height 150" is no
 gravity; "10 m/s for 5 s at 9.8" has a number for the optional acceleration).
 
@@ -86,11 +87,12 @@ from typing import Any, Final, Literal, cast
 import orjson
 
 from toolforge.core.schemas import compile_schema
+from toolforge.core.words import FUNCTION_WORDS as _FUNCTION_WORDS
+from toolforge.core.words import flag_in
 from toolforge.errors import RequestError
 
 __all__ = [
     "DROPPED",
-    "FUNCTION_WORDS",
     "CallIndex",
     "Calls",
     "Held",
@@ -119,33 +121,6 @@ _WORD: Final = re.compile(r"[^\W_]{1,32}")
 _TOKEN: Final = re.compile(r"[^\W_][\w\-./:#]{0,63}")
 # An e-mail address, whole ("ana@example.com"): a value people give to be used as written.
 _EMAIL: Final = re.compile(r"[\w.+-]{1,64}@[^\W_][\w-]*(?:\.[\w-]+)+")
-# Function words of the languages the number and month tables know: a plain string made of
-# them says nothing ("for a", "pour le"), and a 135M model picks them (the likeliest
-# tokens), so they are not offered as a grounded string's words. Data, one line a language.
-_FUNCTION_WORDS: Final = frozenset(
-    " ".join(
-        (
-            # English
-            "a about after all also am an and any are as at be been before but by can could "
-            "did do does for from had has have he her him his how i if in into is it its me "
-            "my no nor not of on or our ours she so some than that the their them then there "
-            "these they this those to too us very was we were what when where which while who "
-            "whom why will with would you your please",
-            # German
-            "der die das den dem des ein eine einen einem einer eines und oder aber für fur "
-            "mit von zu zum zur im in am an auf aus bei nach um ich du er sie es wir ihr mir "
-            "mich uns ist sind bin war bitte nicht kein keine was wie wo wann",
-            # French
-            "le la les l un une des du de d et ou mais pour avec sans dans sur sous à au aux "
-            "je tu il elle nous vous ils elles me moi est sont suis pas ne que qui quoi où "
-            "quand comment ce cet cette ces s'il plait svp",
-            # Spanish and Italian
-            "el los las y o para con sin en por que una uno unos unas del al lo il gli e "
-            "per di da con su non",
-        )
-    ).split()
-)
-FUNCTION_WORDS: Final = _FUNCTION_WORDS  # for other readers of a message (core.relevance)
 # Number words up to twelve in English, German and French ("zwei", "deux"); Spanish and
 # Italian ones are left out: "once", "due" and "sei" are words of other languages too.
 _NUMBER_WORDS: Final = {
@@ -254,6 +229,7 @@ class Said:
     # :func:`spans_in`).
     quoted: tuple[str, ...] = ()
     spans: tuple[str, ...] = ()
+    text: str = ""  # the message as read (to _MAX_TEXT), for its flags (:func:`flag_in`)
     lists: tuple[list[int | float], ...] = ()  # lists of numbers written in brackets
     # the numbers written more than once ("2 adults for 2 nights"): two arguments of one call
     # may both take one of these, and no other (plain requests, :func:`_one_value_each`)
@@ -338,6 +314,7 @@ def said_in(text: str, *, phrases: bool = False) -> Said:
         quoted=quoted_in(text) if phrases else (),
         lists=lists_in(text),
         spans=spans_in(text) if phrases else (),
+        text=text if phrases else "",
         words=tuple(words),
         tokens=tuple(tokens)[:_MAX_WORDS],
         numbers=tuple(numbers)[:_MAX_VALUES],
@@ -904,6 +881,17 @@ def narrow_properties(
             continue
         sources = declared.get(arg)
         is_declared = sources is not None
+        if plain and defaults and not is_declared and _non_null(prop).get("type") == "boolean":
+            # A flag the user's words set ("with details": detailed, "without air
+            # resistance": not air_resistance); an optional one they do not name is left
+            # out, its default applies (words.flag_in).
+            if "enum" not in prop and "const" not in prop:
+                said_flag = flag_in(arg, held.said.text)
+                if said_flag is not None:
+                    changed[arg] = {"type": "boolean", "const": said_flag}
+                elif arg not in must:
+                    changed[arg] = False
+            continue
         if arg in blames and not (sources and any(isinstance(s, Anything) for s in sources)):
             # The last call failed on this argument: its retry reads the tool's message.
             retry = _narrow(tool, arg, prop, sources or (), held, {} if memo is None else memo)

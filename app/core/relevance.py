@@ -8,13 +8,14 @@ guard"). The message itself says more: a request that uses a word of a function'
 description ("the *weather* in Paris" for ``get_weather``, "*convert* 250 dollars" for
 ``convert_currency``) is, nearly always, a request for it.
 
-:func:`named_in` finds those words. A word counts by its first five letters
-(``conversion`` names ``convert``, ``probabilities`` names ``probability_of_event``),
-names are split at ``_``, ``.``, ``-`` and lower-to-upper case changes, and a word names
-nothing when it is a function word of the languages :mod:`toolforge.core.provenance` knows
-or one of the words any request or function may use (:data:`GENERIC_WORDS`: "get",
-"find", "calculate", "one", "another"). A final "s" is dropped first ("books" names
-``search_holy_book``). Words of two letters or fewer, and digits, are left out.
+:func:`named_in` finds those words (:func:`toolforge.core.words.stems`). A word counts by
+its first five letters (``conversion`` names ``convert``, ``probabilities`` names
+``probability_of_event``) after a final "s" is dropped ("books" names
+``search_holy_book``); names are split at ``_``, ``.``, ``-`` and lower-to-upper case
+changes; function words of the languages :mod:`toolforge.core.provenance` knows, and the
+words any request or function may use (:data:`~toolforge.core.words.GENERIC_WORDS`:
+"get", "find", "calculate", "one", "another"), name nothing; so do words of two letters or
+fewer, and digits.
 
 This is a lexical reading, on purpose: no model at this size judges relevance better than
 chance, and a reading in the words can only say "named", never "not relevant" (a user
@@ -27,39 +28,11 @@ docs/proxy.md).
 from __future__ import annotations
 
 import functools
-import re
 from collections.abc import Mapping
-from typing import Final
 
-from toolforge.core.provenance import FUNCTION_WORDS
+from toolforge.core.words import stems
 
-__all__ = ["GENERIC_WORDS", "STEM_LETTERS", "named_in", "stems"]
-
-# Verbs any function may start with, and any request may use, and the words of counting:
-# they tell which function is meant no more than "the" does. English, the language
-# functions are described in.
-GENERIC_WORDS: Final = frozenset(
-    "get set find give show tell make calculate compute determine retrieve fetch list return "
-    "use using given based want need help like know provide create check run perform look "
-    "search one two three another other each every same".split()
-)
-STEM_LETTERS: Final = 5  # a word counts by this many first letters
-_MAX_TEXT: Final = 8192  # characters of the message read
-_WORD: Final = re.compile(r"[^\W\d_]{3,32}")
-_CASE_CHANGE: Final = re.compile(r"(?<=[a-z])(?=[A-Z])")
-
-
-def stems(text: str) -> frozenset[str]:
-    """The words of ``text`` that may name something, each as its first
-    :data:`STEM_LETTERS` letters, lower case."""
-    text = _CASE_CHANGE.sub(" ", text[:_MAX_TEXT])
-    return frozenset(
-        (word[:-1] if word[-1] == "s" and word[-2] != "s" and len(word) > 3 else word)[
-            :STEM_LETTERS
-        ]
-        for word in _WORD.findall(text.lower())
-        if word not in FUNCTION_WORDS and word not in GENERIC_WORDS
-    )
+__all__ = ["named_in"]
 
 
 @functools.lru_cache(maxsize=512)

@@ -753,3 +753,29 @@ def test_a_name_the_user_gave_goes_to_one_string_of_a_plain_request() -> None:
     assert _accepts(narrowed, {"player_name": "rebound stats", "team": "LeBron James"})
     # two runs of words are not kept apart: that would take a branch per run
     assert _accepts(narrowed, {"player_name": "LeBron", "team": "LeBron"})
+
+
+def test_a_plain_requests_flags_are_what_the_user_said_or_left_out() -> None:
+    schema = {
+        "type": "object",
+        "properties": {
+            "team": {"type": "string"},
+            "detailed": {"type": "boolean"},
+            "air_resistance": {"type": "boolean"},
+            "cached": {"type": "boolean"},
+            "strict": {"type": "boolean"},
+        },
+        "required": ["team", "strict"],
+    }
+    said = said_in("Warriors standings with details, without air resistance", phrases=True)
+    held = Held(said, plain=True)
+    narrowed = narrow_properties("f", schema, {}, held, defaults=True, plain=True)
+    assert narrowed is not None
+    props = narrowed["properties"]
+    assert props["detailed"] == {"type": "boolean", "const": True}
+    assert props["air_resistance"] == {"type": "boolean", "const": False}
+    assert props["cached"] is False  # optional, not named: left out, its default applies
+    assert props["strict"] == {"type": "boolean"}  # required, not named: the model's
+    # a workflow's flags keep their schema
+    narrowed = narrow_properties("f", schema, {}, Held(said_in(said.text)), defaults=True)
+    assert narrowed is not None and narrowed["properties"]["detailed"] == {"type": "boolean"}

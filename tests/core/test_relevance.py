@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from toolforge.core.relevance import named_in, stems
+from toolforge.core.relevance import named_in
+from toolforge.core.words import stems
 
 FUNCTIONS = {
     "get_weather": "Get the current weather for a city.",
