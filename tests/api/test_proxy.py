@@ -507,6 +507,23 @@ async def test_a_call_the_grammar_let_the_model_repeat_is_made_once(
     assert (done.model_extra or {})["toolforge"]["guardrails"] == {"repeated_call": 2}
 
 
+async def test_a_repeated_call_cut_by_max_tokens_is_rescued_once(
+    make_gateway: HarnessFactory, sdk: SDK
+) -> None:
+    paris = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
+    cut = f"[{paris}, {paris}, {paris}, " + '{"name": "get_wea'  # the list never closes
+    gw = await make_gateway([Script.from_tokens([cut])], upstream_kind="llama_server")
+    done = await sdk(gw).chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "Weather in Paris?"}], tools=[WEATHER]
+    )
+    calls = done.choices[0].message.tool_calls or []
+    assert [orjson.loads(c.function.arguments) for c in calls] == [{"city": "Paris"}]
+    assert (done.model_extra or {})["toolforge"]["guardrails"] == {
+        "rescued": 1,
+        "repeated_call": 2,
+    }
+
+
 async def test_on_llama_server_respond_is_the_answer(
     make_gateway: HarnessFactory, sdk: SDK
 ) -> None:

@@ -260,11 +260,15 @@ class CompletionReader(TurnReader):
             calls = self._assembler.finish()
         elif mode.tools and mode.choice != "none":
             calls = self._grammar_calls(content) if mode.name == "constrained" else []
+            was_rescued = False
+            if not calls and mode.guards.rescue:
+                # Text, or a list of calls cut by max_tokens (no JSON): rescue reads them.
+                calls = self._rescued(content)
+                was_rescued = True
             if len(calls) > 1:
                 calls, repeats = _once_each(calls)
                 notes += ["repeated_call"] * repeats
-            if not calls and mode.guards.rescue:
-                calls = self._rescued(content)
+            if was_rescued:
                 rescued = {call.id for call in calls}
                 notes += ["rescued"] * len(calls)
         known = self._known()
@@ -404,10 +408,11 @@ class CompletionReader(TurnReader):
 
 
 def _once_each(calls: list[AssembledCall]) -> tuple[list[AssembledCall], int]:
-    """The grammar's list of calls with each call once: a small model that may write a
-    list repeats its call (the same function, the same arguments, up to eight times: a
-    loop, not a request), and a call made twice runs twice. Returns the calls kept, in
-    order, with their indexes and ids renumbered, and how many were dropped."""
+    """The calls of a turn's text (the grammar's list, or rescued) with each call once: a
+    small model that may write a list repeats its call (the same function, the same
+    arguments, until max_tokens cuts it: a loop, not a request), and a call made twice
+    runs twice. Returns the calls kept, in order, with their indexes and ids renumbered,
+    and how many were dropped."""
     seen: set[tuple[str, bytes]] = set()
     kept: list[AssembledCall] = []
     for call in calls:
