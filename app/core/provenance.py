@@ -53,9 +53,10 @@ Where a workflow declares nothing for an argument, a default applies (:func:`def
 A request with no workflow (the OpenAI-compatible proxy's plain requests, switched off by
 its ``provenance`` guardrail) gets the same defaults, except that a boolean is what the
 user's words say of it (:func:`toolforge.core.words.flag_in`; an optional one they do not
-name is left out), an optional plain string keeps its schema, and an optional number may take the user's numbers only when the user
-wrote more numbers than the tool's required number arguments take ("height 150" is no
-gravity; "10 m/s for 5 s at 9.8" has a number for the optional acceleration).
+name is left out), an optional plain string keeps its schema, and an optional number may
+take the user's numbers only when the user wrote more numbers than the tool's required
+number arguments take ("height 150" is no gravity; "10 m/s for 5 s at 9.8" has a number
+for the optional acceleration).
 
 A call that failed for good teaches its retry (:func:`blamed`, :func:`error_values`,
 :func:`in_their_form`): the arguments its message names or quotes take what the message
@@ -1362,9 +1363,9 @@ def _narrow_anew(
             if form is not None:
                 # A date by its name or description, and the user wrote dates: those
                 # dates, in the form described (ISO when none is), and nothing else.
-                for value in _dates_in_form(form, held.said.dates):
-                    if check(value):
-                        enum.setdefault((str, value), value)
+                for written in _dates_in_form(form, held.said.dates):
+                    if check(written):
+                        enum.setdefault((str, written), written)
                 continue
             if free and held.plain:
                 # No workflow: what the user quoted, whole, and runs of their words as
@@ -1600,9 +1601,9 @@ def date_form(name: str, prop: Mapping[str, Any]) -> str | None:
         if any(len(p) > 2 for p in parts if p[0] != "y"):
             continue
         return m[2].join(_FORM_PARTS[p[0]] if p[0] != "y" or len(p) > 2 else "%y" for p in parts)
-    if m := _DATE_FORM_WORDS.search(text.lower()):
-        if sorted(m.groups()) == ["day", "month", "year"]:
-            return "-".join(_FORM_PARTS[p[0]] for p in m.groups())
+    if words := _DATE_FORM_WORDS.search(text.lower()):
+        if sorted(words.groups()) == ["day", "month", "year"]:
+            return "-".join(_FORM_PARTS[p[0]] for p in words.groups())
     if _DATE_EXAMPLE.search(text) or _DATE_NAME.search(name):
         return "%Y-%m-%d"
     return None
