@@ -78,7 +78,12 @@ async def run(args: argparse.Namespace) -> None:
     started = time.monotonic()
     lines: list[dict[str, object]] = []
     with code_at(args.rev) as (env, code), tempfile.TemporaryDirectory() as artifacts:
-        env = {**env, "LLAMA_NICE": str(args.llama_nice), "LLAMA_PARALLEL": str(args.concurrency)}
+        env = {
+            **env,
+            "LLAMA_NICE": str(args.llama_nice),
+            "LLAMA_PARALLEL": str(args.concurrency),
+            "LLAMA_THREADS": str(args.llama_threads),
+        }
         async with embedded_gateway(env, Path(artifacts)) as gateway:
             gate = asyncio.Semaphore(args.concurrency)
             limits = httpx.Limits(max_connections=2 * args.concurrency)
@@ -135,8 +140,23 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=2, help="cases at once (and slots)")
     parser.add_argument("--rev", help="serve the gateway from this git revision (e.g. HEAD)")
     parser.add_argument("--llama-nice", type=int, default=0, help="llama-server's nice value")
+    parser.add_argument(
+        "--llama-threads", type=int, default=1, help="llama-server's threads (default 1, as bfcl)"
+    )
     parser.add_argument("--out", type=Path, help="one JSON line per case")
+    parser.add_argument(
+        "--guardrail",
+        action="append",
+        default=[],
+        metavar="NAME=off",
+        help="switch a guardrail off on the proxy (an ablation: relevance=off)",
+    )
     args = parser.parse_args()
+    for item in args.guardrail:
+        name, _, value = item.partition("=")
+        if value != "off" or not name:
+            parser.error(f"--guardrail takes NAME=off, not {item!r}")
+        bfcl.GUARDRAILS_OFF[name] = False
     if args.stride < 1 or args.concurrency < 1:
         parser.error("--stride and --concurrency must be at least 1")
     asyncio.run(run(args))
