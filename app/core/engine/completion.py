@@ -266,7 +266,7 @@ class CompletionReader(TurnReader):
                 calls = self._rescued(content)
                 was_rescued = True
             if len(calls) > 1:
-                calls, repeats = _once_each(calls)
+                calls, repeats = self._once_each(calls)
                 notes += ["repeated_call"] * repeats
             if was_rescued:
                 rescued = {call.id for call in calls}
@@ -402,37 +402,30 @@ class CompletionReader(TurnReader):
         found = rescue_tool_calls(content, self._known())
         return [self._call(i, c.name, c.arguments) for i, c in enumerate(found)]
 
+    def _once_each(self, calls: list[AssembledCall]) -> tuple[list[AssembledCall], int]:
+        """The calls of a turn's text (the grammar's list, or rescued) with each call once:
+        a small model that may write a list repeats its call (the same function, the same
+        arguments, until max_tokens cuts it: a loop, not a request), and a call made twice
+        runs twice. Returns the calls kept, in order and numbered anew, and how many were
+        dropped."""
+        seen: set[tuple[str, bytes]] = set()
+        kept: list[AssembledCall] = []
+        for call in calls:
+            try:
+                args = orjson.dumps(orjson.loads(call.arguments_text), option=orjson.OPT_SORT_KEYS)
+            except orjson.JSONDecodeError:
+                args = call.arguments_text.encode()
+            if (call.name, args) not in seen:
+                seen.add((call.name, args))
+                kept.append(call)
+        if len(kept) == len(calls):
+            return calls, 0
+        renumbered = [self._call(i, c.name, c.arguments_text) for i, c in enumerate(kept)]
+        return renumbered, len(calls) - len(kept)
+
     def _call(self, index: int, name: str, args: object) -> AssembledCall:
         text = orjson.dumps(args).decode() if not isinstance(args, str) else args
         return AssembledCall(index, f"{self._mode.id_prefix}{self._turn}_{index}", name, text)
-
-
-def _once_each(calls: list[AssembledCall]) -> tuple[list[AssembledCall], int]:
-    """The calls of a turn's text (the grammar's list, or rescued) with each call once: a
-    small model that may write a list repeats its call (the same function, the same
-    arguments, until max_tokens cuts it: a loop, not a request), and a call made twice
-    runs twice. Returns the calls kept, in order, with their indexes and ids renumbered,
-    and how many were dropped."""
-    seen: set[tuple[str, bytes]] = set()
-    kept: list[AssembledCall] = []
-    for call in calls:
-        try:
-            key = (
-                call.name,
-                orjson.dumps(orjson.loads(call.arguments_text), option=orjson.OPT_SORT_KEYS),
-            )
-        except orjson.JSONDecodeError:
-            key = (call.name, call.arguments_text.encode())
-        if key not in seen:
-            seen.add(key)
-            kept.append(call)
-    if len(kept) == len(calls):
-        return calls, 0
-    renumbered = [
-        dataclasses.replace(call, index=i, id=call.id.rsplit("_", 1)[0] + f"_{i}")
-        for i, call in enumerate(kept)
-    ]
-    return renumbered, len(calls) - len(kept)
 
 
 def _wire(name: str) -> str:
