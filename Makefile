@@ -21,7 +21,7 @@ TS_BUILD := $(TS_DIR)/dist/index.js
 # compiler and cmake when llama-server must be built).
 PREREQS := app/runtime/prereqs.py
 
-.PHONY: corpora docs install node-check node-install run test test-fast check lint typecheck bench bench-bfcl bench-bfcl-relevance clean conformance ts-build ui chromium redis-server-check prereqs prereqs-build
+.PHONY: corpora docs install node-check node-install run test test-fast check lint typecheck bench bench-bfcl bench-bfcl-relevance bench-bfcl-plan-cost clean conformance ts-build ui chromium redis-server-check prereqs prereqs-build
 
 prereqs:
 	@command -v $(PYTHON) >/dev/null || { echo "toolforge: $(PYTHON) is not on PATH: install Python >= 3.11 (Debian/Ubuntu: sudo apt install python3 python3-venv; macOS: brew install python@3.12)" >&2; exit 1; }
@@ -189,6 +189,11 @@ bench-bfcl: $(STAMP) corpora
 # the proxy should decline (no call). Judges any change that makes the proxy call more.
 bench-bfcl-relevance: $(STAMP) corpora
 	$(BIN)/python -m bench.bfcl_relevance $(BFCL_ARGS)
+
+# What the proxy's plain-request rules cost per request on BFCL's 400 (bench/bfcl_plan_cost.py):
+# the plan and its first grammar, CPU ms, no model. BFCL_ARGS='--rev HEAD~1': the code before.
+bench-bfcl-plan-cost: $(STAMP) corpora
+	$(BIN)/python -m bench.bfcl_plan_cost $(BFCL_ARGS)
 
 # The compose stack (docker/compose.yaml) built and run on this machine, and checked through
 # its nginx: keys, the demo stream, a resume after `docker stop` of a replica, `down`

@@ -20,7 +20,8 @@ where a value comes from (``provenance`` in docs/workflows.md):
 A list is the union of its sources. What the user said is read by the argument's JSON
 Schema ``type`` and ``format``, the same in every language: an ``integer`` or ``number``
 is a number the message writes in digits (``2``, ``2,5``, ``-3``) or as a number word of
-English, German or French up to twelve; a ``date`` an ISO date, a
+English, German or French up to twelve (a percentage, for a ``number``, its fraction
+unless the argument says it is in percent); a ``date`` an ISO date, a
 day-first numeric date (``3.12.2026``, ``03/12/2026``) or a day, a month name of those
 languages and a year (``3 décembre 2026``); a ``time`` a time of day (``19:30``,
 ``19h30``, ``19 Uhr``, ``7pm``, ``7:30 p.m.``) as ``HH:MM`` (``HH:MM:SS`` and an offset,
@@ -52,8 +53,13 @@ Where a workflow declares nothing for an argument, a default applies (:func:`def
 
 A request with no workflow (the OpenAI-compatible proxy's plain requests, switched off by
 its ``provenance`` guardrail) gets the same defaults, except that a boolean is what the
-user's words say of it (:func:`toolforge.core.words.flag_in`; an optional one they do not
-name is left out), an optional plain string keeps its schema, and an optional number may
+user's words say of it (:func:`toolforge.core.words.flag_in`; an optional one they name
+is given, one they do not name is left out), a plain string may also be a value its
+description documents in quotes ("Can be 'melting' or 'vaporization'", "Default is
+'cm'"; :func:`described_values`, less the examples after "e.g.") and is that value, given,
+where the user's words name it ("in Celsius" for 'Celsius'; :func:`named_values`), an
+optional plain string is the user's like a required one (their words, quotes, names) or
+left out, and an optional number may
 take the user's numbers only when the user wrote more numbers than the tool's required
 number arguments take ("height 150" is no gravity; "10 m/s for 5 s at 9.8" has a number
 for the optional acceleration).
@@ -89,7 +95,7 @@ import orjson
 
 from toolforge.core.schemas import compile_schema
 from toolforge.core.words import FUNCTION_WORDS as _FUNCTION_WORDS
-from toolforge.core.words import flag_in
+from toolforge.core.words import flag_in, stems
 from toolforge.errors import RequestError
 
 __all__ = [
@@ -102,6 +108,8 @@ __all__ = [
     "Source",
     "User",
     "default_sources",
+    "described_values",
+    "named_values",
     "narrow_properties",
     "parse_sources",
     "said_in",
@@ -231,6 +239,9 @@ class Said:
     quoted: tuple[str, ...] = ()
     spans: tuple[str, ...] = ()
     text: str = ""  # the message as read (to _MAX_TEXT), for its flags (:func:`flag_in`)
+    # the stems of its words (:func:`words.stems`): which documented values it names
+    # (:func:`named_values`)
+    stems: frozenset[str] = frozenset()
     lists: tuple[list[int | float], ...] = ()  # lists of numbers written in brackets
     # the numbers written more than once ("2 adults for 2 nights"): two arguments of one call
     # may both take one of these, and no other (plain requests, :func:`_one_value_each`)
@@ -239,6 +250,9 @@ class Said:
     # an argument that takes one of them takes the written number, and no other argument
     # of the call takes the other
     alike: tuple[tuple[int | float, ...], ...] = ()
+    # each percentage as written and as a fraction ("5%": (5, 0.05)): a rate is one or the
+    # other, by its argument (:func:`_from_user`)
+    percents: tuple[tuple[int | float, int | float], ...] = ()
 
 
 def said_in(text: str, *, phrases: bool = False) -> Said:
@@ -292,8 +306,12 @@ def said_in(text: str, *, phrases: bool = False) -> Said:
         for t in _TOKEN.findall(rest)
         if any(c.isdigit() for c in t) and not _NUMBER.fullmatch(t.rstrip(".:/-#"))
     }
+    # A list in brackets is its items: "[200,300,400,500]" is four numbers, not one grouped
+    # by thousands.
+    rest = _NUMBER_LIST.sub(lambda m: m[0].replace(",", ", "), rest)
     numbers: dict[int | float, int] = {}  # each number, and how many times it is written
     alike: list[tuple[int | float, ...]] = []
+    percents: list[tuple[int | float, int | float]] = []
     for m in _NUMBER.finditer(rest):
         after = _SCALE_AFTER.match(rest, m.end())
         scale = _SCALES.get(after[1].lower(), 1) if after and not m["pct"] else 1
@@ -307,6 +325,8 @@ def said_in(text: str, *, phrases: bool = False) -> Said:
             numbers[value] = numbers.get(value, 0) + 1
         if len(read) > 1 and len(alike) < _MAX_VALUES:
             alike.append(tuple(read))
+        if m["pct"] and len(read) == 2 and len(percents) < _MAX_VALUES:
+            percents.append(cast(tuple[int | float, int | float], tuple(read)))
     for word in _WORD.findall(rest):
         if (n := _NUMBER_WORDS.get(word.lower())) is not None:
             numbers[n] = numbers.get(n, 0) + 1
@@ -316,11 +336,13 @@ def said_in(text: str, *, phrases: bool = False) -> Said:
         lists=lists_in(text),
         spans=spans_in(text) if phrases else (),
         text=text if phrases else "",
+        stems=stems(text) if phrases else frozenset(),
         words=tuple(words),
         tokens=tuple(tokens)[:_MAX_WORDS],
         numbers=tuple(numbers)[:_MAX_VALUES],
         repeated=tuple(n for n, times in numbers.items() if times > 1)[:_MAX_VALUES],
         alike=tuple(alike),
+        percents=tuple(percents),
         times=tuple(times)[:_MAX_VALUES],
         dates=tuple(sorted(dates, key=dates.__getitem__))[:_MAX_VALUES],
     )
@@ -404,16 +426,28 @@ _NUMBER_LIST: Final = re.compile(
 )
 
 
+# Three or more numbers written as a series without brackets ("the values 12, 24, 36",
+# "85, 90, 88 and 92"): a comma and a space between them, "and" before the last allowed.
+_NUMBER_SERIES: Final = re.compile(
+    r"(?<![\w.,\-])(-?\d{1,12}(?:\.\d{1,12})?(?:,\s{1,3}-?\d{1,12}(?:\.\d{1,12})?){1,63}"
+    r"(?:,?\s{1,3}and\s{1,3}-?\d{1,12}(?:\.\d{1,12})?)?)(?![\w%]|[.,]\d|\s?%)"
+)
+_SERIES_SPLIT: Final = re.compile(r",?\s{1,3}and\s{1,3}|,\s{0,3}")
+
+
 def lists_in(text: str) -> tuple[list[int | float], ...]:
     """The lists of numbers ``text`` writes in brackets ("[3, 4, 5]", "(40.7128, -74.006)"),
-    each as its numbers."""
+    then as a series of three or more ("the values 12, 24, 36"), each as its numbers."""
+    text = text[:_MAX_TEXT]
     out: list[list[int | float]] = []
-    for m in _NUMBER_LIST.finditer(text[:_MAX_TEXT]):
+    for m in _NUMBER_LIST.finditer(text):
         numbers = [float(n) for n in m[1].split(",")]
         out.append([int(n) if n.is_integer() else n for n in numbers])
-        if len(out) >= _MAX_VALUES:
-            break
-    return tuple(out)
+    for m in _NUMBER_SERIES.finditer(_NUMBER_LIST.sub(_blank, text)):
+        numbers = [float(n) for n in _SERIES_SPLIT.split(m[1])]
+        if len(numbers) >= 3:
+            out.append([int(n) if n.is_integer() else n for n in numbers])
+    return tuple(out[:_MAX_VALUES])
 
 
 def quoted_in(text: str) -> tuple[str, ...]:
@@ -689,9 +723,9 @@ class Held:
     def __post_init__(self) -> None:
         self.index.extend(self.calls)
 
-    def user_values(self, kind: Kind, prop: Mapping[str, Any]) -> list[object]:
-        """The user's values for an argument of ``kind`` (:func:`_from_user`)."""
-        return list(_from_user(kind, prop, self.said))
+    def user_values(self, kind: Kind, prop: Mapping[str, Any], name: str = "") -> list[object]:
+        """The user's values for an argument of ``kind`` called ``name`` (:func:`_from_user`)."""
+        return list(_from_user(kind, prop, self.said, name))
 
     def results_under(self, key: str) -> list[tuple[str, object]]:
         """(tool, value) of every scalar stored under ``key`` in the results, in order
@@ -815,7 +849,7 @@ def default_sources(
 ) -> tuple[Source, ...]:
     """The sources of an argument a workflow declares nothing for (the module docstring's
     table); ``()``: the schema alone. ``plain``: a request with no workflow, whose optional
-    plain strings keep their schema; ``spare``: the user wrote more numbers than the tool
+    plain strings are the user's too; ``spare``: the user wrote more numbers than the tool
     has required number arguments, so an optional one may take the user's numbers too."""
     kind = kind_of(name, prop)
     if kind == "other":
@@ -826,7 +860,9 @@ def default_sources(
         return (User(),) if plain else ()
     if not required and plain:
         if kind == "string":
-            return ()
+            # What the user wrote, or a value its description documents
+            # (:func:`described_values`); none that fits: left out, never made up.
+            return (User(),)
         if spare and kind in ("integer", "number"):
             return (User(), Results(), Calls())  # the numbers the required ones leave
         return (Results(), Calls())
@@ -874,6 +910,7 @@ def narrow_properties(
     required = schema.get("required")
     must = set(required) if isinstance(required, list) else set()
     spare = plain and _spare_numbers(props, must, held.said)
+    asked: list[str] = []  # optional arguments the user's words set: required this turn
     failure = held.failures.get(tool)
     blames = blamed(failure[0], failure[1]) if failure is not None else frozenset()
     changed: dict[str, Any] = {}
@@ -890,9 +927,20 @@ def narrow_properties(
                 said_flag = flag_in(arg, held.said.text)
                 if said_flag is not None:
                     changed[arg] = {"type": "boolean", "const": said_flag}
+                    if arg not in must:  # asked for: not the model's to leave out
+                        asked.append(arg)
                 elif arg not in must:
                     changed[arg] = False
             continue
+        if plain and defaults and not is_declared and _is_plain_string(arg, prop):
+            # A value the description documents and the user's words name ("in Celsius"
+            # for "'Celsius' or 'Fahrenheit'"): that value, as documented, and given.
+            named = named_values(described_values(prop.get("description")), held.said)
+            if named:
+                changed[arg] = {"type": "string", "enum": named}
+                if arg not in must:
+                    asked.append(arg)
+                continue
         if arg in blames and not (sources and any(isinstance(s, Anything) for s in sources)):
             # The last call failed on this argument: its retry reads the tool's message.
             retry = _narrow(tool, arg, prop, sources or (), held, {} if memo is None else memo)
@@ -931,6 +979,9 @@ def narrow_properties(
     if not changed:
         return schema
     narrowed = {**props, **changed}
+    out = {**schema, "properties": narrowed}
+    if asked:
+        out["required"] = [*(required if isinstance(required, list) else ()), *asked]
     branches = None
     if "anyOf" not in schema:
         branches = _one_value_each(
@@ -939,13 +990,13 @@ def narrow_properties(
             numbers=plain,
             repeated=held.said.repeated,
             alike=held.said.alike,
-            required=frozenset(must),
+            required=frozenset(must.union(asked)),
         )
         if plain and (strings := _strings_apart(narrowed)) is not None:
             branches = _crossed(branches, strings)
-    if branches is None:
-        return {**schema, "properties": narrowed}
-    return {**schema, "properties": narrowed, "anyOf": branches}
+    if branches is not None:
+        out["anyOf"] = branches
+    return out
 
 
 _MAX_BRANCHES: Final = 16  # values of the first argument spelled out, one branch each
@@ -1188,6 +1239,18 @@ def _spent(value: object, spent: frozenset[str]) -> bool:
     return bool(words) and all(w.lower() in spent for w in words)
 
 
+def _is_plain_string(arg: str, prop: Mapping[str, Any]) -> bool:
+    """A string the schema leaves free: no enum, pattern or format, not an identifier,
+    e-mail address or date by its name."""
+    own = _non_null(prop)
+    return (
+        kind_of(arg, own) == "string"
+        and "pattern" not in own
+        and "format" not in own
+        and date_form(arg, own) is None
+    )
+
+
 def _is_identifier(arg: str, prop: Mapping[str, Any]) -> bool:
     return kind_of(arg, _non_null(prop)) in ("id", "number-id")
 
@@ -1256,7 +1319,7 @@ def _plan(
     for source in sources:
         match source:
             case User():
-                reads.append([0, held.user_values(kind, own), None, 0, ()])
+                reads.append([0, held.user_values(kind, own, arg), None, 0, ()])
             case Results(tool=of, key=key, tokens=True):
                 reads.append([1, key or arg, of, 0, ()])
             case Results(tool=of, key=key):
@@ -1369,11 +1432,16 @@ def _narrow_anew(
                 continue
             if free and held.plain:
                 # No workflow: what the user quoted, whole, and runs of their words as
-                # written ("plasma membrane", not "plasma" then anything).
+                # written ("plasma membrane", not "plasma" then anything), and the values
+                # the description documents ("Can be 'melting' or 'vaporization'"; not
+                # its examples, which illustrate and are not the user's).
                 words = [w for w in held.said.spans if w.lower() not in held.spent]
                 for quoted in held.said.quoted:
                     if check(quoted):
                         enum.setdefault((str, quoted), quoted)
+                for documented in described_values(own.get("description"), examples=False):
+                    if check(documented):
+                        enum.setdefault((str, documented), documented)
             elif free:
                 words = _named_words(held)
             spent = held.spent
@@ -1636,6 +1704,65 @@ def described_shapes(description: object) -> frozenset[str]:
     return _shapes_of(description) if isinstance(description, str) else frozenset()
 
 
+# Where a description's quoted values are illustrations, not its vocabulary: "e.g.
+# 'Amazon rainforest'", "for example 'x^3'", "such as 'IPR'". A sentence's end ends it.
+_EXAMPLE_MARK: Final = re.compile(r"\be\.?\s?g\b|\bexamples?\b|\bsuch as\b|\blike\b", re.I)
+_SENTENCE_END: Final = re.compile(r"[.!?]\s|[.!?]$|\n")
+_NO_VALUE: Final = frozenset({"none", "null", "empty", "nothing", "current"})  # no value
+_MAX_DESCRIBED: Final = 40  # characters: a documented value, not a sentence in quotes
+# A default written without quotes ("the default is km/h.", "Defaults to square meters"):
+# up to the clause's end, at most three words, and not a condition ("5 if not given").
+_DEFAULT_WRITTEN: Final = re.compile(
+    r"\bdefaults?(?:\s+value)?(?:\s+(?:is|to|of)|\s*[:=])\s+(?![\'\"“‘])"
+    r"([^\s.,;()\'\"“‘][^\s,;()\'\"]*(?:\s[^\s,;()\'\"]+){0,2}?)"
+    r"(?=[.;,(]\s|[.;,)]?$|\s(?:if|when|unless|for|which|and|or|but)\b|\n)",
+    re.I,
+)
+
+
+@functools.lru_cache(maxsize=4096)
+def _described(description: str) -> tuple[tuple[str, bool], ...]:
+    out: dict[str, bool] = {}
+    example, end = False, 0
+    for m in _QUOTED.finditer(description[:_MAX_TEXT]):
+        gap = description[end : m.start()]
+        if _SENTENCE_END.search(gap):
+            example = False
+        if _EXAMPLE_MARK.search(gap):
+            example = True
+        end = m.end()
+        value = next(g for g in m.groups() if g is not None).strip()
+        if value and len(value) <= _MAX_DESCRIBED and len(out) < _MAX_VALUES:
+            out.setdefault(value, example)
+    for m in _DEFAULT_WRITTEN.finditer(description[:_MAX_TEXT]):
+        value = m[1].rstrip(".")
+        first = value.split(" ", 1)[0].lower()
+        if first not in _FUNCTION_WORDS and first not in _NO_VALUE and len(out) < _MAX_VALUES:
+            out.setdefault(value, False)
+    return tuple(out.items())
+
+
+def described_values(description: object, *, examples: bool = True) -> list[str]:
+    """The values an argument's description writes in quotes: its documented vocabulary
+    ("Can be 'melting', 'freezing' or 'vaporization'", "Default is 'cm'") and, with
+    ``examples``, its illustrations too ("e.g. 'Amazon rainforest'")."""
+    if not isinstance(description, str):
+        return []
+    return [v for v, example in _described(description) if examples or not example]
+
+
+def named_values(values: Sequence[str], said: Said) -> list[str]:
+    """Those of ``values`` the user's message names: every word of the value is one of the
+    message's (by stem: "in Celsius" names 'Celsius', "gas-powered" names 'gas', "in
+    detail" names 'detailed'). A value of function words only names nothing."""
+    out = []
+    for value in values:
+        wanted = stems(value)
+        if wanted and wanted <= said.stems:
+            out.append(value)
+    return out
+
+
 def _shape(token: str) -> str:
     """An identifier's form: letters as ``A``/``a``, digits as ``9``, the rest kept, runs
     collapsed (``E-4417`` and ``E-1234`` are both ``A-9``)."""
@@ -1691,10 +1818,22 @@ def _typed(kind: Kind, value: object) -> object:
     return value
 
 
-def _from_user(kind: Kind, prop: Mapping[str, Any], said: Said) -> Iterator[object]:
-    """The user's values for an argument of ``kind``, in each rendering its format may take
-    (the schema's check picks the ones it accepts)."""
-    if kind in ("integer", "number", "number-id"):
+def _from_user(kind: Kind, prop: Mapping[str, Any], said: Said, name: str = "") -> Iterator[object]:
+    """The user's values for an argument of ``kind`` (called ``name``), in each rendering its
+    format may take (the schema's check picks the ones it accepts)."""
+    if kind == "number" and said.percents:
+        # A percentage the user wrote ("a rate of 5%") is, for a number, its fraction
+        # (0.05), the usual form of a rate; for an argument whose name or description says
+        # it is in percent ("as a percentage", ``interest_pct``), the number as written.
+        # Written elsewhere too ("5% for 5 years"), the number stays as it is.
+        in_percent = _PERCENT_WORD.search(f"{name} {prop.get('description', '')}") is not None
+        drop = {
+            fraction if in_percent else written
+            for written, fraction in said.percents
+            if (fraction if in_percent else written) not in said.repeated
+        }
+        yield from (n for n in said.numbers if n not in drop)
+    elif kind in ("integer", "number", "number-id"):
         yield from said.numbers
     elif kind == "numbers":
         yield from said.lists
@@ -1724,6 +1863,13 @@ def _from_user(kind: Kind, prop: Mapping[str, Any], said: Said) -> Iterator[obje
     elif kind == "string":
         yield from said.names  # whole: "Acme Robotics", "INC-88"
         yield from said.tokens  # as written: "T-1001", "ana@example.com" (words are the pattern)
+
+
+# An argument in percent by its name or description ("as a percentage", ``rate_pct``),
+# unless it says it is a decimal or a fraction ("Enter as a decimal: 5% is 0.05").
+_PERCENT_WORD: Final = re.compile(
+    r"^(?!.*\b(?:decimal|fraction)).*(?:percent|pct|prozent|pourcent|porcentaje)", re.I | re.S
+)
 
 
 def _checker(tool: str, arg: str, prop: Mapping[str, Any]) -> Any:

@@ -782,7 +782,8 @@ async def test_provenance_holds_the_numbers_to_what_the_user_wrote(
         return f'{{"name": "triangle_area", "arguments": {args}}}'
 
     assert grammar.accepts(call('{"base": 10, "height": 5}'))
-    assert grammar.accepts(call('{"base": 5, "height": 10, "unit": "cm"}'))  # strings free
+    assert grammar.accepts(call('{"base": 5, "height": 10, "unit": "triangle"}'))
+    assert not grammar.accepts(call('{"base": 10, "height": 5, "unit": "cm"}'))  # made up
     assert not grammar.accepts(call('{"base": 12, "height": 5}'))  # nobody wrote 12
     assert not grammar.accepts(call('{"base": 10, "height": 5, "precision": 3}'))
     assert not grammar.accepts(call('{"base": 10, "height": 5, "precision": 10}'))  # optional

@@ -395,3 +395,13 @@ def test_the_alone_arm_is_taken_from_an_earlier_run_in_the_cases_order(
     assert got == ["a8", "a0"]  # the alone lines only, in the order asked
     with pytest.raises(SystemExit, match=rf"1 cases \(first: {cases[1].id}\)"):
         alone_lines(earlier, [cases[0], cases[1]])
+
+
+async def test_the_plan_cost_arm_plans_each_case_as_the_proxy_does() -> None:
+    from bench.bfcl_plan_cost import measure
+
+    out = await measure(rounds=2, limit=5)
+    assert out["requests"] == 10
+    assert 0 < out["p50_ms"] <= out["p95_ms"] <= out["max_ms"]
+    # the first turn's grammar is written: a call to the one function, narrowed
+    assert out["grammar_p50_chars"] > 500

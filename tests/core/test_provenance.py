@@ -17,6 +17,8 @@ from toolforge.core.provenance import (
     User,
     blamed,
     date_form,
+    described_values,
+    named_values,
     narrow_properties,
     parse_sources,
     said_in,
@@ -211,7 +213,9 @@ def test_plain_requests_hold_required_numbers_to_the_users_and_leave_optional_on
     props = narrowed["properties"]
     assert props["base"] == {"enum": [10]}  # 5.5 is no integer
     assert props["height"] == {"enum": [10, 5.5]}
-    assert props["unit"] == {"type": "string"}  # an optional plain string keeps its schema
+    # An optional plain string is the user's too (their words), or left out.
+    unit = re.compile(props["unit"]["pattern"])
+    assert unit.match("meters") and not unit.match("cm")
     assert props["precision"] is False  # the user's numbers are the required ones
     # One more number than the required ones take: an optional number may take it.
     more = Held(said_in("base 10, height 5, precision 3"))
@@ -510,7 +514,12 @@ def test_a_plain_requests_required_string_takes_the_users_words() -> None:
     narrowed = narrow_properties("find", find, {}, held, defaults=True, plain=True)
     assert narrowed is not None
     props = narrowed["properties"]
-    assert props["note"] == {"type": "string"}  # optional: its schema, as before
+    # optional: the user's words as well, or left out (never a made-up note)
+    note_names, note_words = props["note"]["anyOf"]
+    assert note_names == {"enum": ["Boston", "Sundays"]}
+    assert re.match(note_words["pattern"], "open on Sundays")
+    assert not re.match(note_words["pattern"], "closed on Mondays")
+    assert narrowed["required"] == ["cuisine", "location"]
     for arg in ("cuisine", "location"):
         names, words = props[arg]["anyOf"]
         assert names == {"enum": ["Boston", "Sundays"]}
@@ -776,6 +785,140 @@ def test_a_plain_requests_flags_are_what_the_user_said_or_left_out() -> None:
     assert props["air_resistance"] == {"type": "boolean", "const": False}
     assert props["cached"] is False  # optional, not named: left out, its default applies
     assert props["strict"] == {"type": "boolean"}  # required, not named: the model's
+    # a flag the user's words set is given: left out, its default would undo what they said
+    assert narrowed["required"] == ["team", "strict", "detailed", "air_resistance"]
+    assert _accepts(
+        narrowed, {"team": "Warriors", "strict": True, "detailed": True, "air_resistance": False}
+    )
+    assert not _accepts(narrowed, {"team": "Warriors", "strict": True, "air_resistance": False})
     # a workflow's flags keep their schema
     narrowed = narrow_properties("f", schema, {}, Held(said_in(said.text)), defaults=True)
     assert narrowed is not None and narrowed["properties"]["detailed"] == {"type": "boolean"}
+
+
+def test_a_documented_value_the_user_names_is_given_as_documented() -> None:
+    schema = {
+        "type": "object",
+        "properties": {
+            "location": {"type": "string"},
+            "temp_unit": {
+                "type": "string",
+                "description": "The unit ('Celsius' or 'Fahrenheit'). Default is 'Fahrenheit'.",
+            },
+            "vehicle": {"type": "string", "description": "'gas' or 'diesel' or 'electric'."},
+            "detail_level": {
+                "type": "string",
+                "description": "Optional, default is 'basic'. Or 'detailed'.",
+            },
+        },
+        "required": ["location", "vehicle"],
+    }
+    said = said_in(
+        "Average temperature in Austin in celsius for my gas-powered car, in detail", phrases=True
+    )
+    narrowed = narrow_properties("f", schema, {}, Held(said, plain=True), defaults=True, plain=True)
+    assert narrowed is not None
+    props = narrowed["properties"]
+    # by its words' stems, in any case: "celsius" names 'Celsius', "gas-powered" 'gas',
+    # "in detail" 'detailed'; each as the description writes it, and required
+    assert props["temp_unit"] == {"type": "string", "enum": ["Celsius"]}
+    assert props["vehicle"] == {"type": "string", "enum": ["gas"]}
+    assert props["detail_level"] == {"type": "string", "enum": ["detailed"]}
+    assert narrowed["required"] == ["location", "vehicle", "temp_unit", "detail_level"]
+    # Named by nothing: an optional one offers the documented values and the user's words,
+    # or is left out; never a value made up.
+    said = said_in("Average temperature in Austin", phrases=True)
+    narrowed = narrow_properties("f", schema, {}, Held(said, plain=True), defaults=True, plain=True)
+    assert narrowed is not None
+    unit = narrowed["properties"]["temp_unit"]
+    args = {"location": "Austin", "vehicle": "gas"}
+    assert _accepts(narrowed, args)  # left out: its default applies
+    assert _accepts(narrowed, {**args, "temp_unit": "Fahrenheit"})
+    assert not _accepts(narrowed, {**args, "temp_unit": "Kelvin"})
+    assert "temp_unit" not in narrowed["required"] and unit != {"type": "string"}
+
+
+def test_a_descriptions_examples_are_no_vocabulary() -> None:
+    assert described_values("Can be 'melting', 'freezing' or 'vaporization'.") == [
+        "melting",
+        "freezing",
+        "vaporization",
+    ]
+    # An example illustrates: the user naming it picks it, but it is never offered alone.
+    example = "The location, e.g. 'Amazon rainforest'. Default is 'Brazil'."
+    assert described_values(example) == ["Amazon rainforest", "Brazil"]
+    assert described_values(example, examples=False) == ["Brazil"]
+    assert described_values("Say 'x' for example, like 'y'", examples=False) == ["x"]
+    assert described_values(None) == []
+    # A default written without quotes is documented too, up to its clause's end.
+    assert described_values("If not provided, the default is km/h.") == ["km/h"]
+    assert described_values("Defaults to square meters") == ["square meters"]
+    assert described_values("Default is 5 days if not specified.") == ["5 days"]
+    assert described_values("By default it is off. Default value is None.") == []
+    assert described_values("'" + "a" * 41 + "'") == []  # a sentence in quotes, not a value
+    said = said_in("Rain in the amazon rainforest, not melting", phrases=True)
+    assert named_values(["Amazon rainforest", "rainforest trip", "the"], said) == [
+        "Amazon rainforest"
+    ]
+    schema = {
+        "type": "object",
+        "properties": {"location": {"type": "string", "description": example}},
+        "required": ["location"],
+    }
+    narrowed = narrow_properties(
+        "f",
+        schema,
+        {},
+        Held(said_in("Rain in Peru", phrases=True), plain=True),
+        defaults=True,
+        plain=True,
+    )
+    assert narrowed is not None
+    assert not _accepts(narrowed, {"location": "Amazon rainforest"})
+    assert _accepts(narrowed, {"location": "Brazil"}) and _accepts(narrowed, {"location": "Peru"})
+
+
+def test_a_percentage_is_a_rates_fraction_unless_the_argument_is_in_percent() -> None:
+    schema = {
+        "type": "object",
+        "properties": {
+            "principal": {"type": "integer"},
+            "rate": {"type": "number", "description": "Enter as a decimal: 5% is 0.05."},
+            "annual_rate": {"type": "number", "description": "The rate as a percentage."},
+            "years": {"type": "integer"},
+        },
+        "required": ["principal", "rate", "annual_rate", "years"],
+    }
+    said = said_in("Invest $10000 at 7% for 10 years", phrases=True)
+    assert said.percents == ((7, 0.07),)
+    narrowed = narrow_properties("f", schema, {}, Held(said, plain=True), defaults=True, plain=True)
+    assert narrowed is not None
+    props = narrowed["properties"]
+    assert 0.07 in props["rate"]["enum"] and 7 not in props["rate"]["enum"]
+    assert 7 in props["annual_rate"]["enum"] and 0.07 not in props["annual_rate"]["enum"]
+    # an integer cannot be 0.07: the number as written
+    assert 7 in props["principal"]["enum"] and 0.07 not in props["principal"]["enum"]
+    # Written elsewhere too, the number stays: "5% for 5 years" still offers the rate 5.
+    again = said_in("Invest $10000 at 5% for 5 years", phrases=True)
+    narrowed = narrow_properties(
+        "f", schema, {}, Held(again, plain=True), defaults=True, plain=True
+    )
+    assert narrowed is not None and {5, 0.05} <= set(narrowed["properties"]["rate"]["enum"])
+
+
+def test_a_list_written_without_spaces_is_its_numbers() -> None:
+    said = said_in("NPV of cash_flows=[200,300,400,500] at a rate of 10%", phrases=True)
+    assert said.lists == ([200, 300, 400, 500],)
+    assert {200, 300, 400, 500} <= set(said.numbers) and 200300400500 not in said.numbers
+    assert said_in("a budget of 10,000 dollars").numbers[0] == 10000  # grouped, outside a list
+
+
+def test_a_series_of_numbers_is_a_list_the_user_wrote() -> None:
+    said = said_in("dataset_A has the values 12, 24, 36 and dataset_B 15, 30 and 45.")
+    assert said.lists == ([12, 24, 36], [15, 30, 45])
+    # two numbers are no series; grouped thousands and percentages are not one either
+    assert said_in("sizes 1, 2 please").lists == ()
+    assert said_in("budgets of 10,000, 20,000 and 30,000").lists == ()
+    assert said_in("rates of 5%, 6%, 7%").lists == ()
+    # a list in brackets is read once, not again as a series
+    assert said_in("[3, 4, 5] then 6, 7, 8").lists == ([3, 4, 5], [6, 7, 8])
