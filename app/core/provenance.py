@@ -1135,14 +1135,24 @@ def _string_offer(prop: object) -> tuple[list[str], list[str] | None, dict[str, 
     return values, runs, {k: v for k, v in run.items() if k not in ("type", "pattern")}
 
 
-def _string_prop(values: list[str], runs: list[str] | None, extra: Mapping[str, Any]) -> Any:
+def _string_prop(
+    values: list[str], runs: list[str] | None, extra: Mapping[str, Any]
+) -> Mapping[str, Any] | bool:
     """The schema of a string offered ``values`` and ``runs`` (as narrowing writes one);
     False when it is offered nothing."""
-    pattern = spans_pattern(runs) if runs else None
+    return _offered(values, spans_pattern(runs) if runs else None, extra)
+
+
+def _offered(
+    values: Sequence[object], pattern: str | None, extra: Mapping[str, Any]
+) -> Mapping[str, Any] | bool:
+    """The schema narrowing writes for an argument offered ``values`` and, for a string,
+    the strings ``pattern`` matches (``extra``: the argument's own bounds kept beside it):
+    an ``enum``, a pattern, or ``anyOf`` both; DROPPED when it is offered nothing."""
     if pattern is None:
-        return {"enum": values} if values else False
+        return {"enum": list(values)} if values else DROPPED
     run = {"type": "string", "pattern": pattern, **extra}
-    return {"anyOf": [{"enum": values}, run]} if values else run
+    return {"anyOf": [{"enum": list(values)}, run]} if values else run
 
 
 def _pattern_runs(pattern: object) -> list[str] | None:
@@ -1496,20 +1506,13 @@ def _narrow_anew(
         values = [v for v in values if (v if isinstance(v, str) else repr(v)) not in failed]
     values = values[:_MAX_VALUES]
     if prefixed is not None:
-        pattern: dict[str, Any] = {"type": "string", "pattern": prefixed}
-        return {"anyOf": [{"enum": values}, pattern]} if values else pattern
+        return _offered(values, prefixed, {})
     if words is None:
         pattern_text = None
     else:
         pattern_text = spans_pattern(words) if held.plain else words_pattern(words)
-    if pattern_text is not None:
-        pattern = {"type": "string", "pattern": pattern_text}
-        if "maxLength" in own:
-            pattern["maxLength"] = own["maxLength"]
-        return {"anyOf": [{"enum": values}, pattern]} if values else pattern
-    if not values:
-        return DROPPED
-    return {"enum": values}
+    bounds = {"maxLength": own["maxLength"]} if "maxLength" in own else {}
+    return _offered(values, pattern_text, bounds)
 
 
 def _shared_check(memo: dict[object, Any], own: Mapping[str, Any], checker: Any) -> Any:

@@ -267,6 +267,7 @@ class CompletionTurn:
             parallel=self.parallel,
             offers_respond=mode.offers_respond,
             call_due=bool(named),
+            runs_tools=bool(server),
         )
         max_tokens = request.sampling.get("max_tokens")
         turn = shaping.turn(
@@ -355,6 +356,8 @@ class _Offer:
     parallel: bool | None  # as asked
     offers_respond: bool
     call_due: bool = False  # the relevance guard: the user's message names a function
+    # server tools are offered: a tool's result can be the last message of a later turn
+    runs_tools: bool = False
 
     @property
     def parallel_calls(self) -> bool:
@@ -452,7 +455,11 @@ class _ConstrainedShaping(CompletionShaping):
         if callable_:
             # With tool_choice auto and no respond offered, prose must stay possible: the
             # functions are described, but no grammar forces a call (rescue reads one).
-            if offer.choice != "auto" or offer.offers_respond:
+            # With the relevance guard due and no server tools, every turn answers the
+            # user's message (a retry's nudge is the user's too): the grammar with respond
+            # would never be sent, so only the call grammar below is written.
+            due_alone = offer.call_due and not offer.runs_tools
+            if (offer.choice != "auto" or offer.offers_respond) and not due_alone:
                 turn["grammar"] = json_value_grammar(
                     call_schema({**callable_, **offer.narrowed}, parallel=offer.parallel_calls),
                     max_depth=max_depth,
@@ -480,6 +487,8 @@ class _ConstrainedShaping(CompletionShaping):
                         max_tokens=max_tokens,
                     )
                 }
+                if due_alone:
+                    turn, call_extra = call_extra, None
             if offer.offers_respond:  # max_tool_calls spent: only the answer is left
                 final["grammar"] = json_value_grammar(
                     call_schema({RESPOND: offer.respond_params}, parallel=False),

@@ -451,6 +451,24 @@ async def test_a_message_that_names_a_function_is_answered_by_a_call(
     assert grammar.accepts('{"name": "get_time", "arguments": {"city": "Paris"}}')
 
 
+async def test_a_retry_of_a_named_function_is_still_a_call(
+    make_gateway: HarnessFactory, sdk: SDK
+) -> None:
+    # The nudge after a bad call is the user's message too: the retry's grammar has no
+    # respond either (one grammar serves every turn of a request without server tools).
+    bad = '{"name": "get_weather", "arguments": {"city": 7}}'
+    call = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
+    gw = await make_gateway(
+        [Script.from_tokens([bad]), Script.from_tokens([call])], upstream_kind="llama_server"
+    )
+    done = await sdk(gw).chat.completions.create(model="m", messages=USER, tools=[WEATHER])
+    assert [c.function.name for c in done.choices[0].message.tool_calls or []] == ["get_weather"]
+    answer = '{"name": "respond", "arguments": {"content": "Sunny."}}'
+    for turn in (0, 1):
+        assert not parse(sent(gw, turn)["grammar"]).accepts(answer)
+    assert sent(gw, 1)["messages"][-1]["role"] == "user"  # the nudge
+
+
 async def test_the_relevance_guard_can_be_switched_off(
     make_gateway: HarnessFactory, sdk: SDK
 ) -> None:
@@ -522,6 +540,22 @@ async def test_a_repeated_call_cut_by_max_tokens_is_rescued_once(
         "rescued": 1,
         "repeated_call": 2,
     }
+
+
+async def test_an_answer_written_beside_a_call_is_set_aside_and_reported_so(
+    make_gateway: HarnessFactory, sdk: SDK
+) -> None:
+    answer = {"name": "respond", "arguments": {"content": "It is sunny."}}
+    paris = {"name": "get_weather", "arguments": {"city": "Paris"}}
+    reply = orjson.dumps([answer, paris]).decode()
+    gw = await make_gateway([Script.from_tokens([reply])], upstream_kind="llama_server")
+    done = await sdk(gw).chat.completions.create(model="m", messages=USER, tools=[WEATHER])
+    message = done.choices[0].message
+    assert [orjson.loads(c.function.arguments) for c in message.tool_calls or []] == [
+        {"city": "Paris"}
+    ]
+    assert not message.content  # the calls are the turn
+    assert (done.model_extra or {})["toolforge"]["guardrails"] == {"respond_set_aside": 1}
 
 
 async def test_on_llama_server_respond_is_the_answer(

@@ -291,6 +291,8 @@ class CompletionReader(TurnReader):
                 return self._nudged(content, [*notes, "invalid_arguments"], nudge)
             usable.append((name, dataclasses.replace(call, name=_wire(name))))
         if usable:
+            if answer is not None:  # the calls are the turn: the answer beside them is not
+                notes = ["respond_set_aside" if n == "respond" else n for n in notes]
             # The engine's calls carry our names; the continuation's the wire names the
             # upstream was offered (``places__search`` for ``places.search``).
             closed = [dataclasses.replace(_as_closed(call), name=name) for name, call in usable]
