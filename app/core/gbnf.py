@@ -1063,6 +1063,30 @@ def _json_safe(ch: str) -> bool:
 
 _SHORTHANDS: Final = {"d": "0-9", "w": "a-zA-Z0-9_"}
 _META: Final = frozenset("\\^$.|?*+()[]{}/-")
+# One group of literal alternatives, ``(Paris|Paris, France|New York)``: the form provenance
+# writes for the user's words (hundreds of them a request). Read by one regex instead of
+# character by character (the general parser took most of a plain request's planning);
+# the grammar is the same text the parser writes.
+_LITERAL_GROUP: Final = re.compile(
+    r"\((?:[^\\^$.|?*+()\[\]{}]|\\[\\^$.|?*+()\[\]{}/-])+"
+    r"(?:\|(?:[^\\^$.|?*+()\[\]{}]|\\[\\^$.|?*+()\[\]{}/-])+)*\)"
+)
+_LITERAL_OPTION: Final = re.compile(r"(?:[^\\|]|\\.)+")
+_UNESCAPE: Final = re.compile(r"\\(.)")
+
+
+def _literal_group(body: str) -> str | None:
+    """``body`` as :class:`_Regex` writes it when it is one group of literal alternatives
+    (no empty one), else None (the general parser reads it)."""
+    if not _LITERAL_GROUP.fullmatch(body):
+        return None
+    options = []
+    for raw in _LITERAL_OPTION.findall(body, 1, len(body) - 1):
+        text = _UNESCAPE.sub(r"\1", raw)
+        if not all(_json_safe(ch) for ch in text):
+            return None
+        options.append(_lit(text))
+    return f"( {' | '.join(options)} )"
 
 
 class _Regex:
@@ -1091,12 +1115,16 @@ class _Regex:
         if start and end and len(pattern) < 2:
             return None
         self._s, self._i = pattern[int(start) : len(pattern) - int(end)], 0
-        try:
-            options = self._alternation()
-        except (_Unsupported, IndexError):
-            return None
-        if self._i != len(self._s):
-            return None
+        literals = _literal_group(self._s)
+        if literals is not None:
+            options = [literals]
+        else:
+            try:
+                options = self._alternation()
+            except (_Unsupported, IndexError):
+                return None
+            if self._i != len(self._s):
+                return None
         if len(options) == 1:
             expr = options[0]
         elif start or end:
