@@ -427,12 +427,13 @@ _NUMBER_LIST: Final = re.compile(
 
 
 # Three or more numbers written as a series without brackets ("the values 12, 24, 36",
-# "85, 90, 88 and 92"): a comma and a space between them, "and" before the last allowed.
+# "85, 90, 88 and 92", "12, 24 und 36"): a comma and a space between them, "and" before
+# the last allowed (in the languages of the number words: und, et, y, e).
 _NUMBER_SERIES: Final = re.compile(
     r"(?<![\w.,\-])(-?\d{1,12}(?:\.\d{1,12})?(?:,\s{1,3}-?\d{1,12}(?:\.\d{1,12})?){1,63}"
-    r"(?:,?\s{1,3}and\s{1,3}-?\d{1,12}(?:\.\d{1,12})?)?)(?![\w%]|[.,]\d|\s?%)"
+    r"(?:,?\s{1,3}(?:and|und|et|y|e)\s{1,3}-?\d{1,12}(?:\.\d{1,12})?)?)(?![\w%]|[.,]\d|\s?%)"
 )
-_SERIES_SPLIT: Final = re.compile(r",?\s{1,3}and\s{1,3}|,\s{0,3}")
+_SERIES_SPLIT: Final = re.compile(r",?\s{1,3}(?:and|und|et|y|e)\s{1,3}|,\s{0,3}")
 
 
 def lists_in(text: str) -> tuple[list[int | float], ...]:

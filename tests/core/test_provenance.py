@@ -916,6 +916,7 @@ def test_a_list_written_without_spaces_is_its_numbers() -> None:
 def test_a_series_of_numbers_is_a_list_the_user_wrote() -> None:
     said = said_in("dataset_A has the values 12, 24, 36 and dataset_B 15, 30 and 45.")
     assert said.lists == ([12, 24, 36], [15, 30, 45])
+    assert said_in("Die Werte 12, 24 und 36, dann 1, 2 et 3").lists == ([12, 24, 36], [1, 2, 3])
     # two numbers are no series; grouped thousands and percentages are not one either
     assert said_in("sizes 1, 2 please").lists == ()
     assert said_in("budgets of 10,000, 20,000 and 30,000").lists == ()
