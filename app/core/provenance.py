@@ -1830,7 +1830,8 @@ def _from_user(kind: Kind, prop: Mapping[str, Any], said: Said, name: str = "") 
         # (0.05), the usual form of a rate; for an argument whose name or description says
         # it is in percent ("as a percentage", ``interest_pct``), the number as written.
         # Written elsewhere too ("5% for 5 years"), the number stays as it is.
-        in_percent = _PERCENT_WORD.search(f"{name} {prop.get('description', '')}") is not None
+        said_of = f"{name} {prop.get('description', '')}"[:_MAX_TEXT]
+        in_percent = bool(_PERCENT_WORD.search(said_of)) and not _DECIMAL_WORD.search(said_of)
         drop = {
             fraction if in_percent else written
             for written, fraction in said.percents
@@ -1871,9 +1872,8 @@ def _from_user(kind: Kind, prop: Mapping[str, Any], said: Said, name: str = "") 
 
 # An argument in percent by its name or description ("as a percentage", ``rate_pct``),
 # unless it says it is a decimal or a fraction ("Enter as a decimal: 5% is 0.05").
-_PERCENT_WORD: Final = re.compile(
-    r"^(?!.*\b(?:decimal|fraction)).*(?:percent|pct|prozent|pourcent|porcentaje)", re.I | re.S
-)
+_PERCENT_WORD: Final = re.compile(r"percent|pct|prozent|pourcent|porcentaje", re.I)
+_DECIMAL_WORD: Final = re.compile(r"\b(?:decimal|fraction)", re.I)
 
 
 def _checker(tool: str, arg: str, prop: Mapping[str, Any]) -> Any:

@@ -898,6 +898,11 @@ def test_a_percentage_is_a_rates_fraction_unless_the_argument_is_in_percent() ->
     assert 7 in props["annual_rate"]["enum"] and 0.07 not in props["annual_rate"]["enum"]
     # an integer cannot be 0.07: the number as written
     assert 7 in props["principal"]["enum"] and 0.07 not in props["principal"]["enum"]
+    # The argument's words are read to a bound: "percent" past it says nothing.
+    far = {**schema["properties"]["rate"], "description": "x " * 5000 + "in percent"}
+    wide = {**schema, "properties": {**schema["properties"], "rate": far}}
+    narrowed = narrow_properties("f", wide, {}, Held(said, plain=True), defaults=True, plain=True)
+    assert narrowed is not None and 0.07 in narrowed["properties"]["rate"]["enum"]
     # Written elsewhere too, the number stays: "5% for 5 years" still offers the rate 5.
     again = said_in("Invest $10000 at 5% for 5 years", phrases=True)
     narrowed = narrow_properties(
