@@ -568,6 +568,8 @@ def create_app(
             # sight, so that the collections that run while streams are served (some in
             # the middle of a request) walk only what requests allocate.
             gc.freeze()
+            # Full collections only when cheap or long due (runtime.streams.Collector).
+            gateway.streams.registry.collector.take_over()
             if on_ready is not None:
                 on_ready(up.settings)
             # Artifact retention and the runs index's reconciliation, off the request path.
@@ -576,6 +578,7 @@ def create_app(
                 yield
             finally:
                 retention.cancel()
+                gateway.streams.registry.collector.give_back()
                 await gateway.streams.aclose()  # streams end (done, artifacts), then Redis
                 if mcp_sources is not None:
                     await mcp_sources.aclose()

@@ -5,6 +5,7 @@ model (app/api/serve.py)."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import signal
 import socket
@@ -117,3 +118,20 @@ async def test_a_signal_ends_streams_then_the_process(tmp_path: Path, sig: int) 
     assert code in (0, -signal.SIGTERM) if sig == signal.SIGTERM else code == 130
     assert proc.stderr is not None
     assert b"Traceback" not in await proc.stderr.read()
+
+
+async def test_the_app_owns_full_collections_while_it_serves(tmp_path: Path) -> None:
+    """While serving, the automatic collector starts no full pass (the stream registry's
+    collector does, when cheap); the thresholds are as before once the app has stopped."""
+    before = gc.get_threshold()
+    async with ScriptedUpstream([Script(steps=(Step(text="a"),))]) as upstream:
+        settings = Settings(
+            upstream_base_url=upstream.base_url, artifacts_dir=tmp_path, log_level="WARNING"
+        )
+        app = create_app(settings)
+        async with serve(app) as url, httpx.AsyncClient(timeout=10) as client:
+            assert gc.get_threshold()[:2] == before[:2]
+            assert gc.get_threshold()[2] > 10**9
+            reply = await client.post(f"{url}/v1/stream", json={"input": "x"})
+            assert reply.status_code == 200 and "event: done" in reply.text
+    assert gc.get_threshold() == before

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import gc
+import weakref
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 from toolforge.errors import RequestError
-from toolforge.runtime.streams import StreamRegistry
+from toolforge.runtime.streams import Collector, StreamRegistry
 
 
 class FakeSession:
@@ -115,3 +116,101 @@ def test_the_young_generation_is_collected_as_a_stream_ends() -> None:
     session.end(1.0)
     assert gc.get_count()[0] < 10
     del keep
+
+
+def _young_passes(n: int) -> None:
+    """``n`` middle-generation passes: each adds one to the oldest generation's count."""
+    for _ in range(n):
+        gc.collect(1)
+
+
+def test_the_collector_owns_full_passes_and_gives_them_back() -> None:
+    before = gc.get_threshold()
+    first, second = Collector(), Collector()
+    first.take_over()
+    second.take_over()  # a second app in the same process
+    assert gc.get_threshold()[:2] == before[:2]
+    assert gc.get_threshold()[2] > 10**9  # the automatic collector never starts one
+    first.give_back()
+    assert gc.get_threshold()[2] > 10**9  # the other app still owns them
+    second.give_back()
+    assert gc.get_threshold() == before
+    second.give_back()  # twice: nothing more
+    assert gc.get_threshold() == before
+
+
+def test_a_full_pass_waits_for_a_quiet_moment_or_its_longest_interval() -> None:
+    now = [0.0]
+    collector = Collector(quiet_open=8, quiet_every_s=60.0, longest_s=600.0, clock=lambda: now[0])
+    due = gc.get_threshold()[2]
+    assert not collector.full_due(0, 10**6)  # not taken over: the automatic collector's
+    collector.take_over()
+    try:
+        now[0] = 61.0
+        assert collector.full_due(8, due)  # quiet, and a minute since the last
+        assert not collector.full_due(8, due - 1)  # the collector would not have run yet
+        assert not collector.full_due(9, due)  # nine streams open: not quiet
+        now[0] = 30.0
+        assert not collector.full_due(0, due)  # quiet, but one ran half a minute ago
+        now[0] = 600.0
+        assert collector.full_due(2000, due)  # busy, but ten minutes without one
+    finally:
+        collector.give_back()
+
+
+def test_a_stream_ending_with_many_open_never_walks_the_oldest_generation() -> None:
+    now = [0.0]
+    reg = StreamRegistry(resume_ttl_s=10.0, clock=lambda: now[0])
+    reg.collector.take_over()
+    try:
+        sessions: list[Any] = [FakeSession(f"s{i}", running=True) for i in range(12)]
+        for session in sessions:
+            reg.start(session)
+        now[0] = 120.0
+        gc.collect()
+        _young_passes(gc.get_threshold()[2] if gc.get_threshold()[2] < 100 else 10)
+        counted = gc.get_count()[2]
+        sessions[0].end(now[0])  # 11 still open: young passes only
+        assert reg.collector.full_passes == 0
+        assert gc.get_count()[2] >= counted
+        for session in sessions[1:4]:
+            session.end(now[0])  # 8 open: quiet, a full pass
+        assert reg.collector.full_passes == 1
+        assert gc.get_count()[2] <= 1
+        for session in sessions[4:]:
+            session.end(now[0])  # quiet, but the last full pass was just now
+        assert reg.collector.full_passes == 1
+    finally:
+        reg.collector.give_back()
+
+
+def test_cyclic_garbage_in_the_oldest_generation_is_freed_within_the_longest_interval() -> None:
+    now = [0.0]
+    reg = StreamRegistry(resume_ttl_s=10.0, clock=lambda: now[0])
+    reg.collector.take_over()
+    try:
+        busy: list[Any] = [FakeSession(f"b{i}", running=True) for i in range(100)]
+        for session in busy:
+            reg.start(session)
+
+        class Node:
+            def __init__(self) -> None:
+                self.me = self
+
+        node = Node()  # a cycle: once dropped, only the collector frees it
+        gone = weakref.ref(node)
+        gc.collect(1)
+        gc.collect(1)  # it outlived two passes: now in the oldest generation
+        del node
+        gc.collect(1)
+        assert gone() is not None  # the young passes do not see it
+        _young_passes(10)
+        now[0] = 599.0
+        busy[0].end(now[0])
+        assert gone() is not None  # 99 open and not yet due
+        now[0] = 600.0
+        busy[1].end(now[0])
+        assert gone() is None
+        assert reg.collector.full_passes == 1
+    finally:
+        reg.collector.give_back()
