@@ -155,6 +155,10 @@ class ErrorCode(StrEnum):
     PROPOSAL_INVALID = "PROPOSAL_INVALID"
     # docs/context.md: the prompt is over the context budget and compaction cannot cut enough.
     CONTEXT_BUDGET_EXCEEDED = "CONTEXT_BUDGET_EXCEEDED"
+    # The upstream refused the prompt as longer than the model's context (llama-server's
+    # exceed_context_size_error, OpenAI's and vLLM's context_length_exceeded): the
+    # request's to shorten, not the upstream's fault (the proxy answers 400).
+    CONTEXT_LENGTH_EXCEEDED = "CONTEXT_LENGTH_EXCEEDED"
     # Workflows (docs/workflows.md). A definition that cannot be used, and one
     # nobody registered: the caller's (422, 404).
     WORKFLOW_INVALID = "WORKFLOW_INVALID"

@@ -66,6 +66,7 @@ _WORKFLOW_FAILURES: Final = frozenset(
 _FAILURE_STATUS: Final[Mapping[str, int]] = {
     ErrorCode.UPSTREAM_TIMEOUT: 504,
     ErrorCode.INTERNAL: 500,
+    ErrorCode.CONTEXT_LENGTH_EXCEEDED: 400,  # the request's to shorten, as OpenAI answers
 }
 # The keep-alive of an OpenAI-shaped stream (the proxy's, the Responses API's): an SSE
 # comment, which the SDKs skip (an event they would not).
@@ -76,8 +77,8 @@ _STARTED: Final = int(time.time())
 def failure_status(code: str) -> int:
     """The HTTP status of a completion (or a response) that failed before any output, as
     the OpenAI SDKs read it: 504 for the upstream's timeout, 500 for the gateway's own
-    fault, 422 for a workflow the model did not finish (not retried by the SDKs), 502 for
-    any other failure of the upstream."""
+    fault, 422 for a workflow the model did not finish (not retried by the SDKs), 400 for a
+    prompt longer than the model's context, 502 for any other failure of the upstream."""
     if code in _WORKFLOW_FAILURES:
         return 422
     return _FAILURE_STATUS.get(code, 502)

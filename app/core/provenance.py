@@ -57,7 +57,8 @@ user's words say of it (:func:`toolforge.core.words.flag_in`; an optional one th
 is given, one they do not name is left out), a plain string may also be a value its
 description documents in quotes ("Can be 'melting' or 'vaporization'", "Default is
 'cm'"; :func:`described_values`, less the examples after "e.g.") and is that value, given,
-where the user's words name it ("in Celsius" for 'Celsius'; :func:`named_values`), an
+where the user's words name it ("in Celsius" for 'Celsius'; :func:`named_values`), and
+those words are then no other plain string's (:func:`_spend_named`), an
 optional plain string is the user's like a required one (their words, quotes, names) or
 left out, and an optional number may
 take the user's numbers only when the user wrote more numbers than the tool's required
@@ -912,6 +913,7 @@ def narrow_properties(
     must = set(required) if isinstance(required, list) else set()
     spare = plain and _spare_numbers(props, must, held.said)
     asked: list[str] = []  # optional arguments the user's words set: required this turn
+    taken: list[str] = []  # documented values the user's words named (their words, spent)
     failure = held.failures.get(tool)
     blames = blamed(failure[0], failure[1]) if failure is not None else frozenset()
     changed: dict[str, Any] = {}
@@ -939,6 +941,7 @@ def narrow_properties(
             named = named_values(described_values(prop.get("description")), held.said)
             if named:
                 changed[arg] = {"type": "string", "enum": named}
+                taken.extend(named)
                 if arg not in must:
                     asked.append(arg)
                 continue
@@ -977,6 +980,8 @@ def narrow_properties(
             changed[arg] = False
             continue
         changed[arg] = narrowed
+    if taken:
+        _spend_named(changed, taken)
     if not changed:
         return schema
     narrowed = {**props, **changed}
@@ -1099,6 +1104,24 @@ def _strings_apart(narrowed: Mapping[str, Any]) -> list[dict[str, Any]] | None:
                 branches.append({"properties": {first: _string_prop([], own_runs, extra)}})
         return branches or None
     return None
+
+
+def _spend_named(changed: dict[str, Any], taken: Sequence[str]) -> None:
+    """The words that named a documented value ("in celsius" for 'Celsius') said which
+    value that argument takes: another plain string is not offered them, nor a run of
+    words holding them ("Austin in celsius"), unless nothing else is left to offer it."""
+    for arg, prop in changed.items():
+        offer = _string_offer(prop)  # None for the named values themselves
+        if offer is None:
+            continue
+        values, runs, extra = offer
+        kept = [v for v in values if not any(_overlaps(v, t) for t in taken)]
+        kept_runs = runs and [r for r in runs if not any(_overlaps(r, t) for t in taken)]
+        if kept == values and kept_runs == runs:
+            continue
+        rebuilt = _string_prop(kept, kept_runs, extra)
+        if isinstance(rebuilt, Mapping):
+            changed[arg] = rebuilt
 
 
 def _overlaps(run: str, value: str) -> bool:

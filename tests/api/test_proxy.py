@@ -4,7 +4,7 @@ case asserts what the SDK returns or raises, and what the upstream was sent."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Final
 
 import openai
 import orjson
@@ -738,6 +738,35 @@ async def test_a_dead_upstream_raises_an_api_error(make_gateway: HarnessFactory,
         await sdk(gw).chat.completions.create(model="m", messages=USER)
     assert caught.value.status_code == 502
     assert "UPSTREAM" in str(caught.value.code)
+
+
+LLAMA_OVER_CONTEXT: Final = (
+    '{"error": {"code": 400, "message": "the request exceeds the available context size, '
+    'try increasing it", "type": "exceed_context_size_error", "n_prompt_tokens": 9137, '
+    '"n_ctx": 4096}}'
+)
+
+
+async def test_a_prompt_over_the_context_raises_bad_request_with_the_numbers(
+    make_gateway: HarnessFactory, sdk: SDK
+) -> None:
+    """llama-server's 400 for a prompt over the model's context is the request's to
+    shorten: a 400 with OpenAI's type, not a 502 that blames the upstream; never retried.
+    Streamed, the stream has started: the same code comes as the stream's error."""
+    over = Script(end="status", status=400, body=LLAMA_OVER_CONTEXT)
+    gw = await make_gateway([over] * 4)
+    with pytest.raises(openai.BadRequestError) as caught:
+        await sdk(gw).chat.completions.create(model="m", messages=USER)
+    assert caught.value.status_code == 400
+    assert caught.value.code == "CONTEXT_LENGTH_EXCEEDED"
+    assert "9137 tokens" in caught.value.message and "4096" in caught.value.message
+    assert gw.upstream is not None and len(gw.upstream.requests) == 1  # not retried
+    with pytest.raises(openai.APIError) as streamed:
+        async for _ in await sdk(gw).chat.completions.create(model="m", messages=USER, stream=True):
+            pass
+    assert (streamed.value.body or {}).get("code") == "CONTEXT_LENGTH_EXCEEDED"
+    assert "9137 tokens" in streamed.value.message
+    assert len(gw.upstream.requests) == 2
 
 
 async def test_an_error_after_the_headers_raises_in_the_stream(

@@ -838,6 +838,33 @@ def test_a_documented_value_the_user_names_is_given_as_documented() -> None:
     assert "temp_unit" not in narrowed["required"] and unit != {"type": "string"}
 
 
+def test_the_words_that_name_a_documented_value_are_not_another_arguments() -> None:
+    schema = {
+        "type": "object",
+        "properties": {
+            "location": {"type": "string", "description": "The city."},
+            "temp_unit": {
+                "type": "string",
+                "description": "The unit ('Celsius' or 'Fahrenheit'). Default is 'Fahrenheit'.",
+            },
+        },
+        "required": ["location"],
+    }
+    said = said_in("Temperature in Austin in celsius", phrases=True)
+    narrowed = narrow_properties("f", schema, {}, Held(said, plain=True), defaults=True, plain=True)
+    assert narrowed is not None
+    assert narrowed["properties"]["temp_unit"] == {"type": "string", "enum": ["Celsius"]}
+    # "celsius" named the unit: it is not also the location's (seen: location "celsius")
+    for taken in ("celsius", "Celsius", "Austin in celsius"):
+        assert not _accepts(narrowed, {"location": taken, "temp_unit": "Celsius"}), taken
+    assert _accepts(narrowed, {"location": "Austin", "temp_unit": "Celsius"})
+    # Where nothing else was said, the argument keeps what it had: the user's words.
+    said = said_in("in celsius", phrases=True)
+    narrowed = narrow_properties("f", schema, {}, Held(said, plain=True), defaults=True, plain=True)
+    assert narrowed is not None
+    assert _accepts(narrowed, {"location": "celsius", "temp_unit": "Celsius"})
+
+
 def test_a_descriptions_examples_are_no_vocabulary() -> None:
     assert described_values("Can be 'melting', 'freezing' or 'vaporization'.") == [
         "melting",

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from jsonschema import Draft202012Validator
-from openai import AsyncOpenAI
+from openai import AsyncOpenAI, BadRequestError
 from openai.types.chat import ChatCompletionFunctionToolParam
 
 from toolforge.eval.loopback import start_gateway
@@ -143,3 +143,17 @@ async def test_a_json_schema_answer_is_valid_json_for_the_schema(client: AsyncOp
     value = json.loads(choice.message.content or "")
     assert list(Draft202012Validator(schema).iter_errors(value)) == []
     assert (reply.model_extra or {})["toolforge"].get("degraded") is False
+
+
+async def test_a_prompt_over_the_models_context_is_a_bad_request(client: AsyncOpenAI) -> None:
+    """llama-server refuses a prompt longer than a slot's context (4096 tokens here): the
+    SDK raises ``BadRequestError`` with ``CONTEXT_LENGTH_EXCEEDED`` and the numbers, not
+    a 502 that blames the upstream."""
+    long = "Tell me about the weather in every city you know. " * 800  # ~9,600 tokens
+    with pytest.raises(BadRequestError) as caught:
+        await client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": long}], max_tokens=8
+        )
+    assert caught.value.status_code == 400
+    assert caught.value.code == "CONTEXT_LENGTH_EXCEEDED"
+    assert "the model's context 4096" in caught.value.message, caught.value.message

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -158,17 +159,27 @@ def test_a_full_pass_waits_for_a_quiet_moment_or_its_longest_interval() -> None:
         collector.give_back()
 
 
-def test_a_stream_ending_with_many_open_never_walks_the_oldest_generation() -> None:
-    now = [0.0]
+@contextlib.contextmanager
+def _serving(open_streams: int, now: list[float]) -> Iterator[tuple[StreamRegistry, list[Any]]]:
+    """A registry whose collector owns full passes, with ``open_streams`` running."""
+    assert gc.get_threshold()[2] <= 10  # the default: due after 10 middle passes
     reg = StreamRegistry(resume_ttl_s=10.0, clock=lambda: now[0])
     reg.collector.take_over()
     try:
-        sessions: list[Any] = [FakeSession(f"s{i}", running=True) for i in range(12)]
+        sessions: list[Any] = [FakeSession(f"s{i}", running=True) for i in range(open_streams)]
         for session in sessions:
             reg.start(session)
+        yield reg, sessions
+    finally:
+        reg.collector.give_back()
+
+
+def test_a_stream_ending_with_many_open_never_walks_the_oldest_generation() -> None:
+    now = [0.0]
+    with _serving(12, now) as (reg, sessions):
         now[0] = 120.0
         gc.collect()
-        _young_passes(gc.get_threshold()[2] if gc.get_threshold()[2] < 100 else 10)
+        _young_passes(10)
         counted = gc.get_count()[2]
         sessions[0].end(now[0])  # 11 still open: young passes only
         assert reg.collector.full_passes == 0
@@ -180,18 +191,11 @@ def test_a_stream_ending_with_many_open_never_walks_the_oldest_generation() -> N
         for session in sessions[4:]:
             session.end(now[0])  # quiet, but the last full pass was just now
         assert reg.collector.full_passes == 1
-    finally:
-        reg.collector.give_back()
 
 
 def test_cyclic_garbage_in_the_oldest_generation_is_freed_within_the_longest_interval() -> None:
     now = [0.0]
-    reg = StreamRegistry(resume_ttl_s=10.0, clock=lambda: now[0])
-    reg.collector.take_over()
-    try:
-        busy: list[Any] = [FakeSession(f"b{i}", running=True) for i in range(100)]
-        for session in busy:
-            reg.start(session)
+    with _serving(100, now) as (reg, busy):
 
         class Node:
             def __init__(self) -> None:
@@ -212,5 +216,3 @@ def test_cyclic_garbage_in_the_oldest_generation_is_freed_within_the_longest_int
         busy[1].end(now[0])
         assert gone() is None
         assert reg.collector.full_passes == 1
-    finally:
-        reg.collector.give_back()

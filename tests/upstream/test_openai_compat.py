@@ -279,6 +279,47 @@ EARLY = "upstream closed the stream early"
             id="http-401",
         ),
         pytest.param(
+            Script(
+                end="status",
+                status=400,
+                body='{"error": {"code": 400, "message": "the request exceeds the available '
+                'context size, try increasing it", "type": "exceed_context_size_error", '
+                '"n_prompt_tokens": 5000, "n_ctx": 4096}}',
+            ),
+            ErrorCode.CONTEXT_LENGTH_EXCEEDED,
+            "the prompt is 5000 tokens, the model's context 4096",
+            id="llama-server-over-context",
+        ),
+        pytest.param(
+            Script(
+                end="status",
+                status=400,
+                body='{"error": {"message": "This model\'s maximum context length is 8192 '
+                'tokens. However, your messages resulted in 9000 tokens.", "type": '
+                '"invalid_request_error", "code": "context_length_exceeded"}}',
+            ),
+            ErrorCode.CONTEXT_LENGTH_EXCEEDED,
+            "maximum context length is 8192 tokens",
+            id="openai-over-context",
+        ),
+        pytest.param(
+            Script(
+                end="status",
+                status=400,
+                body='{"error": {"message": "maximum context length is 2048 tokens, '
+                'but you asked for 2100", "type": "BadRequestError"}}',
+            ),
+            ErrorCode.CONTEXT_LENGTH_EXCEEDED,
+            "maximum context length is 2048 tokens",
+            id="vllm-over-context",
+        ),
+        pytest.param(
+            Script(end="status", status=400, body='{"error": {"message": "bad temperature"}}'),
+            ErrorCode.UPSTREAM_HTTP_ERROR,
+            "HTTP 400: 'bad temperature'",
+            id="http-400",
+        ),
+        pytest.param(
             Script(end="status", status=200, body='{"choices": []}'),
             ErrorCode.UPSTREAM_PROTOCOL,
             "upstream answered application/json, not text/event-stream",
@@ -295,6 +336,8 @@ async def test_faults(script: Script, code: ErrorCode, message: str) -> None:
     assert error is not None, deltas
     assert error.code is code
     assert message in error.message
+    if code is ErrorCode.CONTEXT_LENGTH_EXCEEDED:
+        assert not error.retryable  # the same prompt is refused again
     assert deltas in ([], [UpstreamDelta("a")])
     if code is ErrorCode.UPSTREAM_TIMEOUT:
         assert T <= elapsed < T + 0.15
