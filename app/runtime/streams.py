@@ -135,7 +135,6 @@ class StreamRegistry:
         if idempotency_key is not None:
             self._keys[idempotency_key] = _IdempotencyRecord(body_hash, session.id)
         ended = (session, idempotency_key)
-        self._open += 1
 
         def end(_: object) -> None:
             self._ended.append(ended)
@@ -143,6 +142,7 @@ class StreamRegistry:
             self.collector.stream_ended(self._open)
 
         task = session.start()
+        self._open += 1
         task.add_done_callback(end)
         return task
 
@@ -218,10 +218,6 @@ class Collector:
         self._last_full = clock()
         self._saved: tuple[int, int, int] | None = None  # the thresholds before take_over
         self.full_passes = 0  # started by this class
-
-    @property
-    def owns_full_passes(self) -> bool:
-        return self._saved is not None
 
     def take_over(self) -> None:
         """Full passes are this class's from now on (the app's start-up, after
