@@ -226,7 +226,7 @@ class Streams:
         ``FORBIDDEN`` for a caller (an API key name) other than the one that started it."""
         session = self.registry.find(stream_id)
         if session is None and self.cluster is not None:  # run by another replica, or was
-            remote = await self.cluster.buffers.find(stream_id)
+            remote = await self.cluster.buffers.find_announced(stream_id)
             if remote is not None:
                 check_caller(caller, remote.key, stream_id)
                 return remote

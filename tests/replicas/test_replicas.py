@@ -179,6 +179,39 @@ async def test_an_approval_posted_to_b_reaches_a(replicas: ReplicaFactory) -> No
     assert events[-1].data["reason"] == "stop"
 
 
+async def test_a_command_sent_before_a_s_first_mirror_write_still_reaches_a(
+    replicas: ReplicaFactory,
+) -> None:
+    """A stream's first frames reach its client before A's mirror writes the stream to
+    Redis (within REDIS_FLUSH_MS, here 300 ms): a resume and an approval sent to B at
+    once wait that window out, rather than answer 404 for a stream that exists."""
+    a, b = await replicas(REDIS_FLUSH_MS="300")
+    answers: list[httpx.Response] = []
+    resumed: list[asyncio.Task[list[Event]]] = []
+
+    async def on_event(event: Event) -> None:
+        if event.event == "stream.begin":
+            on_event.stream_id = event.data["stream_id"]  # type: ignore[attr-defined]
+            resumed.append(asyncio.create_task(b.resume(event.data["stream_id"], "0")))
+        if event.event == "tool.call":
+            sid = on_event.stream_id  # type: ignore[attr-defined]
+            url = f"{b.url}/v1/streams/{sid}/approvals/t1"
+            answers.append(await b.client.post(url, json={"approve": True}))
+
+    events = await asyncio.wait_for(
+        read_sse(
+            a.client, "POST", f"{a.url}/v1/stream", json=body("tool:guarded"), on_event=on_event
+        ),
+        20,
+    )
+    assert_whole(events)
+    (approved,) = answers
+    assert approved.status_code == 200, approved.text
+    assert events[-1].data["reason"] == "stop"
+    on_b = await asyncio.wait_for(resumed[0], 20)
+    assert [e.id for e in on_b if e.id] == [e.id for e in events if e.id]
+
+
 async def test_a_client_tool_result_posted_to_b_reaches_a(replicas: ReplicaFactory) -> None:
     a, b = await replicas()
     weather = {

@@ -90,7 +90,7 @@ class CommandChannel:
         no other replica runs it (never existed, expired, or its replica died). Its
         refusal is raised here as a :class:`RemoteError`."""
         conn = self._conn
-        stream = await self._buffers.find(stream_id)
+        stream = await self._buffers.find_announced(stream_id)
         if stream is None or stream.owner == conn.replica_id:
             return None
         corr = secrets.token_hex(8)

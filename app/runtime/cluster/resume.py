@@ -15,7 +15,9 @@ sees the same end.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
+from typing import Final
 
 from toolforge.core.protocol.frames import Done, Error, encode_frame
 from toolforge.core.protocol.sse_blocks import split_blocks
@@ -27,6 +29,10 @@ from toolforge.runtime.frame_log import decode_frames
 from toolforge.runtime.session import StreamSession
 
 __all__ = ["RemoteStream", "ResumeBuffers"]
+
+# Beyond two flush intervals, what a stream's first mirror write may take to be in Redis
+# (its round trip on a busy replica).
+_ANNOUNCE_SLACK_S: Final = 0.02
 
 
 class ResumeBuffers:
@@ -58,6 +64,18 @@ class ResumeBuffers:
     async def flush(self) -> None:
         """After the streams ended: let the mirror write their last frames, then stop."""
         await self.mirror.flush(max(1.0, 4 * self._conn.timeout_s))
+
+    async def find_announced(self, stream_id: str) -> RemoteStream | None:
+        """As :meth:`find`, for a stream id a client holds: a stream's first frames reach
+        its client before its replica's mirror writes it to Redis (within a flush
+        interval, by design), so a command or a resume sent at once to another replica
+        can come first. Where Redis does not know the stream, look once more after that
+        window (two intervals and 20 ms); only an unknown id pays the wait."""
+        found = await self.find(stream_id)
+        if found is None:
+            await asyncio.sleep(2 * self.flush_s + _ANNOUNCE_SLACK_S)
+            found = await self.find(stream_id)
+        return found
 
     async def find(self, stream_id: str) -> RemoteStream | None:
         """The stream as Redis knows it, or None (never existed, or expired)."""
