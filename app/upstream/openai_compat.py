@@ -64,13 +64,18 @@ def models_request(base_url: str, *, api_key: str | None) -> tuple[str, dict[str
     return base_url.rstrip("/") + "/models", headers
 
 
-def _error_text(body_start: str) -> str:
-    """The upstream's own error message when the body is OpenAI-style JSON, else the body."""
+def _error_member(body_start: str) -> Any:
+    """The body's ``error`` member when the body is OpenAI-style JSON, else None."""
     try:
         body = orjson.loads(body_start)
     except orjson.JSONDecodeError:
-        return snippet(body_start)
-    error = body.get("error") if type(body) is dict else None
+        return None
+    return body.get("error") if type(body) is dict else None
+
+
+def _error_text(body_start: str) -> str:
+    """The upstream's own error message when the body is OpenAI-style JSON, else the body."""
+    error = _error_member(body_start)
     message = error.get("message") if type(error) is dict else error
     return snippet(message if isinstance(message, str) else body_start)
 
@@ -86,11 +91,7 @@ def _over_context(status: int, body_start: str) -> UpstreamError | None:
     numbers the upstream gave (llama-server: ``n_prompt_tokens``, ``n_ctx``); else None."""
     if status != 400:
         return None
-    try:
-        body = orjson.loads(body_start)
-    except orjson.JSONDecodeError:
-        return None
-    error = body.get("error") if type(body) is dict else None
+    error = _error_member(body_start)
     if type(error) is not dict:
         return None
     message = error.get("message")
@@ -106,13 +107,13 @@ def _over_context(status: int, body_start: str) -> UpstreamError | None:
         said = f"the prompt is {prompt} tokens, the model's context {n_ctx}"
     else:
         said = snippet(text) if text else "the prompt is longer than the model's context"
-    error = UpstreamError(
+    refused = UpstreamError(
         ErrorCode.CONTEXT_LENGTH_EXCEEDED,
         f"the upstream refused the request: {said}; shorten the messages, the tools or "
         "their descriptions, or serve the model with a larger context",
     )
-    error.retryable = False  # the same prompt is refused again
-    return error
+    refused.retryable = False  # the same prompt is refused again
+    return refused
 
 
 # UpstreamDelta is built once per chunk, the hot path. The frozen dataclass __init__ costs
