@@ -361,6 +361,23 @@ async def _serve_proxy(port: int, upstream_port: int) -> None:
 # -- process control --------------------------------------------------------------------
 
 
+def filesystem(path: Path) -> str:
+    """The type of the file system ``path`` is on (``/proc/mounts``: the longest mount
+    point above it), e.g. ``ext4`` or ``tmpfs``; ``unknown`` where that cannot be read."""
+    target = str(path.resolve())
+    best, kind = "", "unknown"
+    with contextlib.suppress(OSError), open("/proc/mounts") as f:
+        for line in f:
+            fields = line.split()
+            if len(fields) < 3:
+                continue
+            point = fields[1].replace("\\040", " ")
+            inside = target == point or target.startswith(point.rstrip("/") + "/")
+            if inside and len(point) > len(best):
+                best, kind = point, fields[2]
+    return kind
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -426,10 +443,11 @@ class Proc:
 
 
 @contextlib.contextmanager
-def scratch(prefix: str) -> Iterator[tuple[Path, list[Proc]]]:
-    """A temporary artifacts directory and a list for the child processes a run starts;
-    on exit the processes are stopped, the newest first, and the directory removed."""
-    artifacts = Path(tempfile.mkdtemp(prefix=prefix))
+def scratch(prefix: str, parent: Path | None = None) -> Iterator[tuple[Path, list[Proc]]]:
+    """A temporary artifacts directory (under ``parent``, default the system's temporary
+    directory) and a list for the child processes a run starts; on exit the processes are
+    stopped, the newest first, and the directory removed."""
+    artifacts = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
     procs: list[Proc] = []
     try:
         yield artifacts, procs

@@ -48,6 +48,7 @@ __all__ = [
     "MIN_SECRET_CHARS",
     "REDACTED",
     "SENSITIVE_KEYS",
+    "lines_redaction_may_change",
     "normalize_key",
     "public_url",
     "redact",
@@ -198,12 +199,15 @@ class _Remembered:
     """The configured secret values, as one alternation (longest first, so a secret that
     contains another is replaced whole)."""
 
-    __slots__ = ("generation", "pattern", "values")
+    __slots__ = ("generation", "json_escaped", "pattern", "values")
 
     def __init__(self) -> None:
         self.values: set[str] = set()
         self.pattern: re.Pattern[str] | None = None
         self.generation = 0  # one more each time the set of values grows
+        # A value that JSON text would spell differently (a quote, a backslash, a control
+        # character): searching encoded JSON for it proves nothing.
+        self.json_escaped = False
 
     def add(self, values: Iterable[str | None]) -> None:
         fresh = set(self.values)
@@ -220,11 +224,17 @@ class _Remembered:
                 fresh.add(encoded)
         if fresh == self.values:
             return
-        self.values = fresh
         ordered = sorted(fresh, key=lambda v: (-len(v), v))
-        self.pattern = re.compile("|".join(re.escape(v) for v in ordered))
+        pattern = re.compile("|".join(re.escape(v) for v in ordered))
+        json_escaped = any(_JSON_ESCAPED.search(v) is not None for v in fresh)
+        # Published before the new generation, as redact_text reads them (a reader that
+        # sees the generation sees the values).
+        self.values, self.pattern, self.json_escaped = fresh, pattern, json_escaped
         self.generation += 1
 
+
+# What orjson writes as an escape inside a JSON string: everything else is spelled as is.
+_JSON_ESCAPED: Final = re.compile(r'["\\\x00-\x1f]')
 
 _remembered: Final = _Remembered()
 
@@ -411,6 +421,57 @@ def redact_serialisable(value: object, *, extra_keys: Iterable[str] = ()) -> obj
         return redact(value, extra_keys=extra_keys)
     except Exception:  # a broken iterable of extra keys: the general walk copes
         return redact(value, extra_keys=extra_keys)
+
+
+def lines_redaction_may_change(
+    text: str, extra_keys: tuple[str, ...] = ()
+) -> frozenset[int] | None:
+    """Which lines of ``text`` :func:`redact_serialisable` might change, read without
+    parsing them: ``text`` is lines of compact JSON as orjson writes it, one value a line
+    (``\\n`` between them; inside a value orjson escapes every control character).
+
+    Returns the indices of the lines that hold a possible secret, or ``None`` when the text
+    cannot be ruled on this way (a key in ``extra_keys``, or a remembered secret, that JSON
+    would spell with an escape or that is not ASCII): then treat every line as one to
+    redact. Every other line, parsed and redacted, comes back equal to what it was: the
+    artifact writer keeps such lines as they are, and redacts the rest value by value.
+
+    Why the check suffices: every shape :func:`redact_text` replaces contains one of
+    ``_TRIGGERS`` in its case-folded text, and each trigger is spelled in JSON as it is in
+    the string (letters, digits, ``-``, ``_``, ``=`` and ``@`` are never escaped), so a line
+    without one in its case-folded text holds no such shape, in a key or a value. A key
+    :func:`normalize_key` would match (case-folded, ``-`` as ``_``, stripped) appears in the
+    line's lowered text with ``-`` as ``_``; an ASCII name with no character JSON escapes
+    is spelled the same inside the line, whatever surrounds it. A remembered secret with no
+    such character is found by searching the line itself. Erring costs only speed: a line
+    named here that holds no secret is redacted to the same value.
+    """
+    keys = _sensitive_keys(extra_keys)
+    remembered = _remembered.pattern
+    if remembered is not None and _remembered.json_escaped:
+        return None
+    for key in keys:
+        if not key.isascii() or _JSON_ESCAPED.search(key) is not None:
+            return None
+    dirty: set[int] = set()
+    folded = text.casefold()  # per character: its lines are the lines' own case-folds
+    folded_lines: list[str] | None = None
+    for trigger in _TRIGGERS:
+        if trigger in folded:
+            if folded_lines is None:
+                folded_lines = folded.split("\n")
+            dirty.update(i for i, line in enumerate(folded_lines) if trigger in line)
+    lowered = text.lower().replace("-", "_")
+    lowered_lines: list[str] | None = None
+    for key in keys:
+        if key in lowered:
+            if lowered_lines is None:
+                lowered_lines = lowered.split("\n")
+            dirty.update(i for i, line in enumerate(lowered_lines) if key in line)
+    if remembered is not None:
+        for match in remembered.finditer(text):
+            dirty.add(text.count("\n", 0, match.start()))
+    return frozenset(dirty)
 
 
 # How many distinct mapping keys :class:`_KeyTexts` keeps (past it, each is redacted anew).

@@ -61,17 +61,24 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
 import orjson
 
-from toolforge.core.redact import normalize_key, redact_serialisable, remembered_generation
+from toolforge.core.protocol.sse_blocks import END, event_data
+from toolforge.core.redact import (
+    lines_redaction_may_change,
+    normalize_key,
+    redact_serialisable,
+    remembered_generation,
+)
 from toolforge.errors import ErrorCode, RequestError
 from toolforge.log import ARTIFACTS_PRUNED, get_logger
 from toolforge.runtime.run_index import RunIndex, create_file, summarise
 
-__all__ = ["ARTIFACT_FILES", "SWEEP_INTERVAL_S", "ArtifactStore", "RunArtifacts"]
+__all__ = ["ARTIFACT_FILES", "SWEEP_INTERVAL_S", "ArtifactStore", "EncodedFrames", "RunArtifacts"]
 
 log = get_logger(__name__)
 
@@ -94,6 +101,22 @@ _STREAM_ID: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
 _TOOL_EVENTS = frozenset({"tool.call", "tool.result"})
+_TOOL_EVENTS_ENCODED = frozenset(event.encode() for event in _TOOL_EVENTS)
+# An event name written into a record line as it is: nothing JSON would escape.
+_EVENT_NAME: Final = re.compile(rb"[a-z][a-z0-9._]*")
+
+
+@dataclass(frozen=True, slots=True)
+class EncodedFrames:
+    """A run's frames as its frame log holds them, for ``frames.ndjson``: the SSE blocks
+    back to back (``encode_frame``'s bytes, frame ids 1, 2, ...) and the ids marked
+    degraded. Read, redacted and written in the writer's thread: the event loop pays one
+    copy of the buffer, not a ``bytes`` object per frame."""
+
+    blocks: bytes
+    degraded: frozenset[int] = frozenset()
+
+
 # prompt.json's parts that the planner builds once per shape (schemas, tools, mode) and
 # hands to every stream of that shape: redacted once per shape, not once per stream.
 _SHARED_PROMPT_PARTS: Final = frozenset({"tools", "schemas"})
@@ -314,7 +337,7 @@ class _Job:
     def __init__(
         self,
         run: RunArtifacts,
-        frames: Iterable[Mapping[str, object]],
+        frames: Iterable[Mapping[str, object]] | EncodedFrames,
         documents: dict[str, object],
         loop: asyncio.AbstractEventLoop,
         done: asyncio.Future[None],
@@ -367,7 +390,7 @@ class RunArtifacts:
     async def write(
         self,
         *,
-        frames: Iterable[Mapping[str, object]],
+        frames: Iterable[Mapping[str, object]] | EncodedFrames,
         prompt: object,
         result: object,
         tool_logs: object,
@@ -376,8 +399,9 @@ class RunArtifacts:
         """Write the five files (redacted, each atomically) and return the directory.
 
         A list of frames is copied before the worker thread starts, so the caller may keep
-        appending to its own; any other iterable (the session passes a generator over a
-        snapshot of its encoded frames) is consumed in the worker thread. Raises
+        appending to its own; any other iterable is consumed in the worker thread, and so
+        are :class:`EncodedFrames` (what a stream's run record passes: its frame log's
+        bytes), whose lines are the same records byte for byte. Raises
         ``OSError`` only if the file system refuses (the directory cannot be made, or a
         file cannot be written: then after attempting every file). Cancelling the caller
         does not stop a write already handed to the thread; it completes, file by file,
@@ -396,6 +420,56 @@ class RunArtifacts:
         await done
         return self.directory
 
+    def _line(self, frame: Mapping[str, object]) -> bytes:
+        return _encode(redact_serialisable(frame, extra_keys=self._frame_keys(frame)))
+
+    def _encoded_lines(self, frames: EncodedFrames) -> bytes:
+        """``frames.ndjson`` from a frame log's bytes: the same lines :meth:`_line` writes
+        for each frame's record (``{"id", "event", "data"[, "degraded"]}``), but a line
+        that redaction would leave as it is is never parsed and encoded again.
+
+        A block's JSON is orjson's compact output, and orjson writes a value it has just
+        read back byte for byte, so the record line is the block's JSON between the
+        record's other members. Which lines redaction may change is read on the lowered
+        and case-folded text of them all at once (``lines_redaction_may_change``, about a
+        third of a parse and redaction a line); those, and the tool events (redacted
+        with their tool's own keys), take :meth:`_line`.
+        """
+        degraded = frames.degraded
+        lines: list[bytes] = []
+        parsed: list[tuple[bytes, bytes]] = []
+        for seq, block in enumerate(frames.blocks.split(END)[:-1], start=1):
+            event, data = event_data(block)
+            parsed.append((event, data))
+            lines.append(
+                b'{"id":%d,"event":"%s","data":%s%s}'
+                % (seq, event, data, b',"degraded":true' if seq in degraded else b"")
+            )
+        keys = self._store.redact_keys
+        try:
+            text = b"\n".join(lines).decode()
+        except UnicodeDecodeError:  # orjson writes UTF-8 only; take no chances
+            suspect: frozenset[int] | None = None
+        else:
+            suspect = lines_redaction_may_change(text, keys)
+        for i, (event, data) in enumerate(parsed):
+            if (
+                suspect is None
+                or i in suspect
+                or event in _TOOL_EVENTS_ENCODED
+                or _EVENT_NAME.fullmatch(event) is None
+            ):
+                record: dict[str, object] = {
+                    "id": i + 1,
+                    "event": event.decode(errors="replace"),
+                    "data": _loads(data),
+                }
+                if i + 1 in degraded:
+                    record["degraded"] = True
+                lines[i] = self._line(record)
+        lines.append(b"")
+        return b"\n".join(lines)
+
     def _frame_keys(self, frame: Mapping[str, object]) -> tuple[str, ...]:
         store = self._store
         data = frame.get("data")
@@ -404,14 +478,17 @@ class RunArtifacts:
         return store.redact_keys
 
     def _write_all(
-        self, frames: Iterable[Mapping[str, object]], documents: dict[str, object]
+        self,
+        frames: Iterable[Mapping[str, object]] | EncodedFrames,
+        documents: dict[str, object],
     ) -> None:
         contents: dict[str, bytes] = {
             # One line per frame, each encoded on its own: an odd frame cannot spoil
             # its neighbours, and line i is always frame i.
-            "frames.ndjson": b"".join(
-                _encode(redact_serialisable(frame, extra_keys=self._frame_keys(frame))) + b"\n"
-                for frame in frames
+            "frames.ndjson": (
+                self._encoded_lines(frames)
+                if isinstance(frames, EncodedFrames)
+                else b"".join(self._line(frame) + b"\n" for frame in frames)
             ),
         }
         redacted: dict[str, object] = {}
@@ -507,6 +584,15 @@ def _remove_stale_pending(runs: Path, now: float) -> None:
                 now - item.stat(follow_symlinks=False).st_mtime > _PENDING_STALE_S
             ):
                 shutil.rmtree(item.path, ignore_errors=True)
+
+
+def _loads(data: bytes) -> object:
+    """A frame's JSON back as a value; bytes that are not JSON (never written by
+    ``encode_frame``) are kept as their text, redacted like any other string."""
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return data.decode(errors="replace")
 
 
 def _encode(value: object, *, indent: bool = False) -> bytes:

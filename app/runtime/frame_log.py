@@ -181,6 +181,10 @@ class FrameLog:
     def _start(self, frame_index: int) -> int:
         return self._ends[frame_index - 1] if frame_index else 0
 
+    def encoded(self) -> bytes:
+        """Every frame's block so far, back to back (one copy of the buffer)."""
+        return bytes(self._buffer)
+
     def encoded_after(self, after: int) -> list[bytes]:
         """The encoded frames after id ``after``, one ``bytes`` each."""
         ends, buffer = self._ends, self._buffer

@@ -7,7 +7,7 @@ engine's actions, done); everything here is bookkeeping about a run, none of it 
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,8 +15,8 @@ from toolforge.core.engine import ConversationStats
 from toolforge.core.protocol.frames import Done, DoneMetrics
 from toolforge.errors import ToolForgeError
 from toolforge.log import ARTIFACTS_WRITE_FAILED, get_logger
-from toolforge.runtime.artifacts import RunArtifacts
-from toolforge.runtime.frame_log import FrameLog, decode_events
+from toolforge.runtime.artifacts import EncodedFrames, RunArtifacts
+from toolforge.runtime.frame_log import FrameLog
 
 __all__ = ["RunRecord"]
 
@@ -127,9 +127,9 @@ class RunRecord:
         }
         try:
             await artifacts.write(
-                # Decoded in the writer's thread, from a snapshot of the encoded frames:
-                # a long stream's frames never cost the event loop a second time.
-                frames=_records(tuple(frames.encoded_after(0)), frozenset(self.degraded_ids)),
+                # Read in the writer's thread, from a copy of the frame log's bytes: a long
+                # stream's frames never cost the event loop a second time.
+                frames=EncodedFrames(frames.encoded(), frozenset(self.degraded_ids)),
                 prompt=dict(prompt),
                 result=result,
                 tool_logs=self.tool_logs,
@@ -137,13 +137,3 @@ class RunRecord:
             )
         except Exception:  # the stream is already complete for the client; log, go on
             log.exception(ARTIFACTS_WRITE_FAILED, stream_id=stream_id)
-
-
-def _records(encoded: tuple[bytes, ...], degraded: frozenset[int]) -> Iterator[dict[str, object]]:
-    """frames.ndjson's records: id, event, data, and ``degraded`` where docs/protocol.md marks
-    it."""
-    for seq, (event, data) in enumerate(decode_events(encoded), start=1):
-        record: dict[str, object] = {"id": seq, "event": event, "data": data}
-        if seq in degraded:
-            record["degraded"] = True
-        yield record
