@@ -453,25 +453,22 @@ def lines_redaction_may_change(
     for key in keys:
         if not key.isascii() or _JSON_ESCAPED.search(key) is not None:
             return None
-    dirty: set[int] = set()
-    folded = text.casefold()  # per character: its lines are the lines' own case-folds
-    folded_lines: list[str] | None = None
-    for trigger in _TRIGGERS:
-        if trigger in folded:
-            if folded_lines is None:
-                folded_lines = folded.split("\n")
-            dirty.update(i for i, line in enumerate(folded_lines) if trigger in line)
-    lowered = text.lower().replace("-", "_")
-    lowered_lines: list[str] | None = None
-    for key in keys:
-        if key in lowered:
-            if lowered_lines is None:
-                lowered_lines = lowered.split("\n")
-            dirty.update(i for i, line in enumerate(lowered_lines) if key in line)
+    # Neither casefold() nor lower() makes or removes a "\n": line i of the folded or
+    # lowered text is line i of ``text``.
+    dirty = _lines_with(_TRIGGERS, text.casefold())
+    dirty |= _lines_with(keys, text.lower().replace("-", "_"))
     if remembered is not None:
         for match in remembered.finditer(text):
             dirty.add(text.count("\n", 0, match.start()))
     return frozenset(dirty)
+
+
+def _lines_with(needles: Iterable[str], text: str) -> set[int]:
+    """The indices of the lines of ``text`` that hold any of ``needles``."""
+    present = [needle for needle in needles if needle in text]
+    if not present:
+        return set()
+    return {i for i, line in enumerate(text.split("\n")) if any(n in line for n in present)}
 
 
 # How many distinct mapping keys :class:`_KeyTexts` keeps (past it, each is redacted anew).
