@@ -47,3 +47,36 @@ def json_values(
         ),
         max_leaves=max_leaves,
     )
+
+
+# What secrets, secret keys and their look-alikes are made of, in any case and spelling.
+LOOKALIKES = st.sampled_from(
+    [
+        "sk-",
+        "gsk_",
+        "Bearer ",
+        "to\u212aen",  # "token" with a Kelvin sign
+        "Api-Key",
+        "PASSWD=",
+        "pa\u00dfword",  # "password" with an eszett: case-folds to "passw..."
+        "\u017fecret",  # a long s
+        "ssn",
+        "S-S-N",
+        " Ssn ",
+        "my-field",
+        "MY_FIELD",
+        "data",
+        "@",
+        "?key=",
+        "://u:p@",
+        '"',
+        "\\",
+        "\n",
+        "\u0000",
+        "abcdefgh12345678",
+        "\u03a3",  # a capital sigma, whose lower case depends on its neighbours
+        "\u0130",  # a dotted capital I, which lowers to two characters
+    ]
+)
+LOOKALIKE_TEXT = st.lists(st.one_of(LOOKALIKES, st.text(max_size=3)), max_size=6).map("".join)
+"""Text made of those pieces and a little of anything else: what redaction must see through."""

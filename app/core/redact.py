@@ -227,9 +227,12 @@ class _Remembered:
         ordered = sorted(fresh, key=lambda v: (-len(v), v))
         pattern = re.compile("|".join(re.escape(v) for v in ordered))
         json_escaped = any(_JSON_ESCAPED.search(v) is not None for v in fresh)
-        # Published before the new generation, as redact_text reads them (a reader that
-        # sees the generation sees the values).
-        self.values, self.pattern, self.json_escaped = fresh, pattern, json_escaped
+        # The flag before the pattern (a reader in the artifact writer's thread that sees
+        # the new pattern sees the flag that goes with it; it only ever turns on), both
+        # before the new generation.
+        self.json_escaped = json_escaped
+        self.pattern = pattern
+        self.values = fresh
         self.generation += 1
 
 

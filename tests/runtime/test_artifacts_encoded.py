@@ -11,8 +11,7 @@ import orjson
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from tests.core.test_redact import _LOOKALIKE_TEXT
-from tests.strategies import json_values
+from tests.strategies import LOOKALIKE_TEXT, json_values
 from toolforge.core.protocol.frames import TextDelta, encode_frame
 from toolforge.core.redact import REDACTED, remember_secrets
 from toolforge.runtime.artifacts import ArtifactStore, EncodedFrames, RunArtifacts
@@ -51,13 +50,13 @@ def both(run: RunArtifacts, frames: list[tuple[str, object]], degraded: frozense
         st.tuples(
             st.sampled_from(EVENTS),
             st.one_of(
-                st.fixed_dictionaries({"chunk": _LOOKALIKE_TEXT}),
+                st.fixed_dictionaries({"chunk": LOOKALIKE_TEXT}),
                 st.fixed_dictionaries(
                     {
                         "name": st.sampled_from(["t", "u"]),
                         "args": st.dictionaries(
-                            st.one_of(_LOOKALIKE_TEXT, st.sampled_from(["pin", "PIN", "ssn"])),
-                            _LOOKALIKE_TEXT,
+                            st.one_of(LOOKALIKE_TEXT, st.sampled_from(["pin", "PIN", "ssn"])),
+                            LOOKALIKE_TEXT,
                             max_size=3,
                         ),
                     }
@@ -65,8 +64,8 @@ def both(run: RunArtifacts, frames: list[tuple[str, object]], degraded: frozense
                 json_values(
                     max_leaves=8,
                     integers=st.integers(-(2**63), 2**63 - 1),
-                    text=_LOOKALIKE_TEXT,
-                    keys=_LOOKALIKE_TEXT,
+                    text=LOOKALIKE_TEXT,
+                    keys=LOOKALIKE_TEXT,
                 ),
             ),
         ),
