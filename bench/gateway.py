@@ -28,7 +28,9 @@ arm's format, read by the same code, plus one role chunk first.
   give the floor of the method (the client's own wake-ups).
 - B4: 200 concurrent streams at ~50 tokens/s; delivered %, gateway RSS, then leaks: active
   streams (``GET /metrics``) and the gateway's sockets to the upstream (/proc) after the
-  clients finished, and after 200 clients hung up mid-stream.
+  clients finished, and after 200 clients hung up mid-stream (each such stream waits
+  ``DISCONNECT_GRACE_MS``, 10 s by default, for a resume before it is cancelled: the
+  check waits that long and 5 s more).
 - ``--formats``: B1 and B2 once more for every wire format (the Responses API, AG-UI, the
   AI SDK UI stream, the WebSocket) beside ``/v1/stream`` and the direct upstream, reported
   as ratios to ``/v1/stream`` (``bench.formats``); the budget: each format at most 10 %
@@ -878,6 +880,15 @@ async def _load(
     return await asyncio.gather(*(one(i) for i in range(streams)))
 
 
+def disconnect_grace_s() -> float:
+    """How long the gateway keeps a dropped client's stream for a resume: its setting as
+    this environment gives it (the bench's gateways inherit it), else the default."""
+    from toolforge.settings import Settings
+
+    default = Settings.model_fields["disconnect_grace_ms"].default
+    return float(os.environ.get("DISCONNECT_GRACE_MS", default)) / 1000
+
+
 async def _until(probe: Callable[[], float], limit_s: float) -> tuple[float, float]:
     """Poll ``probe`` until it returns 0; (seconds it took or the limit, last value)."""
     t0 = time.monotonic()
@@ -940,8 +951,11 @@ async def b4(
     # Everyone hangs up mid-stream: streams must end and upstream sockets close.
     rng = random.Random(4)
     hang = [rng.uniform(0.3, 1.0) for _ in range(streams)]
+    # By default a dropped client's stream waits DISCONNECT_GRACE_MS for a resume (on
+    # its queue's bound) before it is cancelled: each must be gone by then and a little.
+    grace_s = disconnect_grace_s()
     await _load(gateway, model, tokens, streams, lambda i: hang[i])
-    drop_active_t, drop_active = await _until(lambda: streams_active(gateway.port), 5.0)
+    drop_active_t, drop_active = await _until(lambda: streams_active(gateway.port), grace_s + 5.0)
     drop_sock_t, drop_socks = await _until(lambda: sockets_to(gw.pid, up.port), 2.0)
     # httpx closes idle pooled connections older than keepalive_expiry (5 s) on the next
     # request: afterwards only the probe's own connection may remain.
@@ -975,7 +989,8 @@ async def b4(
         f"| clients finished: TCP sockets to the upstream | {socks_after} (keep-alive pool "
         "holds ≤ 100 idle) |",
         f"| {streams} clients hung up mid-stream: `toolforge_streams_active` | "
-        f"{drop_active:.0f} (after {drop_active_t:.2f} s) |",
+        f"{drop_active:.0f} (after {drop_active_t:.2f} s: each waits the "
+        f"{grace_s:g} s grace for a resume first) |",
         f"| {streams} clients hung up mid-stream: TCP sockets to the upstream | "
         f"{drop_socks} (after {drop_sock_t:.2f} s) |",
         "| then keep-alive expiry (5.5 s) and one `GET /readyz`: TCP sockets to the upstream | "

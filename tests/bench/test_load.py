@@ -47,6 +47,28 @@ def test_b5_counts_every_paced_stream_on_both_paths(clients: load.Clients) -> No
     assert rep.facts["b5_3_complete"] == 3
 
 
+def test_b5_measures_the_bare_relay_beside_the_gateway(clients: load.Clients) -> None:
+    rep = Report()
+    with scratch("toolforge-load-test-") as (artifacts, procs):
+        up = spawn_upstream()
+        procs.append(up)
+        relay = spawn_proxy(up.port)
+        procs.append(relay)
+        url = f"http://127.0.0.1:{up.port}/v1"
+        asyncio.run(load.b5(rep, clients, url, up, artifacts, sizes=[3], tokens=4, relay=relay))
+    rows = _rows(rep, "| 3 |")
+    assert [r[1].split(" `")[0] for r in rows] == ["direct", "bare TCP relay", "gateway"]
+    relay_row = rows[1]
+    assert relay_row[2] == "3" and relay_row[-1] == "0"  # every stream through it, none failed
+    assert 90 < float(relay_row[3]) < 200  # paced as the others
+    # Its own CPU per paced token (the floor): /proc counts 10 ms ticks, which a dozen
+    # tokens through a bare relay may not reach; a figure is there, and it is not negative.
+    assert float(relay_row[6]) >= 0
+    assert rep.facts["b5_3_relay_cpu"] == float(relay_row[6])
+    cpu_target = next(text for text, _ in rep.targets if "CPU per paced token" in text)
+    assert f"the floor: {relay_row[6]} µs" in cpu_target
+
+
 def test_b6_sends_at_the_rate_asked_on_every_path(clients: load.Clients) -> None:
     rep = Report()
     with scratch("toolforge-load-test-") as (artifacts, procs):
