@@ -431,9 +431,9 @@ class RunArtifacts:
         A block's JSON is orjson's compact output, and orjson writes a value it has just
         read back byte for byte, so the record line is the block's JSON between the
         record's other members. Which lines redaction may change is read on the lowered
-        and case-folded text of them all at once (``lines_redaction_may_change``, about a
-        third of a parse and redaction a line); those, and the tool events (redacted
-        with their tool's own keys), take :meth:`_line`.
+        and case-folded text of them all at once (``lines_redaction_may_change``: a few
+        substring scans of the whole text in C, not a walk of each value); those, and the
+        tool events (redacted with their tool's own keys), take :meth:`_line`.
         """
         degraded = frames.degraded
         lines: list[bytes] = []
