@@ -29,13 +29,22 @@ def _rows(rep: Report, prefix: str) -> list[list[str]]:
     ]
 
 
-def test_b5_counts_every_paced_stream_on_both_paths(clients: load.Clients) -> None:
+def _b5(clients: load.Clients, *, relay: bool) -> Report:
+    """B5 at N = 3 streams of 4 tokens, with or without the bare relay's arm."""
     rep = Report()
     with scratch("toolforge-load-test-") as (artifacts, procs):
         up = spawn_upstream()
         procs.append(up)
+        proxy = spawn_proxy(up.port) if relay else None
+        if proxy is not None:
+            procs.append(proxy)
         url = f"http://127.0.0.1:{up.port}/v1"
-        asyncio.run(load.b5(rep, clients, url, up, artifacts, sizes=[3], tokens=4))
+        asyncio.run(load.b5(rep, clients, url, up, artifacts, sizes=[3], tokens=4, relay=proxy))
+    return rep
+
+
+def test_b5_counts_every_paced_stream_on_both_paths(clients: load.Clients) -> None:
+    rep = _b5(clients, relay=False)
     direct, gateway = _rows(rep, "| 3 |")
     assert direct[1] == "direct" and direct[2] == "3" and direct[-1] == "0"
     assert gateway[1].startswith("gateway") and gateway[2] == "3" and gateway[-1] == "0"
@@ -48,14 +57,7 @@ def test_b5_counts_every_paced_stream_on_both_paths(clients: load.Clients) -> No
 
 
 def test_b5_measures_the_bare_relay_beside_the_gateway(clients: load.Clients) -> None:
-    rep = Report()
-    with scratch("toolforge-load-test-") as (artifacts, procs):
-        up = spawn_upstream()
-        procs.append(up)
-        relay = spawn_proxy(up.port)
-        procs.append(relay)
-        url = f"http://127.0.0.1:{up.port}/v1"
-        asyncio.run(load.b5(rep, clients, url, up, artifacts, sizes=[3], tokens=4, relay=relay))
+    rep = _b5(clients, relay=True)
     rows = _rows(rep, "| 3 |")
     assert [r[1].split(" `")[0] for r in rows] == ["direct", "bare TCP relay", "gateway"]
     relay_row = rows[1]
