@@ -714,18 +714,25 @@ async def run(args: argparse.Namespace, rep: Report) -> None:
         up = spawn_upstream()
         procs.append(up)
         url = f"http://127.0.0.1:{up.port}/v1"
+        relay = spawn_proxy(up.port)  # B5's floor and B6's reference row
+        procs.append(relay)
         if "b5" in args.only and args.workers > 1:
             with redis_server() as redis_url:
                 await b5(
-                    rep, cl, url, up, artifacts, args.n, args.b5_tokens, args.workers, redis_url
+                    rep,
+                    cl,
+                    url,
+                    up,
+                    artifacts,
+                    args.n,
+                    args.b5_tokens,
+                    args.workers,
+                    redis_url,
+                    relay=relay,
                 )
         elif "b5" in args.only:
-            relay = spawn_proxy(up.port)
-            procs.append(relay)
             await b5(rep, cl, url, up, artifacts, args.n, args.b5_tokens, relay=relay)
         if "b6" in args.only:
-            relay = spawn_proxy(up.port)
-            procs.append(relay)
             gw = spawn_gateway(url, artifacts, env=gateway_env(max(args.rates)))
             procs.append(gw)
             await _warm_gateway(gw.port)
