@@ -135,3 +135,16 @@ async def test_secrets_in_encoded_frames_are_redacted_in_the_file(tmp_path: Path
     assert lines[4]["data"]["args"] == {"pin": REDACTED, "q": "x"}
     assert lines[6]["data"] == {"reason": "stop", "ssn": REDACTED}
     assert [line["id"] for line in lines] == list(range(1, 8))
+
+
+def test_a_block_that_is_not_json_is_kept_as_its_redacted_text(tmp_path: Path) -> None:
+    blocks = (
+        encode_frame(1, TextDelta("fine"))
+        + b"id: 2\nevent: text.delta\ndata: {broken sk-abcdef123456\n\n"
+        + b'id: 3\nevent: bad"name\ndata: {}\n\n'
+    )
+    run = ArtifactStore(tmp_path).run("s1")
+    lines = [json.loads(line) for line in run._encoded_lines(EncodedFrames(blocks)).splitlines()]
+    assert lines[0] == {"id": 1, "event": "text.delta", "data": {"chunk": "fine"}}
+    assert lines[1] == {"id": 2, "event": "text.delta", "data": f"{{broken {REDACTED}"}
+    assert lines[2] == {"id": 3, "event": 'bad"name', "data": {}}  # the name escaped
