@@ -82,9 +82,11 @@ class Settings(BaseSettings):
     # 128 frames ≈ a few KB: enough to absorb jitter, small enough that a stalled client
     # throttles the model within a fraction of a second (docs/protocol.md).
     queue_max_frames: int = Field(128, ge=1, validation_alias="QUEUE_MAX_FRAMES")
-    # A caught-up client's frames are written from the producer's own step (the relay,
-    # docs/performance.md): the same bytes, one task step less per paced token. Off only
-    # to measure it (bench/paced.py) or to rule it out.
+    # While the engine only reads the model, each upstream read is parsed and framed in
+    # the socket's read callback, and a caught-up client's frames are written from there
+    # (the relay, docs/performance.md): the same bytes, no task step per paced token. Off
+    # (every token read and written by the tasks) only to measure it (bench/paced.py) or
+    # to rule it out.
     stream_relay: bool = Field(True, validation_alias="STREAM_RELAY")
     # Long enough to reconnect after a network change; short enough to bound memory.
     resume_ttl_s: float = Field(300.0, ge=0, validation_alias="RESUME_TTL_S")

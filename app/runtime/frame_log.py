@@ -22,12 +22,16 @@ encoded frames to its client at once. Then the frames :meth:`FrameLog.append` st
 handed to the relay by one callback at the end of the producer's step (``call_soon``:
 every frame of one upstream read still goes out in one write), and the reader's task is
 not woken at all: a paced token costs the producer's task step and a callback, not two
-task steps. The relay is used only in the common case — the primary reader caught up,
-the frame not the stream's last — and gives the reader back its queue the moment
-anything else is needed: frames it declines (its client is slow, gone, or a ping is
-due), the ``done`` frame, :meth:`FrameLog.close`, :meth:`FrameLog.wake`, the primary
-reader leaving, or :meth:`FrameLog.unrelay`. The bytes a client receives are the same
-either way: the same encoded frames, in the same order, each written once.
+task steps. A producer appending from a read callback of its own (the session's
+``deliver``, see :mod:`toolforge.runtime.session`) brackets a read's frames with
+:meth:`FrameLog.hold` and :meth:`FrameLog.flush`: they go to the relay at the end of the
+read, in one write, without the callback. The relay is used only in the common case —
+the primary reader caught up, the frame not the stream's last — and gives the reader
+back its queue the moment anything else is needed: frames it declines (its client is
+slow, gone, or a ping is due), the ``done`` frame, :meth:`FrameLog.close`,
+:meth:`FrameLog.wake`, the primary reader leaving, or :meth:`FrameLog.unrelay`. The
+bytes a client receives are the same either way: the same encoded frames, in the same
+order, each written once.
 
 Why one structure rather than an ``asyncio.Queue`` plus a replay list: the two would hold
 the same frames twice and could disagree about ids; here an id is an index. Only the
@@ -90,6 +94,8 @@ class FrameLog:
         self._relay: Relay | None = None
         self._relay_waiter: asyncio.Future[None] | None = None
         self._relay_due: asyncio.Handle | None = None  # the callback that hands frames over
+        self._held = False  # hold(): frames wait for flush(), not for a callback
+        self._held_due = False  # held frames are waiting for the relay
         self.relayed = 0  # frames the relay wrote (tests, bench)
         self.high_water = 0  # the most frames ever waiting for the primary reader
         self.paused_s = 0.0  # total time the producer waited for room
@@ -138,6 +144,8 @@ class FrameLog:
             # in the same write as the frames before it.
             if event == "done":
                 self.unrelay()
+            elif self._held:
+                self._held_due = True
             elif self._relay_due is None:
                 self._relay_due = asyncio.get_running_loop().call_soon(self._hand_over)
         pending = self.pending()
@@ -145,6 +153,19 @@ class FrameLog:
             self.high_water = pending
         self._wake_readers()
         return seq
+
+    def hold(self) -> None:
+        """Until :meth:`flush`, frames appended wait for it rather than for a callback
+        to reach the relay: the producer appends a whole socket read's frames from the
+        read callback itself, and hands them over at its end in one write."""
+        self._held = True
+
+    def flush(self) -> None:
+        """End :meth:`hold`: what it held goes to the relay now."""
+        self._held = False
+        if self._held_due:
+            self._held_due = False
+            self._hand_over()
 
     def close(self) -> None:
         """No more frames: readers return once they have written everything."""

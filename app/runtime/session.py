@@ -15,6 +15,16 @@ something failed, then exactly one ``done``, then the artifacts. Cancellation is
 response (and its TCP connection) and any running tool at its next await, well within
 docs/protocol.md's 50 ms.
 
+**The read callback.** While the engine only reads the model (its action is a plain
+``ReadModel`` whose frames fit the queue, nothing paused), the task does not read the
+upstream itself: it waits in the generation's ``follow()`` (OpenAI-compatible streams over
+the gateway's own transport, :class:`toolforge.upstream.openai_compat.ChatStream`), and
+each delta is sent to the engine from the socket's read callback (:meth:`deliver`), its
+frames appended there and handed to the relay at the end of the read. Anything else the
+engine asks for goes back to the task (``_handoff``), which does it as before; so does the
+generation's end, an error, and the idle timeout. ``STREAM_RELAY=false`` reads every
+delta in the task.
+
 Why an anyio scope and not ``task.cancel()``: httpx and httpcore are built on anyio and
 shield their connection-pool cleanup with anyio scopes. A native cancel ignores those
 shields: under load it can land inside httpcore's cleanup and leave a pool entry ACTIVE
@@ -26,7 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
@@ -77,13 +87,13 @@ from toolforge.runtime.metrics import GatewayMetrics
 from toolforge.runtime.planner import SessionLimits, StreamPlan
 from toolforge.runtime.run_record import RunRecord
 from toolforge.runtime.tracing import Tracing
-from toolforge.upstream.base import Upstream, UpstreamDelta
+from toolforge.upstream.base import DeltaConsumer, DeltaStream, Upstream, UpstreamDelta
 
 __all__ = ["ClientAnswer", "StreamSession"]
 
 log = get_logger(__name__)
 
-Deltas = AsyncGenerator[UpstreamDelta, None]
+Deltas = DeltaStream
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +104,9 @@ class ClientAnswer:
     result: object = None
     error: ToolError | None = None
 
+
+# What the token loop sends the flow when deliver() has sent it the delta already.
+_HANDED_OFF: Final = object()
 
 # Bodies above this are decided in a worker thread (see StreamSession._repair_body).
 _REPAIR_IN_THREAD_BYTES: Final = 8 * 1024
@@ -164,6 +177,13 @@ class StreamSession:
         self.reason: str | None = None
         self.finished_at: float | None = None
         self.stats: dict[str, Any] = {}
+        # While the task sleeps in a generation's follow() (deliver): the engine's flow,
+        # and what deliver hands back to the task (the action it could not do itself, or
+        # an exception the flow raised).
+        self._flow: Any = None
+        self._handoff: object = None
+        self._fault: BaseException | None = None
+        self.delivered = 0  # deltas taken in the read callback (tests, bench)
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -385,6 +405,11 @@ class StreamSession:
         clock = self._clock
         record = self._record
         deltas: Deltas | None = None  # the open generation, if any
+        # The open generation's follow(): its deltas are delivered in the socket's read
+        # callback (deliver) while the engine only reads the model; None: read them here.
+        follow: Callable[[DeltaConsumer], Awaitable[None]] | None = None
+        relay = self._limits.stream_relay
+        self._flow = flow
         tracing = self._tracing
         model_span: Any = None  # with tracing: the open generation's span
         flush_first = True  # until the first content frame is handed to the writer
@@ -412,22 +437,31 @@ class StreamSession:
                                 await asyncio.sleep(0)
                         if self._unpaused is not None:  # paused: the model waits
                             await self._unpaused
-                        # The next event, read inline: no coroutine per token.
-                        try:
-                            delta = await deltas.__anext__()  # type: ignore[union-attr]
-                        except StopAsyncIteration:
-                            # The generator finished, and its own clean-up ran: nothing
-                            # to close (a shielded close costs an anyio scope per turn).
-                            result = MODEL_END
-                            deltas = None
-                            if model_span is not None:
-                                tracing.end_model(model_span)  # type: ignore[union-attr]
-                                model_span = None
+                        if follow is not None and not flush_first:
+                            # The next deltas go to deliver() in the read callback: no
+                            # task step per token. Back here when the flow needs more
+                            # than a read (its action in _handoff), or the generation
+                            # does (its end, an error, a stall): read on below.
+                            await follow(self)
+                        if self._handoff is not None:
+                            result = _HANDED_OFF
                         else:
-                            now = clock()
-                            if record.turn_started is not None and delta.text:
-                                record.token(now)
-                            result = (delta, now - self._paused_total)
+                            # The next event, read inline: no coroutine per token.
+                            try:
+                                delta = await deltas.__anext__()  # type: ignore[union-attr]
+                            except StopAsyncIteration:
+                                # The generator finished, and its own clean-up ran: nothing
+                                # to close (a shielded close costs an anyio scope per turn).
+                                result = MODEL_END
+                                deltas = None
+                                if model_span is not None:
+                                    tracing.end_model(model_span)  # type: ignore[union-attr]
+                                    model_span = None
+                            else:
+                                now = clock()
+                                if record.turn_started is not None and delta.text:
+                                    record.token(now)
+                                result = (delta, now - self._paused_total)
                     elif kind is Emit:
                         emit: Emit = action  # type: ignore[assignment]
                         frames = emit.frames
@@ -447,6 +481,7 @@ class StreamSession:
                                 tracing.server_url,
                             )
                         deltas = self._upstream.stream(action.request)  # type: ignore[attr-defined]
+                        follow = getattr(deltas, "follow", None) if relay else None
                         # The first read, inlined as above: this is the time to first token.
                         try:
                             delta = await deltas.__anext__()
@@ -503,8 +538,12 @@ class StreamSession:
                         self._metrics.upstream_error(str(exc.code))
                     action = flow.throw(exc)
                     continue
-                action = flow.send(result)
+                if result is _HANDED_OFF:  # deliver() sent the flow its delta already
+                    action = self._handed_off()
+                else:
+                    action = flow.send(result)
         finally:
+            self._flow = None
             if self._opening:  # the flow ended before it called the model
                 self._open_log()
             # Leaving early (a cancel, a bug) must close the upstream response now, not
@@ -513,6 +552,48 @@ class StreamSession:
                 await _close(deltas)
             if model_span is not None:
                 tracing.end_model(model_span)  # type: ignore[union-attr]
+
+    def deliver(self, delta: UpstreamDelta) -> bool:
+        """A delta of the open generation, in the socket's read callback while the task
+        sleeps in its ``follow()``: what the task's read would do with it, done here
+        while the flow asks only for the next read and its frames fit the queue. Else the
+        flow's action goes back to the task (``_handoff``), which does it: False."""
+        now = self._clock()
+        self.delivered += 1
+        record = self._record
+        if record.turn_started is not None and delta.text:
+            record.token(now)
+        try:
+            action = self._flow.send((delta, now - self._paused_total))
+        except BaseException as exc:  # the flow's own failure: the task raises it
+            self._fault = exc
+            self._handoff = _HANDED_OFF
+            return False
+        if type(action) is ReadModel and self._unpaused is None:
+            frames: Sequence[Frame] = action.frames
+            if not frames:
+                return True
+            log_ = self.log
+            if log_.pending() + len(frames) <= self._limits.queue_max_frames:
+                log_.hold()  # to the relay in settle(), with the rest of this read's
+                append = self._append
+                for frame in frames:
+                    append(frame)
+                return True
+        self._handoff = action
+        return False
+
+    def settle(self) -> None:
+        """The read that brought the delivered deltas is done: their frames go out."""
+        self.log.flush()
+
+    def _handed_off(self) -> object:
+        """The action ``deliver`` left for the task (or the flow's exception, raised)."""
+        action, self._handoff = self._handoff, None
+        fault, self._fault = self._fault, None
+        if fault is not None:
+            raise fault
+        return action
 
     async def _drain(self, deltas: Deltas) -> tuple[UpstreamDelta, ...]:
         """The generation's trailing chunks (finish reason, usage, llama-server's timings),

@@ -9,7 +9,7 @@ as in openai-agents). Scripted fakes for tests implement the same :class:`Upstre
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import AsyncGenerator, Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Final, Protocol
@@ -22,6 +22,8 @@ from toolforge.core.native_tools import ToolCallDelta
 __all__ = [
     "PROFILES",
     "ChatRequest",
+    "DeltaConsumer",
+    "DeltaStream",
     "SamplingProfile",
     "ToolCallDelta",
     "Upstream",
@@ -57,14 +59,40 @@ PROFILES: Final[Mapping[str, SamplingProfile]] = MappingProxyType(
 )
 
 
+class DeltaStream(Protocol):
+    """One generation's deltas: an async iterator that can be closed (an async generator
+    is one). Closing it (``aclose()``, or cancelling the task reading it) stops the
+    generation and releases its connection promptly."""
+
+    def __aiter__(self) -> AsyncIterator[UpstreamDelta]: ...
+
+    async def __anext__(self) -> UpstreamDelta: ...
+
+    async def aclose(self) -> None: ...
+
+
+class DeltaConsumer(Protocol):
+    """Who takes a generation's deltas as they arrive, inside the socket's read callback
+    (``follow`` of :class:`toolforge.upstream.openai_compat.ChatStream`)."""
+
+    def deliver(self, delta: UpstreamDelta) -> bool:
+        """Take ``delta`` now; False: no more now (the consumer's task reads the rest)."""
+        ...
+
+    def settle(self) -> None:
+        """The socket read that brought the last deltas is done (its deltas were
+        delivered, or some are left for the task)."""
+        ...
+
+
 class Upstream(Protocol):
     """A model server that streams a chat completion.
 
-    ``stream`` is an async generator: iterate it, and close it (``aclose()`` or cancel the
-    task) to stop the generation; implementations release the connection promptly. Errors
-    are :class:`toolforge.errors.UpstreamError`.
+    ``stream`` returns a :class:`DeltaStream`: iterate it, and close it (``aclose()`` or
+    cancel the task) to stop the generation; implementations release the connection
+    promptly. Errors are :class:`toolforge.errors.UpstreamError`.
     """
 
-    def stream(self, request: ChatRequest) -> AsyncGenerator[UpstreamDelta, None]:
+    def stream(self, request: ChatRequest) -> DeltaStream:
         """Yield the model's output for ``request`` until it finishes."""
         ...

@@ -187,6 +187,13 @@ class Exchange:
                 self._schedule(when)
         return self
 
+    def moved(self, when: float) -> None:
+        """Push the deadline of the read in progress on to ``when`` (loop time): bytes
+        came in a callback while the read waits. The timer follows lazily, as for
+        :meth:`until`."""
+        if self._when is not None:
+            self._when = when
+
     def close(self) -> None:
         """Cancel the timer; call once the exchange is over."""
         if self._handle is not None:

@@ -8,6 +8,11 @@ or an error. :class:`Body` yields everything received since its previous item as
 ``bytes``, so a fast upstream costs one Python step per socket read, and pauses reading
 above :data:`HIGH_WATER` unread bytes. When the response ends (or breaks), the connection
 goes back to its :class:`Pool`: released for reuse, or discarded.
+
+A body's reader may also attach a :class:`Sink` (:meth:`Body.attach`): then each read's
+body bytes go to it inside ``data_received``, with no task woken, until it detaches
+itself or the response ends or breaks (then :meth:`Sink.news`, and the reader goes on
+with :class:`Body`). What a paced token costs is then one callback, not a task step.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ __all__ = [
     "Connection",
     "Key",
     "Pool",
+    "Sink",
     "read_error",
     "request_head",
 ]
@@ -47,6 +53,19 @@ class Pool(Protocol):
 
     def discard(self, conn: Connection) -> None:
         """Close the connection and give its slot back."""
+
+
+class Sink(Protocol):
+    """Takes a response body's bytes inside the connection's read callback
+    (:meth:`Body.attach`)."""
+
+    def data(self, data: bytes) -> None:
+        """The body bytes of one socket read, taken off the connection (the sink may
+        detach itself here)."""
+
+    def news(self) -> None:
+        """The response ended or broke, or the socket did: the sink is detached already,
+        and the body's reader reads what is left through :class:`Body`."""
 
 
 class _MessageAfterEnd(Exception):
@@ -88,6 +107,7 @@ class Connection(asyncio.Protocol):
         self.head_done = self.complete = self.keep_alive = False
         self.chunks: list[bytes] = []
         self.buffered = 0
+        self.sink: Sink | None = None
         if self.read_paused:
             self.resume_reading()
 
@@ -137,6 +157,16 @@ class Connection(asyncio.Protocol):
                 self.keep_alive = False
             else:
                 self.error = exc
+        sink = self.sink
+        if sink is not None:
+            chunks = self.chunks
+            if chunks:  # in order: the bytes, then any end or error that came with them
+                self.chunks = []
+                self.buffered = 0
+                sink.data(chunks[0] if len(chunks) == 1 else b"".join(chunks))
+            if self.sink is sink and (self.complete or self.error is not None):
+                self.sink = None
+                sink.news()
         if self.buffered > HIGH_WATER and not self.read_paused:
             self.read_paused = True
             self.transport.pause_reading()
@@ -149,6 +179,10 @@ class Connection(asyncio.Protocol):
         elif self.head_done and not self.complete and not self._framed():
             self.complete = True  # a close-delimited body ends at EOF (RFC 9112 §6.3 item 8)
         self._wake()
+        sink = self.sink
+        if sink is not None:
+            self.sink = None
+            sink.news()
         self.resume_writing()
         if self.in_pool:
             self.owner.discard(self)
@@ -269,9 +303,35 @@ class Body(httpx.AsyncByteStream):
             conn.resume_reading()
         return data
 
+    def attach(self, sink: Sink) -> bool:
+        """From now on, hand each read's body bytes to ``sink`` inside the connection's
+        read callback instead of keeping them for this iterator, until it detaches
+        (:meth:`detach`) or :meth:`Sink.news`. False, and nothing attached, when this
+        iterator has something to read already (bytes, an end, an error)."""
+        conn = self._conn
+        if (
+            conn is None
+            or conn.chunks
+            or conn.complete
+            or conn.lost
+            or conn.error is not None
+            or conn.sink is not None
+        ):
+            return False
+        conn.sink = sink
+        return True
+
+    def detach(self) -> None:
+        """The sink takes no more: reads are kept for this iterator again."""
+        conn = self._conn
+        if conn is not None:
+            conn.sink = None
+
     async def aclose(self) -> None:
         # No await in here: a cancel arriving now must not leave the connection counted.
         conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.sink = None
         if conn is not None and conn.complete:  # received in full: reusable even if unread
             conn.owner.release(conn)
         elif conn is not None:  # closed early: closed, not drained (the caller drains if it wants)
@@ -280,6 +340,7 @@ class Body(httpx.AsyncByteStream):
     def _drop(self) -> None:
         conn, self._conn = self._conn, None
         if conn is not None:
+            conn.sink = None
             conn.owner.discard(conn)
 
 

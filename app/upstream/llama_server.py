@@ -42,7 +42,7 @@ import httpx
 
 from toolforge.core.gbnf_forced import ForcedText, forced_text
 from toolforge.errors import ErrorCode, UpstreamError
-from toolforge.upstream.base import ChatRequest, UpstreamDelta
+from toolforge.upstream.base import ChatRequest, DeltaStream, UpstreamDelta
 from toolforge.upstream.openai_compat import OpenAICompatUpstream
 
 __all__ = ["LlamaServerUpstream"]
@@ -90,7 +90,7 @@ class LlamaServerUpstream:
         forced = self._forced(request)
         return self._inner.body(_prefilled(request, forced) if forced else request)
 
-    def stream(self, request: ChatRequest) -> AsyncGenerator[UpstreamDelta, None]:
+    def stream(self, request: ChatRequest) -> DeltaStream:
         """The OpenAI-compatible adapter's stream itself, not a generator around it: a
         layer more would cost every token a resume and a suspend (see its ``stream``).
         Only a grammar with forced text gets the layer that writes that text back."""

@@ -4,20 +4,20 @@ One adapter serves llama-server, vLLM, Groq and Ollama's ``/v1``: they all speak
 ``chat.completion.chunk`` SSE dialect. The adapter is thin on purpose (docs/architecture.md): it
 takes an injected ``httpx.AsyncClient`` (tests pass a ``MockTransport`` or a real loopback server),
 builds the wire body, reads raw bytes into the sans-IO :class:`UpstreamSSEDecoder`, and
-yields :class:`UpstreamDelta` values.
+yields :class:`UpstreamDelta` values from a :class:`ChatStream`, which can also hand them
+over inside the socket's read callback (:meth:`ChatStream.follow`).
 
 Why the pieces look the way they do:
 
-* ``response.aiter_raw()`` is the cheapest httpx read path (measured in bench/RESULTS.md: 14
-µs/event
-  against 17 for ``aiter_lines`` and 21 for httpx-sse's iterator); we ask for
+* ``response.aiter_raw()`` is the cheapest httpx read path (measured in bench/RESULTS.md:
+  14 µs/event against 17 for ``aiter_lines`` and 21 for httpx-sse's iterator); we ask for
   ``Accept-Encoding: identity`` so raw bytes are the body.
 * Three timeouts, each named in its error, and the one mapping of httpx exceptions to
   :class:`UpstreamError` are :class:`~toolforge.upstream.exchange.Exchange`'s, shared with the
   Ollama adapter (:mod:`toolforge.upstream.exchange` says why they look the way they do). The
   first-byte clock starts when the request headers are sent (httpx's ``trace`` extension
   tells us), so a slow connect is reported as a connect timeout, not a first-byte one.
-* Closing the generator (``aclose()`` or cancelling the task) closes the response, which
+* Closing the stream (``aclose()`` or cancelling the task) closes the response, which
   closes the TCP connection at once when the body was not finished (docs/protocol.md: cancel
   within 50 ms).
 """
@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Final
 
 import anyio
@@ -36,7 +37,7 @@ import orjson
 from toolforge.core.messages import wire_messages
 from toolforge.core.redact import redact_text
 from toolforge.errors import ErrorCode, UpstreamError
-from toolforge.upstream.base import ChatRequest, ToolCallDelta, UpstreamDelta
+from toolforge.upstream.base import ChatRequest, DeltaConsumer, ToolCallDelta, UpstreamDelta
 from toolforge.upstream.exchange import (
     RETRYABLE_STATUS,
     STREAM,
@@ -48,10 +49,11 @@ from toolforge.upstream.exchange import (
     request_body,
     snippet,
 )
-from toolforge.upstream.sse_decoder import UpstreamSSEDecoder
+from toolforge.upstream.http11 import Body
+from toolforge.upstream.sse_decoder import SSEMessage, UpstreamSSEDecoder
 from toolforge.upstream.transport import PostTemplate
 
-__all__ = ["OpenAICompatUpstream", "models_request"]
+__all__ = ["ChatStream", "OpenAICompatUpstream", "models_request"]
 
 _DONE: Final = "[DONE]"
 
@@ -320,53 +322,10 @@ class OpenAICompatUpstream:
         body.update(request.extra)
         return body
 
-    async def stream(self, request: ChatRequest) -> AsyncGenerator[UpstreamDelta, None]:
-        """Yield deltas until ``[DONE]``; raise :class:`UpstreamError` on any failure."""
-        loop = asyncio.get_running_loop()
-        exchange, chunk, chunks, close = await self._open(request_body(self.body(request)))
-        # Each token passes through as few frames as possible: this generator reads the
-        # body's iterator itself (no anext() wrapper, no adapter generator around it).
-        # On a CPU that also runs the model, every layer costs each token several µs,
-        # which the model loses (docs/performance.md, tokens/s in front of a local model).
-        next_chunk = chunks.__anext__
-        try:
-            exchange.phase = STREAM
-            decoder = UpstreamSSEDecoder()
-            idle_s = self._idle_s
-            while True:
-                messages = decoder.feed(chunk) if chunk is not None else decoder.close()
-                for message in messages:
-                    data = message.data
-                    if data == _DONE:
-                        await drain(chunks)
-                        return
-                    if not data:
-                        continue  # keep-alive or an event with no data
-                    delta = _parse_chunk(data)
-                    if delta is None:
-                        continue
-                    if delta.finish_reason is not None:
-                        exchange.finished = True
-                    yield delta
-                if chunk is None:
-                    if exchange.finished:
-                        return  # some servers end after finish_reason without [DONE]
-                    raise UpstreamError(
-                        ErrorCode.UPSTREAM_PROTOCOL,
-                        "upstream closed the stream early (no [DONE], no finish_reason)",
-                    )
-                chunk = None  # stays None if the mapper turns a post-finish drop into EOF
-                with exchange.until(loop.time() + idle_s):
-                    try:
-                        chunk = await next_chunk()
-                    except StopAsyncIteration:
-                        chunk = None
-        finally:
-            exchange.close()
-            # Shielded: the cancel that may have brought us here must not cut the close
-            # short, or httpcore keeps the connection ACTIVE in its pool (see exchange.drain).
-            with anyio.CancelScope(shield=True):
-                await close()
+    def stream(self, request: ChatRequest) -> ChatStream:
+        """The generation's deltas until ``[DONE]``; :class:`UpstreamError` on any
+        failure. Nothing is sent before the first read."""
+        return ChatStream(self, request_body(self.body(request)))
 
     async def _open(
         self, content: bytes
@@ -436,3 +395,230 @@ class OpenAICompatUpstream:
                 ErrorCode.UPSTREAM_PROTOCOL,
                 f"upstream answered {content_type}, not text/event-stream: {snippet(body_start)}",
             )
+
+
+class ChatStream:
+    """One generation's deltas, from the request to ``[DONE]``: an async iterator (the
+    request goes out on the first read) that :meth:`aclose` closes.
+
+    Two ways to read it. Iterating reads the response body chunk by chunk, each read
+    bounded by the idle timeout. :meth:`follow` instead lends the connection a callback
+    (:meth:`toolforge.upstream.http11.Body.attach`): each socket read is decoded and
+    parsed inside it and its deltas handed to a consumer at once, the reading task asleep
+    until the consumer declines a delta or anything else needs it (the end, an error, the
+    connection's news). Then iteration goes on where the callback stopped: the deltas it
+    parsed but did not hand over come first, in order. Both ways share one decoder and one
+    parser, so the deltas, errors and their order are the same whichever reads: a paced
+    token costs the callback, not a task step and the coroutines between the socket and
+    the session.
+
+    Why a class and not an async generator: the decoder's state must be reachable from the
+    callback, and a generator's locals are not.
+    """
+
+    __slots__ = (
+        "_body",
+        "_close",
+        "_closed",
+        "_consumer",
+        "_content",
+        "_decoder",
+        "_done",
+        "_ended",
+        "_error",
+        "_exchange",
+        "_idle_s",
+        "_loop",
+        "_next_chunk",
+        "_pending",
+        "_upstream",
+        "_waiter",
+    )
+
+    def __init__(self, upstream: OpenAICompatUpstream, content: bytes) -> None:
+        self._upstream = upstream
+        self._content = content
+        self._exchange: Exchange | None = None  # None until the request is out
+        self._body: AsyncIterator[bytes] | None = None
+        self._next_chunk: Callable[[], Awaitable[bytes]] | None = None
+        self._close: Callable[[], Awaitable[None]] | None = None
+        self._decoder = UpstreamSSEDecoder()
+        self._pending: deque[UpstreamDelta] = deque()  # parsed, not yet read
+        self._error: UpstreamError | None = None  # raised once the pending deltas are read
+        self._done = False  # [DONE], or the end of a body after finish_reason
+        self._ended = False  # nothing more to read: StopAsyncIteration
+        self._closed = False
+        self._consumer: DeltaConsumer | None = None  # while follow() waits
+        self._waiter: asyncio.Future[None] | None = None
+        self._idle_s = upstream._idle_s
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def __aiter__(self) -> ChatStream:
+        return self
+
+    async def __anext__(self) -> UpstreamDelta:
+        pending = self._pending
+        if pending:
+            return pending.popleft()
+        try:
+            while not pending:
+                if self._ended:
+                    raise StopAsyncIteration
+                if self._error is not None:
+                    self._ended = True
+                    raise self._error
+                if self._done:
+                    assert self._body is not None
+                    await drain(self._body)
+                    self._ended = True
+                    raise StopAsyncIteration
+                if self._exchange is None:
+                    await self._open()
+                else:
+                    await self._read()
+        except BaseException:
+            # As a generator's clean-up: the end, an error or a cancel closes the response.
+            self._ended = True
+            await self.aclose()
+            raise
+        return pending.popleft()
+
+    async def aclose(self) -> None:
+        """Close the response (at once if it is not finished); idempotent."""
+        self._ended = True
+        if self._closed or self._exchange is None:
+            return
+        self._closed = True
+        self._exchange.close()
+        assert self._close is not None
+        # Shielded: the cancel that may have brought us here must not cut the close
+        # short, or httpcore keeps the connection ACTIVE in its pool (see exchange.drain).
+        with anyio.CancelScope(shield=True):
+            await self._close()
+
+    async def follow(self, consumer: DeltaConsumer) -> None:
+        """Hand each delta to ``consumer.deliver`` inside the socket's read callback as
+        it arrives, this task asleep, until the consumer declines one, the stream ends or
+        breaks, or the connection has news; then return (read on by iterating). Returns
+        at once where deltas wait to be read already, or where the body is not the lean
+        transport's (a proxy, a mock): iterate then. The idle timeout holds as for a
+        read: :class:`UpstreamError` when nothing comes for ``idle_s``."""
+        body = self._body
+        if (
+            self._pending
+            or self._done
+            or self._ended
+            or self._error is not None
+            or type(body) is not Body
+            or not body.attach(self)
+        ):
+            return
+        exchange = self._exchange
+        loop = self._loop
+        assert exchange is not None and loop is not None
+        self._waiter = waiter = loop.create_future()
+        self._consumer = consumer
+        try:
+            with exchange.until(loop.time() + self._idle_s):
+                await waiter
+        finally:
+            self._consumer = self._waiter = None
+            body.detach()
+
+    # -- the connection's sink (toolforge.upstream.http11.Sink) ------------------------------
+
+    def data(self, data: bytes) -> None:
+        """One read's body bytes, in the connection's callback, while :meth:`follow` waits."""
+        exchange = self._exchange
+        assert exchange is not None and self._loop is not None
+        exchange.moved(self._loop.time() + self._idle_s)
+        consumer = self._consumer
+        self._take(self._decoder.feed(data))
+        if self._consumer is not None and (self._done or self._error is not None):
+            self._unfollow()
+        if consumer is not None:
+            consumer.settle()
+
+    def news(self) -> None:
+        """The response ended or broke: the task reads the rest."""
+        self._unfollow()
+
+    # -- inside --------------------------------------------------------------------------
+
+    def _unfollow(self) -> None:
+        self._consumer = None
+        body = self._body
+        if type(body) is Body:
+            body.detach()
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def _open(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        exchange, chunk, chunks, close = await self._upstream._open(self._content)
+        self._exchange = exchange
+        self._body = chunks
+        self._next_chunk = chunks.__anext__
+        self._close = close
+        exchange.phase = STREAM
+        self._chunk(chunk)
+
+    async def _read(self) -> None:
+        exchange = self._exchange
+        assert exchange is not None and self._loop is not None and self._next_chunk is not None
+        chunk = None  # stays None if the mapper turns a post-finish drop into EOF
+        with exchange.until(self._loop.time() + self._idle_s):
+            try:
+                chunk = await self._next_chunk()
+            except StopAsyncIteration:
+                chunk = None
+        self._chunk(chunk)
+
+    def _chunk(self, chunk: bytes | None) -> None:
+        """A chunk of the body, or its end (``None``)."""
+        if chunk is not None:
+            self._take(self._decoder.feed(chunk))
+            return
+        self._take(self._decoder.close())
+        if self._done or self._error is not None:
+            return
+        assert self._exchange is not None
+        if self._exchange.finished:  # some servers end after finish_reason without [DONE]
+            self._done = True
+        else:
+            self._error = UpstreamError(
+                ErrorCode.UPSTREAM_PROTOCOL,
+                "upstream closed the stream early (no [DONE], no finish_reason)",
+            )
+
+    def _take(self, messages: list[SSEMessage]) -> None:
+        """Parse ``messages`` in order: each delta to the consumer while it takes them,
+        else into the pending deltas; stop at ``[DONE]`` or at an error."""
+        if self._done or self._error is not None:
+            return  # after [DONE] nothing counts
+        exchange = self._exchange
+        assert exchange is not None
+        pending = self._pending
+        consumer = self._consumer
+        for message in messages:
+            data = message.data
+            if data == _DONE:
+                self._done = True
+                return
+            if not data:
+                continue  # keep-alive or an event with no data
+            try:
+                delta = _parse_chunk(data)
+            except UpstreamError as exc:
+                self._error = exc
+                return
+            if delta is None:
+                continue
+            if delta.finish_reason is not None:
+                exchange.finished = True
+            if consumer is None:
+                pending.append(delta)
+            elif not consumer.deliver(delta):
+                consumer = None
+                self._unfollow()

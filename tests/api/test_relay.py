@@ -1,5 +1,6 @@
-"""The relay (``STREAM_RELAY``): a caught-up client's frames are written from the
-producer's step, and the queued path takes over whenever it is needed (docs/performance.md).
+"""The relay (``STREAM_RELAY``): a paced token is parsed and turned into frames in the
+upstream read's callback, a caught-up client's frames are written from there too, and the
+queued path takes over whenever it is needed (docs/performance.md).
 
 The byte-for-byte comparison of the two paths over every conformance case is
 ``tests/conformance/test_relay_identity.py``; the slow-client tests of ``test_faults.py``
@@ -9,12 +10,14 @@ and ``test_proxy_streaming.py`` run on both paths.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
+import orjson
 import pytest
 
 from tests.api.conftest import HarnessFactory, assert_well_formed, frames
 from toolforge.eval.loopback import open_raw_stream
-from toolforge.eval.scripted_upstream import Script
+from toolforge.eval.scripted_upstream import Script, Step
 
 
 @pytest.mark.parametrize("relay", [True, False], ids=["relay", "queued"])
@@ -30,8 +33,11 @@ async def test_paced_tokens_take_the_relay_when_it_is_on(
     (session,) = gw.gateway.registry._sessions.values()
     if relay:  # all but the first frame (it waits for the head) and done
         assert session.log.relayed >= len(tokens) - 2
+        # and all but the first token were taken in the upstream read's callback
+        assert session.delivered >= len(tokens) - 1
     else:
         assert session.log.relayed == 0
+        assert session.delivered == 0
 
 
 async def test_a_client_that_falls_behind_the_relay_stops_the_upstream(
@@ -86,3 +92,89 @@ async def test_a_client_that_leaves_during_a_relayed_stream_cancels_it(
     await gw.settle()
     assert session.reason == "client_disconnected"
     assert not session.log.relaying
+
+
+_PACED = [f"t{i} " for i in range(10)]
+
+
+@pytest.mark.parametrize(
+    ("script", "code", "words"),
+    [
+        (
+            Script.from_tokens(_PACED, delay_ms=5, finish=None, end="rst"),
+            "UPSTREAM_PROTOCOL",
+            "early",
+        ),
+        (
+            Script.from_tokens(_PACED, delay_ms=5, finish=None, end="fin"),
+            "UPSTREAM_PROTOCOL",
+            "early",
+        ),
+        (
+            Script.from_tokens(_PACED, delay_ms=5, finish=None, end="eof"),
+            "UPSTREAM_PROTOCOL",
+            "early",
+        ),
+        (
+            Script.from_tokens(_PACED, delay_ms=5, finish=None, end="hang"),
+            "UPSTREAM_TIMEOUT",
+            "idle",
+        ),
+        (
+            dataclasses.replace(
+                s := Script.from_tokens(_PACED, delay_ms=5, finish=None),
+                steps=(*s.steps, Step(raw="data: {not json\n\n", delay_ms=5)),
+            ),
+            "UPSTREAM_PROTOCOL",
+            "non-JSON",
+        ),
+    ],
+    ids=["rst", "fin", "eof-without-done", "hang", "malformed"],
+)
+async def test_a_fault_while_the_read_callback_takes_the_deltas(
+    make_gateway: HarnessFactory, script: Script, code: str, words: str
+) -> None:
+    # Every token but the first came through the callback; the fault then reaches the
+    # task (the connection's news, the idle timer, a parse error) and ends the stream
+    # as it does on the queued path.
+    gw = await make_gateway([script], idle_s=0.3, stream_relay=True)
+    events = await gw.stream()
+    assert_well_formed(events)
+    numbered = frames(events)
+    assert [f.data["chunk"] for f in numbered if f.event == "text.delta"] == _PACED
+    assert numbered[-2].event == "error" and numbered[-1].data["reason"] == "error"
+    assert numbered[-2].data["code"] == code and words in str(numbered[-2].data["message"])
+    # A response that arrived whole (EOF, a bad event then [DONE]) may go back to the
+    # pool; one abandoned midway must be closed.
+    await gw.settle(upstream_closed=script.end in ("rst", "fin", "hang"))
+    (session,) = gw.gateway.registry._sessions.values()
+    assert session.delivered >= len(_PACED) - 1
+
+
+async def test_a_read_with_the_last_token_and_done_ends_the_turn(
+    make_gateway: HarnessFactory,
+) -> None:
+    # The last token, the finish and [DONE] in one read: the callback delivers the token,
+    # the task reads the end; the connection goes back to the pool.
+    tokens = [*_PACED, "last"]
+    steps = [Step(text=t, delay_ms=5) for t in _PACED]
+    steps.append(Step(raw=_sse_text("last") + _sse_finish() + "data: [DONE]\n\n", delay_ms=5))
+    gw = await make_gateway([Script(steps=tuple(steps), end="eof")], stream_relay=True)
+    events = await gw.stream()
+    assert_well_formed(events)
+    numbered = frames(events)
+    assert [f.data["chunk"] for f in numbered if f.event == "text.delta"] == tokens
+    assert numbered[-1].data["reason"] == "stop"
+    await gw.settle()
+    (session,) = gw.gateway.registry._sessions.values()
+    assert session.delivered >= len(tokens) - 1
+
+
+def _sse_text(text: str) -> str:
+    chunk = {"choices": [{"index": 0, "delta": {"content": text}, "finish_reason": None}]}
+    return f"data: {orjson.dumps(chunk).decode()}\n\n"
+
+
+def _sse_finish() -> str:
+    chunk = {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}
+    return f"data: {orjson.dumps(chunk).decode()}\n\n"
