@@ -5,6 +5,7 @@ and order as iterating alone."""
 from __future__ import annotations
 
 import asyncio
+import tracemalloc
 from collections.abc import AsyncIterator
 
 import httpx
@@ -161,3 +162,24 @@ async def test_without_the_lean_transport_follow_returns_at_once() -> None:
             await stream.follow(taker)
             assert taker.taken == []
             assert [d.text async for d in stream] == [*TOKENS[1:], ""]
+
+
+async def test_an_open_stream_does_not_keep_its_request_body(lean: UpstreamClient) -> None:
+    # The body is sent once; kept for the stream's life it was a few KB per open stream
+    # (a long conversation: far more).
+    request = ChatRequest(model="tiny", messages=[{"role": "user", "content": "x" * 300_000}])
+    async with ScriptedUpstream([Script.from_tokens(TOKENS, delay_ms=20)]) as up:
+        upstream = OpenAICompatUpstream(lean, up.base_url)
+        tracemalloc.start()
+        try:
+            stream = upstream.stream(request)
+            assert (await anext(stream)).text == TOKENS[0]
+            held = [  # the body's bytes are made in exchange.request_body
+                stat.size
+                for stat in tracemalloc.take_snapshot().statistics("lineno")
+                if stat.size >= 300_000 and stat.traceback[0].filename.endswith("exchange.py")
+            ]
+        finally:
+            tracemalloc.stop()
+        await stream.aclose()
+    assert held == []
