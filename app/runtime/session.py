@@ -558,6 +558,8 @@ class StreamSession:
         sleeps in its ``follow()``: what the task's read would do with it, done here
         while the flow asks only for the next read and its frames fit the queue. Else the
         flow's action goes back to the task (``_handoff``), which does it: False."""
+        if self._cancel_reason is not None:  # cancelled: the task stops at its await
+            return False
         now = self._clock()
         self.delivered += 1
         record = self._record
@@ -565,21 +567,21 @@ class StreamSession:
             record.token(now)
         try:
             action = self._flow.send((delta, now - self._paused_total))
-        except BaseException as exc:  # the flow's own failure: the task raises it
+            if type(action) is ReadModel and self._unpaused is None:
+                frames: Sequence[Frame] = action.frames
+                if not frames:
+                    return True
+                log_ = self.log
+                if log_.pending() + len(frames) <= self._limits.queue_max_frames:
+                    log_.hold()  # to the relay in settle(), with the rest of this read's
+                    append = self._append
+                    for frame in frames:
+                        append(frame)
+                    return True
+        except BaseException as exc:  # a failure of ours: the task raises it
             self._fault = exc
             self._handoff = _HANDED_OFF
             return False
-        if type(action) is ReadModel and self._unpaused is None:
-            frames: Sequence[Frame] = action.frames
-            if not frames:
-                return True
-            log_ = self.log
-            if log_.pending() + len(frames) <= self._limits.queue_max_frames:
-                log_.hold()  # to the relay in settle(), with the rest of this read's
-                append = self._append
-                for frame in frames:
-                    append(frame)
-                return True
         self._handoff = action
         return False
 

@@ -445,7 +445,7 @@ class ChatStream:
         # Parsed, not yet read: rare and short (a read the consumer stopped in the middle
         # of); a list, not a deque, whose first block is about 600 bytes per open stream.
         self._pending: list[UpstreamDelta] = []
-        self._error: UpstreamError | None = None  # raised once the pending deltas are read
+        self._error: Exception | None = None  # raised once the pending deltas are read
         self._done = False  # [DONE], or the end of a body after finish_reason
         self._ended = False  # nothing more to read: StopAsyncIteration
         self._closed = False
@@ -501,22 +501,25 @@ class ChatStream:
         """Hand each delta to ``consumer.deliver`` inside the socket's read callback as
         it arrives, this task asleep, until the consumer declines one, the stream ends or
         breaks, or the connection has news; then return (read on by iterating). Returns
-        at once where deltas wait to be read already, or where the body is not the lean
-        transport's (a proxy, a mock): iterate then. The idle timeout holds as for a
+        at once where deltas wait to be read already, after the generation's
+        ``finish_reason``, or where the body is not the lean transport's (a proxy, a
+        mock): iterate then. The idle timeout holds as for a
         read: :class:`UpstreamError` when nothing comes for ``idle_s``."""
         body = self._body
+        exchange = self._exchange
         if (
             self._pending
             or self._done
             or self._ended
             or self._error is not None
+            or exchange is None
+            or exchange.finished
             or type(body) is not Body
             or not body.attach(self)
         ):
             return
-        exchange = self._exchange
         loop = self._loop
-        assert exchange is not None and loop is not None
+        assert loop is not None
         self._waiter = waiter = loop.create_future()
         self._consumer = consumer
         try:
@@ -534,8 +537,17 @@ class ChatStream:
         assert exchange is not None and self._loop is not None
         exchange.moved(self._loop.time() + self._idle_s)
         consumer = self._consumer
-        self._take(self._decoder.feed(data))
-        if self._consumer is not None and (self._done or self._error is not None):
+        try:
+            self._take(self._decoder.feed(data))
+        except Exception as exc:  # the decoder's own (invalid UTF-8, a line too long) or
+            # a bug: raised to the task, as iteration would, never out of the callback
+            # (where the loop would close the connection and report it as a reset)
+            self._error = exc
+        if self._consumer is not None and (
+            self._done or self._error is not None or exchange.finished
+        ):
+            # The end (or, after finish_reason, the wait for it: the task's read keeps the
+            # idle timeout's meaning there, "nothing lost").
             self._unfollow()
         if consumer is not None:
             consumer.settle()

@@ -18,6 +18,7 @@ import pytest
 from tests.api.conftest import HarnessFactory, assert_well_formed, frames
 from toolforge.eval.loopback import open_raw_stream
 from toolforge.eval.scripted_upstream import Script, Step
+from toolforge.upstream.base import UpstreamDelta
 
 
 @pytest.mark.parametrize("relay", [True, False], ids=["relay", "queued"])
@@ -128,15 +129,25 @@ _PACED = [f"t{i} " for i in range(10)]
             "UPSTREAM_PROTOCOL",
             "non-JSON",
         ),
+        (
+            dataclasses.replace(
+                s := Script.from_tokens(_PACED, delay_ms=5, finish=None),
+                steps=(*s.steps, Step(raw="data: \udcff\n\n", delay_ms=5)),
+            ),
+            "UPSTREAM_PROTOCOL",
+            "invalid UTF-8",
+        ),
     ],
-    ids=["rst", "fin", "eof-without-done", "hang", "malformed"],
+    ids=["rst", "fin", "eof-without-done", "hang", "malformed", "invalid-utf8"],
 )
 async def test_a_fault_while_the_read_callback_takes_the_deltas(
     make_gateway: HarnessFactory, script: Script, code: str, words: str
 ) -> None:
     # Every token but the first came through the callback; the fault then reaches the
     # task (the connection's news, the idle timer, a parse error) and ends the stream
-    # as it does on the queued path.
+    # as it does on the queued path: the same error, word for word.
+    queued = await make_gateway([script], idle_s=0.3, stream_relay=False)
+    queued_error = frames(await queued.stream())[-2].data
     gw = await make_gateway([script], idle_s=0.3, stream_relay=True)
     events = await gw.stream()
     assert_well_formed(events)
@@ -144,6 +155,7 @@ async def test_a_fault_while_the_read_callback_takes_the_deltas(
     assert [f.data["chunk"] for f in numbered if f.event == "text.delta"] == _PACED
     assert numbered[-2].event == "error" and numbered[-1].data["reason"] == "error"
     assert numbered[-2].data["code"] == code and words in str(numbered[-2].data["message"])
+    assert numbered[-2].data == queued_error
     # A response that arrived whole (EOF, a bad event then [DONE]) may go back to the
     # pool; one abandoned midway must be closed.
     await gw.settle(upstream_closed=script.end in ("rst", "fin", "hang"))
@@ -178,3 +190,25 @@ def _sse_text(text: str) -> str:
 def _sse_finish() -> str:
     chunk = {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}
     return f"data: {orjson.dumps(chunk).decode()}\n\n"
+
+
+async def test_a_cancelled_stream_takes_no_delta_in_the_callback(
+    make_gateway: HarnessFactory,
+) -> None:
+    # A read that comes between a cancel and the task's waking is not run through the
+    # engine: the stream ends where it was cancelled, as on the queued path.
+    script = Script.from_tokens([f"t{i} " for i in range(200)], delay_ms=20)
+    gw = await make_gateway([script], stream_relay=True)
+    reader, writer = await open_raw_stream(gw, {"input": "x"})
+    try:
+        await reader.readuntil(b"event: text.delta")
+        (session,) = gw.gateway.registry._sessions.values()
+        last = session.log.last_id
+        assert session.cancel()
+        assert session.deliver(UpstreamDelta("late")) is False
+        assert session.log.last_id == last
+        await gw.settle()
+    finally:
+        writer.close()
+    assert session.reason == "cancelled"
+    assert "late" not in [f.data.get("chunk") for f in session.log.frames]

@@ -115,6 +115,26 @@ async def test_an_error_in_a_read_comes_after_the_deltas_before_it(
             await anext(stream)
 
 
+async def test_a_decoder_error_in_the_callback_goes_to_the_task(lean: UpstreamClient) -> None:
+    # Invalid UTF-8 is the SSE decoder's own error: raised out of the read callback, the
+    # loop would report it and close the connection, and the task would read a reset.
+    reported: list[dict[str, object]] = []
+    loop = asyncio.get_running_loop()
+    loop.set_exception_handler(lambda _, context: reported.append(context))
+    script = Script(steps=(Step(text=TOKENS[0]), Step(raw="data: \udcff\n\n", delay_ms=20)))
+    try:
+        async with ScriptedUpstream([script]) as up:
+            stream = await _start(lean, up.base_url)
+            await stream.follow(Taker())
+            with pytest.raises(UpstreamError) as caught:
+                await anext(stream)
+    finally:
+        loop.set_exception_handler(None)
+    assert caught.value.code is ErrorCode.UPSTREAM_PROTOCOL
+    assert caught.value.message == "upstream sent invalid UTF-8 (invalid start byte)"
+    assert reported == []
+
+
 async def test_the_idle_timeout_holds_while_following(lean: UpstreamClient) -> None:
     script = Script(steps=(Step(text=TOKENS[0]), Step(text="b", delay_ms=5)), end="hang")
     async with ScriptedUpstream([script]) as up:
@@ -131,6 +151,28 @@ async def test_the_idle_timeout_holds_while_following(lean: UpstreamClient) -> N
         await stream.aclose()
         async with asyncio.timeout(1):
             await up.wait_connections_closed()
+
+
+async def test_after_finish_reason_a_stall_costs_one_idle_timeout(lean: UpstreamClient) -> None:
+    # The model finished and the server never sends [DONE]: nothing is lost, the stream
+    # ends after one idle timeout (the task's read), not one in follow() and another.
+    steps = (Step(text=TOKENS[0]), Step(text="b", delay_ms=5), Step(finish="stop", delay_ms=5))
+    async with ScriptedUpstream([Script(steps=steps, end="hang")]) as up:
+        stream = await _start(lean, up.base_url, idle_s=0.3)
+        taker = Taker()
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        rest = []
+        while True:
+            await stream.follow(taker)
+            delta = await anext(stream, None)
+            if delta is None:
+                break
+            rest.append(delta)
+        waited = loop.time() - started
+        assert [d.text for d in taker.taken + rest] == ["b", ""]
+        assert (taker.taken + rest)[-1].finish_reason == "stop"
+        assert 0.3 <= waited < 0.55
 
 
 async def test_a_cancel_while_following_detaches_and_the_close_is_prompt(
