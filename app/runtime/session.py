@@ -4,7 +4,7 @@ The rules of the conversation are :class:`toolforge.core.engine.Conversation`'s:
 request to send, which frames to emit, when a tool runs and when a body is repaired. A
 ``StreamSession`` owns exactly one producer task that does what the engine asks
 (the table in :mod:`toolforge.core.engine.actions`) and owns everything the engine must not
-know about: the upstream's async generators, the tool executor, the clock, the frame log
+know about: the upstream's delta streams, the tool executor, the clock, the frame log
 with its backpressure (it waits whenever the client is ``QUEUE_MAX_FRAMES`` behind),
 cancellation, metrics, logs and the artifacts.
 
