@@ -17,7 +17,7 @@ import pytest
 
 from tests.api.conftest import HarnessFactory, assert_well_formed, frames
 from toolforge.eval.loopback import open_raw_stream
-from toolforge.eval.scripted_upstream import Script, Step
+from toolforge.eval.scripted_upstream import End, Script, Step
 from toolforge.upstream.base import UpstreamDelta
 
 
@@ -98,45 +98,23 @@ async def test_a_client_that_leaves_during_a_relayed_stream_cancels_it(
 _PACED = [f"t{i} " for i in range(10)]
 
 
+def _paced(end: End = "done", last: str | None = None) -> Script:
+    """The paced tokens, no finish, then ``last`` (a raw event) if given, then ``end``."""
+    script = Script.from_tokens(_PACED, delay_ms=5, finish=None, end=end)
+    if last is None:
+        return script
+    return dataclasses.replace(script, steps=(*script.steps, Step(raw=last, delay_ms=5)))
+
+
 @pytest.mark.parametrize(
     ("script", "code", "words"),
     [
-        (
-            Script.from_tokens(_PACED, delay_ms=5, finish=None, end="rst"),
-            "UPSTREAM_PROTOCOL",
-            "early",
-        ),
-        (
-            Script.from_tokens(_PACED, delay_ms=5, finish=None, end="fin"),
-            "UPSTREAM_PROTOCOL",
-            "early",
-        ),
-        (
-            Script.from_tokens(_PACED, delay_ms=5, finish=None, end="eof"),
-            "UPSTREAM_PROTOCOL",
-            "early",
-        ),
-        (
-            Script.from_tokens(_PACED, delay_ms=5, finish=None, end="hang"),
-            "UPSTREAM_TIMEOUT",
-            "idle",
-        ),
-        (
-            dataclasses.replace(
-                s := Script.from_tokens(_PACED, delay_ms=5, finish=None),
-                steps=(*s.steps, Step(raw="data: {not json\n\n", delay_ms=5)),
-            ),
-            "UPSTREAM_PROTOCOL",
-            "non-JSON",
-        ),
-        (
-            dataclasses.replace(
-                s := Script.from_tokens(_PACED, delay_ms=5, finish=None),
-                steps=(*s.steps, Step(raw="data: \udcff\n\n", delay_ms=5)),
-            ),
-            "UPSTREAM_PROTOCOL",
-            "invalid UTF-8",
-        ),
+        (_paced("rst"), "UPSTREAM_PROTOCOL", "early"),
+        (_paced("fin"), "UPSTREAM_PROTOCOL", "early"),
+        (_paced("eof"), "UPSTREAM_PROTOCOL", "early"),
+        (_paced("hang"), "UPSTREAM_TIMEOUT", "idle"),
+        (_paced(last="data: {not json\n\n"), "UPSTREAM_PROTOCOL", "non-JSON"),
+        (_paced(last="data: \udcff\n\n"), "UPSTREAM_PROTOCOL", "invalid UTF-8"),
     ],
     ids=["rst", "fin", "eof-without-done", "hang", "malformed", "invalid-utf8"],
 )
