@@ -101,11 +101,15 @@ def two_workers(
 
 
 async def _replica(client: httpx.AsyncClient, url: str) -> str:
-    """The replica (worker) this client's connection reaches, once it can serve."""
+    """The replica (worker) this client's connection reaches, once it can serve.
+
+    Each try waits 5 s at most: a connection the kernel queued for a worker still
+    starting waits for it (seen once in twenty runs: 30 s), and a try that times out
+    closes it, so the next one may reach the other worker."""
     async with asyncio.timeout(30):
         while True:
             with contextlib.suppress(httpx.TransportError):
-                answer = await client.get(f"{url}/readyz")
+                answer = await client.get(f"{url}/readyz", timeout=5)
                 if answer.status_code == 200:
                     return str(answer.json()["replica"])
             await asyncio.sleep(0.1)
