@@ -458,10 +458,7 @@ class StreamSession:
                                     tracing.end_model(model_span)  # type: ignore[union-attr]
                                     model_span = None
                             else:
-                                now = clock()
-                                if record.turn_started is not None and delta.text:
-                                    record.token(now)
-                                result = (delta, now - self._paused_total)
+                                result = self._timed(delta)
                     elif kind is Emit:
                         emit: Emit = action  # type: ignore[assignment]
                         frames = emit.frames
@@ -489,10 +486,7 @@ class StreamSession:
                             result = MODEL_END
                             deltas = None
                         else:
-                            now = clock()
-                            if delta.text:
-                                record.token(now)
-                            result = (delta, now - self._paused_total)
+                            result = self._timed(delta)
                         finally:
                             if trace_token is not None:
                                 tracing.detach(trace_token)  # type: ignore[union-attr]
@@ -560,13 +554,9 @@ class StreamSession:
         flow's action goes back to the task (``_handoff``), which does it: False."""
         if self._cancel_reason is not None:  # cancelled: the task stops at its await
             return False
-        now = self._clock()
         self.delivered += 1
-        record = self._record
-        if record.turn_started is not None and delta.text:
-            record.token(now)
         try:
-            action = self._flow.send((delta, now - self._paused_total))
+            action = self._flow.send(self._timed(delta))
             if type(action) is ReadModel and self._unpaused is None:
                 frames: Sequence[Frame] = action.frames
                 if not frames:
@@ -584,6 +574,14 @@ class StreamSession:
             return False
         self._handoff = action
         return False
+
+    def _timed(self, delta: UpstreamDelta) -> tuple[UpstreamDelta, float]:
+        """What the flow is sent for a delta read now: it and the stream's clock (the
+        paused time left out); a turn's first text times its first token."""
+        now = self._clock()
+        if delta.text:
+            self._record.token(now)
+        return delta, now - self._paused_total
 
     def settle(self) -> None:
         """The read that brought the delivered deltas is done: their frames go out."""

@@ -330,11 +330,12 @@ class Body(httpx.AsyncByteStream):
     async def aclose(self) -> None:
         # No await in here: a cancel arriving now must not leave the connection counted.
         conn, self._conn = self._conn, None
-        if conn is not None:
-            conn.sink = None
-        if conn is not None and conn.complete:  # received in full: reusable even if unread
+        if conn is None:
+            return
+        conn.sink = None
+        if conn.complete:  # received in full: reusable even if unread
             conn.owner.release(conn)
-        elif conn is not None:  # closed early: closed, not drained (the caller drains if it wants)
+        else:  # closed early: closed, not drained (the caller drains if it wants)
             conn.owner.discard(conn)
 
     def _drop(self) -> None:

@@ -428,7 +428,6 @@ class ChatStream:
         "_exchange",
         "_idle_s",
         "_loop",
-        "_next_chunk",
         "_pending",
         "_upstream",
         "_waiter",
@@ -439,7 +438,6 @@ class ChatStream:
         self._content = content
         self._exchange: Exchange | None = None  # None until the request is out
         self._body: AsyncIterator[bytes] | None = None
-        self._next_chunk: Callable[[], Awaitable[bytes]] | None = None
         self._close: Callable[[], Awaitable[None]] | None = None
         self._decoder = UpstreamSSEDecoder()
         # Parsed, not yet read: rare and short (a read the consumer stopped in the middle
@@ -574,18 +572,17 @@ class ChatStream:
         exchange, chunk, chunks, close = await self._upstream._open(content)
         self._exchange = exchange
         self._body = chunks
-        self._next_chunk = chunks.__anext__
         self._close = close
         exchange.phase = STREAM
         self._chunk(chunk)
 
     async def _read(self) -> None:
         exchange = self._exchange
-        assert exchange is not None and self._loop is not None and self._next_chunk is not None
+        assert exchange is not None and self._loop is not None and self._body is not None
         chunk = None  # stays None if the mapper turns a post-finish drop into EOF
         with exchange.until(self._loop.time() + self._idle_s):
             try:
-                chunk = await self._next_chunk()
+                chunk = await self._body.__anext__()
             except StopAsyncIteration:
                 chunk = None
         self._chunk(chunk)
