@@ -17,7 +17,12 @@ them without a flag of its own.
 binds the port, once per worker with ``SO_REUSEPORT`` (the kernel spreads new connections
 evenly over the N sockets; one socket shared by every worker, as uvicorn's workers do,
 hands most of them to whichever worker waited last), then starts N processes, each
-accepting on its own socket. Each builds its own app and serves it with
+accepting on its own socket. A socket listens only once its worker is ready (uvicorn
+calls ``listen`` after the app's start-up): the kernel queues a connection on a listening
+socket whoever accepts on it, so a socket listening before its worker could serve would
+hold its share of new connections until that worker came up, or for ever if it never
+did. The parent keeps no copy once the workers have theirs, so a worker's socket closes
+with it. Each builds its own app and serves it with
 :class:`GatewayServer`, so each ends its streams cleanly on shutdown; each is a replica of
 its own (REDIS_URL: its own replica id, commands for its streams reach it over Redis like
 another machine's). The parent only supervises: SIGINT or SIGTERM goes on to every
@@ -46,8 +51,6 @@ __all__ = ["GatewayServer", "apply_limits", "run", "serve_workers"]
 
 # How long a worker may take to end its streams after SIGTERM before it is killed.
 _WORKER_EXIT_S: Final = 30.0
-# The listen backlog of the shared socket: uvicorn's own default.
-_BACKLOG: Final = 2048
 
 
 class GatewayServer(uvicorn.Server):
@@ -159,7 +162,9 @@ def serve_workers(worker: Worker, *, workers: int, host: str, port: int) -> int:
     code = 0
     try:
         for proc in procs:
-            proc.start()
+            proc.start()  # the socket's descriptor is the child's from here
+        for sock in listeners:
+            sock.close()
         while not stop.wait(0.2):
             ended = next((p for p in procs if not p.is_alive()), None)
             if ended is not None:
@@ -190,21 +195,18 @@ def serve_workers(worker: Worker, *, workers: int, host: str, port: int) -> int:
 
 
 def _listeners(host: str, port: int, workers: int) -> list[socket.socket]:
-    """One listening socket per worker on ``host:port``, bound here (a port in use fails
-    before any worker starts): with ``SO_REUSEPORT`` where the system has it, else one
-    socket that every worker shares."""
+    """One socket per worker on ``host:port``, bound here (a port in use fails before any
+    worker starts) but not listening (its worker listens once ready: module docstring):
+    with ``SO_REUSEPORT`` where the system has it, else one socket that every worker
+    shares."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     reuse = hasattr(socket, "SO_REUSEPORT")
-    first = socket.create_server((host, port), family=family, backlog=_BACKLOG, reuse_port=reuse)
+    first = _bound(family, host, port, reuse)
     port = first.getsockname()[1]  # port 0: the one the system chose, for every socket
     listeners = [first]
     try:
         for _ in range(workers - 1):
-            listeners.append(
-                socket.create_server((host, port), family=family, backlog=_BACKLOG, reuse_port=True)
-                if reuse
-                else first
-            )
+            listeners.append(_bound(family, host, port, reuse=True) if reuse else first)
     except OSError:
         for sock in listeners:
             sock.close()
@@ -212,3 +214,20 @@ def _listeners(host: str, port: int, workers: int) -> list[socket.socket]:
     for sock in listeners:
         sock.set_inheritable(True)
     return listeners
+
+
+def _bound(family: socket.AddressFamily, host: str, port: int, reuse: bool) -> socket.socket:
+    """A TCP socket bound to ``host:port`` as ``socket.create_server`` binds one (address
+    reuse, IPv6 only on an IPv6 address), without ``listen``."""
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        if family == socket.AF_INET6:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    return sock

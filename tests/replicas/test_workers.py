@@ -14,6 +14,7 @@ import contextlib
 import os
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -100,26 +101,39 @@ def two_workers(
         _end(proc)
 
 
-async def _replica(client: httpx.AsyncClient, url: str) -> str:
+async def _replica(client: httpx.AsyncClient, served: Served) -> str:
     """The replica (worker) this client's connection reaches, once it can serve.
 
-    Each try waits 5 s at most: a connection the kernel queued for a worker still
-    starting waits for it (seen once in twenty runs: 30 s), and a try that times out
-    closes it, so the next one may reach the other worker."""
-    async with asyncio.timeout(30):
-        while True:
-            with contextlib.suppress(httpx.TransportError):
-                answer = await client.get(f"{url}/readyz", timeout=5)
-                if answer.status_code == 200:
-                    return str(answer.json()["replica"])
-            await asyncio.sleep(0.1)
+    Each try waits 5 s at most, and a try that times out closes its connection, so the
+    next one may reach the other worker. Thirty seconds without an answer fail with what
+    each try got and the workers' log."""
+    tries: list[str] = []
+    started = time.monotonic()
+    try:
+        async with asyncio.timeout(30):
+            while True:
+                at = time.monotonic() - started
+                try:
+                    answer = await client.get(f"{served.url}/readyz", timeout=5)
+                except httpx.TransportError as exc:
+                    tries.append(f"{at:.1f} s: {exc!r}")
+                else:
+                    if answer.status_code == 200:
+                        return str(answer.json()["replica"])
+                    tries.append(f"{at:.1f} s: {answer.status_code} {answer.text[:200]}")
+                await asyncio.sleep(0.1)
+    except TimeoutError:
+        log = served.log.read_text(errors="replace")[-4000:]
+        raise AssertionError(
+            "no worker answered /readyz in 30 s; tries:\n" + "\n".join(tries) + f"\nlog:\n{log}"
+        ) from None
 
 
 class Pinned:
     """Clients of one connection each, opened until one reaches the worker wanted."""
 
-    def __init__(self, url: str) -> None:
-        self.url = url
+    def __init__(self, served: Served) -> None:
+        self.served = served
         self._opened: list[httpx.AsyncClient] = []
 
     async def client(self, *, on: str | None = None, not_on: str | None = None) -> Any:
@@ -131,7 +145,7 @@ class Pinned:
                     timeout=30, limits=httpx.Limits(max_connections=1, keepalive_expiry=120)
                 )
                 self._opened.append(client)
-                replica = await _replica(client, self.url)
+                replica = await _replica(client, self.served)
                 if (on is None or replica == on) and replica != not_on:
                     return replica, client
 
@@ -142,7 +156,7 @@ class Pinned:
 
 @contextlib.asynccontextmanager
 async def _pinned(served: Served) -> AsyncIterator[Pinned]:
-    pinned = Pinned(served.url)
+    pinned = Pinned(served)
     try:
         yield pinned
     finally:
@@ -230,8 +244,8 @@ async def test_a_stream_on_one_worker_is_resumed_cancelled_and_approved_through_
         assert [r["ok"] for r in results] == [True, True]
         assert events[-1].data["reason"] == "stop"
         # Each command went through a connection that stayed on the other worker.
-        assert await _replica(approver, url) != replica_c
-        assert await _replica(b, url) == replica_b
+        assert await _replica(approver, two_workers) != replica_c
+        assert await _replica(b, two_workers) == replica_b
 
 
 @pytest.mark.parametrize(
