@@ -32,6 +32,15 @@ limit, not by what the client sends), header lines are counted in the parser's
 callback, and three timers (head, body, idle) close what stalls. Everything else is
 uvicorn's own code path; :class:`toolforge.api.serve.GatewayServer` installs it, so
 ``toolforge serve``, the Docker image's command and the test harness all get it.
+
+**The head leaves with the body.** uvicorn writes a response's head to the socket the
+moment the app sends ``http.response.start``, and its body in a write of its own: two
+system calls, and on loopback the first wakes the client (which may then take the CPU
+from the server) to read a head it can do nothing with yet. Each request's first write
+(its head, or a ``100 Continue``) is held until the next write, or until the end of the
+event loop's turn (a head whose body is not ready yet leaves then), and the two go out
+in one write. A close or an EOF sends what is held first. Measured in
+bench/RESULTS.md ("The head and the first body in one write").
 """
 
 from __future__ import annotations
@@ -237,6 +246,9 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self._requests += 1
         self._arm(self.limits.body_timeout_s)  # disarmed at once if there is no body
         super().on_headers_complete()
+        cycle = self.cycle
+        if cycle is not None:  # None: the head asked for an upgrade uvicorn takes over
+            cycle.transport = _HeadWithBody(self.transport, self.loop)  # type: ignore[assignment]
         if self._requests >= self.limits.keepalive_max_requests and self.cycle is not None:
             self.cycle.keep_alive = False  # this response says Connection: close
 
@@ -253,6 +265,50 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
             # answer rather than a reset, then the connection ends (nginx's lingering close).
             self._arm(min(_LINGER_S, self.limits.body_timeout_s))
         super().on_response_complete()
+
+
+class _HeadWithBody:
+    """One response's view of the connection's transport: its first write is held until
+    the next, or until the end of the loop's turn, and the two leave in one write (the
+    module docstring). Everything else is the transport's."""
+
+    __slots__ = ("_held", "_loop", "_transport", "_wrote")
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+        self._transport = transport
+        self._held: bytes | None = None
+        self._wrote = False
+        self._loop = loop
+
+    def write(self, data: bytes) -> None:
+        held = self._held
+        if held is not None:
+            self._held = None
+            self._transport.write(held + data)
+        elif self._wrote:
+            self._transport.write(data)
+        else:
+            self._wrote = True
+            self._held = data
+            self._loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        held = self._held
+        if held is not None:
+            self._held = None
+            if not self._transport.is_closing():
+                self._transport.write(held)
+
+    def close(self) -> None:
+        self._flush()
+        self._transport.close()
+
+    def write_eof(self) -> None:
+        self._flush()
+        self._transport.write_eof()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
 
 
 class _TooManyHeaders(Exception):
