@@ -247,7 +247,9 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self._arm(self.limits.body_timeout_s)  # disarmed at once if there is no body
         super().on_headers_complete()
         cycle = self.cycle
-        if cycle is not None:  # None: the head asked for an upgrade uvicorn takes over
+        # Not a new cycle when uvicorn took the head for an upgrade (the last request's
+        # cycle, done, or None): only a new one holds the transport itself.
+        if cycle is not None and cycle.transport is self.transport:
             cycle.transport = _HeadWithBody(self.transport, self.loop)  # type: ignore[assignment]
         if self._requests >= self.limits.keepalive_max_requests and self.cycle is not None:
             self.cycle.keep_alive = False  # this response says Connection: close
