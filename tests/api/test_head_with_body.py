@@ -9,7 +9,6 @@ Continue`` must not wait for the response, and a close must not lose a held head
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import socket
 import time
 from collections.abc import AsyncIterator
@@ -18,6 +17,7 @@ from typing import Any
 import pytest
 import uvicorn
 
+from tests.api.test_server_limits import connection
 from toolforge.api.server_limits import LimitedHttpToolsProtocol
 
 WRITES: list[list[bytes]] = []  # per connection, in order
@@ -87,18 +87,8 @@ async def served() -> AsyncIterator[int]:
         sock.close()
 
 
-Connection = tuple[asyncio.StreamReader, asyncio.StreamWriter]
-
-
-@contextlib.asynccontextmanager
-async def _connection(port: int) -> AsyncIterator[Connection]:
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    try:
-        yield reader, writer
-    finally:
-        writer.close()
-        with contextlib.suppress(OSError):
-            await writer.wait_closed()
+def _connection(port: int) -> Any:
+    return connection(f"http://127.0.0.1:{port}")
 
 
 def _get(path: str) -> bytes:
