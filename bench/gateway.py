@@ -113,6 +113,7 @@ class _Conn(asyncio.Protocol):
         self._left = 0  # bytes left in the current chunk, or of a sized body
         self._crlf = False  # a chunk's trailing CRLF is still to skip
         self.status = 0
+        self.last = False  # the response said Connection: close (the server's keep-alive cap)
         self.body = bytearray()  # non-streamed bodies (errors, /metrics)
         self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
@@ -151,6 +152,7 @@ class _Conn(asyncio.Protocol):
             head = bytes(raw[:end]).decode("latin-1").lower()
             del raw[: end + 4]
             self.status = int(head.split(" ", 2)[1])
+            self.last = "\r\nconnection: close" in head
             self._chunked = "transfer-encoding: chunked" in head
             if not self._chunked:
                 match = re.search(r"content-length: *(\d+)", head)
@@ -242,6 +244,11 @@ class Client:
             t_end = await done
         if self.conn.status != 200:
             raise RuntimeError(f"HTTP {self.conn.status}: {bytes(self.conn.body[:300])!r}")
+        if self.conn.last:  # the gateway's KEEPALIVE_MAX_REQUESTS: a new connection, untimed
+            self.close()
+            _, self.conn = await asyncio.get_running_loop().create_connection(
+                _Conn, "127.0.0.1", self.port
+            )
         return t0, t_end
 
     def close(self) -> None:
