@@ -42,6 +42,7 @@ from bench._procs import (
     spawn_upstream,
 )
 from bench.gateway import Target, _load, _uvloop, direct_body, gaps, gateway_body, pct
+from bench.load import gateway_env
 
 __all__ = ["main"]
 
@@ -178,7 +179,8 @@ async def _run(args: argparse.Namespace) -> None:
         for name, env in arms.items():
             if args.profile:
                 env = {**env, "TOOLFORGE_BENCH_PROFILE": str(Path(args.profile) / f"{name}.prof")}
-            proc = _Gateway(name, url, artifacts, env)
+            # Room for every stream (an arm's own settings win), as bench.load gives B5.
+            proc = _Gateway(name, url, artifacts, {**gateway_env(args.streams), **env})
             procs.append(proc)
             gateways[name] = (Target(name, proc.port, "/v1/stream", gateway_body), proc)
         delay_ms = 1000.0 / args.rate
