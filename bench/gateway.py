@@ -215,6 +215,11 @@ class _Conn(asyncio.Protocol):
         return b"".join(out), finished
 
 
+async def _connect(port: int) -> _Conn:
+    _, conn = await asyncio.get_running_loop().create_connection(_Conn, "127.0.0.1", port)
+    return conn
+
+
 class Client:
     """``await Client.open(port)``; ``await c.stream(path, body, sink)`` per request."""
 
@@ -224,9 +229,7 @@ class Client:
 
     @classmethod
     async def open(cls, port: int) -> Client:
-        loop = asyncio.get_running_loop()
-        _, conn = await loop.create_connection(_Conn, "127.0.0.1", port)
-        return cls(port, conn)
+        return cls(port, await _connect(port))
 
     def request_bytes(self, path: str, body: bytes, auth: str | None = None) -> bytes:
         """The request; ``auth``: an API key, sent as ``Authorization: Bearer``."""
@@ -246,9 +249,7 @@ class Client:
             raise RuntimeError(f"HTTP {self.conn.status}: {bytes(self.conn.body[:300])!r}")
         if self.conn.last:  # the gateway's KEEPALIVE_MAX_REQUESTS: a new connection, untimed
             self.close()
-            _, self.conn = await asyncio.get_running_loop().create_connection(
-                _Conn, "127.0.0.1", self.port
-            )
+            self.conn = await _connect(self.port)
         return t0, t_end
 
     def close(self) -> None:
