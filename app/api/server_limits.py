@@ -251,8 +251,8 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         # cycle, done, or None): only a new one holds the transport itself.
         if cycle is not None and cycle.transport is self.transport:
             cycle.transport = _HeadWithBody(self.transport, self.loop)  # type: ignore[assignment]
-        if self._requests >= self.limits.keepalive_max_requests and self.cycle is not None:
-            self.cycle.keep_alive = False  # this response says Connection: close
+        if self._requests >= self.limits.keepalive_max_requests and cycle is not None:
+            cycle.keep_alive = False  # this response says Connection: close
 
     def on_message_complete(self) -> None:
         self._disarm()
