@@ -36,11 +36,11 @@ arm's format, read by the same code, plus one role chunk first.
   as ratios to ``/v1/stream`` (``bench.formats``); the budget: each format at most 10 %
   more gateway CPU per token than ``/v1/stream``.
 
-Targets (issue text): B1 added p50 ≤ 1 ms, p99 ≤ 3 ms; B2 ratio ≥ 0.5 (aim 0.8) and
+Targets (issue text): B1 added p50 ≤ 0.5 ms, p99 ≤ 1.2 ms, for ``/v1/stream`` and the proxy
+(B1p) alike (an earlier 1 ms / 3 ms, tightened for one worker's load); B2 ratio ≥ 0.5 (aim 0.8) and
 ≤ 15 µs gateway CPU per plain-text token; B3 p99 |Δgap| ≤ 1 ms and zero bursts; B4 ≥ 99 %
 delivered, ≤ 50 KB RSS per stream, zero active streams and upstream sockets afterwards.
-The proxy (B1p, B2p): added time to first content chunk p50 ≤ 1 ms; plain-text
-throughput ratio ≥ 0.8.
+The proxy (B2p): plain-text throughput ratio ≥ 0.8.
 """
 
 from __future__ import annotations
@@ -87,6 +87,8 @@ from bench._results import RESULTS, load_average, section_text, write_section
 HEADING = "## Gateway (bench/gateway.py)"
 MS = 1_000_000  # ns
 PAUSE_S = 0.01  # B1: idle time after each request
+B1_ADDED_P50_MS = 0.5  # /v1/stream and the proxy alike
+B1_ADDED_P99_MS = 1.2
 
 
 # -- a minimal HTTP/1.1 + SSE client --------------------------------------------------
@@ -537,11 +539,11 @@ async def b1(
         f"{cpu_req[proxy.name]:.2f} ms for the proxy.",
         "",
     )
-    rep.target(f"B1 added p50 {added50:.3f} ms ≤ 1 ms", added50 <= 1.0)
-    rep.target(f"B1 added p99 {added99:.3f} ms ≤ 3 ms", added99 <= 3.0)
-    rep.target(
-        f"B1p proxy added p50 {proxy50:.3f} ms ≤ 1 ms (p99 {proxy99:.3f} ms)", proxy50 <= 1.0
-    )
+    p50, p99 = B1_ADDED_P50_MS, B1_ADDED_P99_MS
+    rep.target(f"B1 added p50 {added50:.3f} ms ≤ {p50:g} ms", added50 <= p50)
+    rep.target(f"B1 added p99 {added99:.3f} ms ≤ {p99:g} ms", added99 <= p99)
+    rep.target(f"B1p proxy added p50 {proxy50:.3f} ms ≤ {p50:g} ms", proxy50 <= p50)
+    rep.target(f"B1p proxy added p99 {proxy99:.3f} ms ≤ {p99:g} ms", proxy99 <= p99)
 
 
 @dataclass

@@ -49,6 +49,7 @@ import concurrent.futures
 import contextlib
 import itertools
 import multiprocessing
+import os
 import random
 import resource
 import tempfile
@@ -216,6 +217,7 @@ class RateResult:
     late_us: list[int] = field(default_factory=list)  # send time − schedule (the client's lag)
     failures: dict[str, int] = field(default_factory=dict)
     connections: int = 0  # opened
+    cpu_s: float = 0.0  # this client process's own CPU over its whole run, warm-up included
 
 
 def run_rate(spec: RateSpec) -> RateResult:
@@ -225,6 +227,7 @@ def run_rate(spec: RateSpec) -> RateResult:
 
 
 async def _rate(spec: RateSpec) -> RateResult:
+    cpu0 = time.process_time()
     t = spec.target
     out = RateResult()
     idle: list[Client] = []
@@ -282,6 +285,7 @@ async def _rate(spec: RateSpec) -> RateResult:
         await asyncio.wait(tasks, timeout=35)
     for client in idle:
         client.close()
+    out.cpu_s = time.process_time() - cpu0
     return out
 
 
@@ -591,16 +595,25 @@ class RateArm:
     reached: float  # requests per second actually sent in the measured window
     failures: dict[str, int]
     late_p99_ms: float
-    cpu_ms_request: float = float("nan")
+    cpu_ms_request: float = float("nan")  # the gateway's (its arm only)
+    upstream_cpu_ms_request: float = float("nan")
+    clients_cpu_ms_request: float = float("nan")
 
 
 async def rate_arm(
-    clients: Clients, t: Target, rate: float, warmup_s: float, measure_s: float, gw: Proc | None
+    clients: Clients,
+    t: Target,
+    rate: float,
+    warmup_s: float,
+    measure_s: float,
+    gw: Proc | None,
+    up: Proc | None = None,
 ) -> RateArm:
     start = _start_at()
     share = len(clients)
     specs = [RateSpec(t, rate / share, warmup_s, measure_s, start) for _ in range(share)]
     cpu0 = tree_cpu_seconds(gw.pid) if gw is not None else 0.0
+    up0 = tree_cpu_seconds(up.pid) if up is not None else 0.0
     results: list[RateResult] = await clients.map(run_rate, specs)
     failures: dict[str, int] = {}
     for r in results:
@@ -614,10 +627,13 @@ async def rate_arm(
         failures=failures,
         late_p99_ms=pct([u / 1000 for r in results for u in r.late_us], 99),
     )
+    total = max(rate * (warmup_s + measure_s), 1)  # every request of the arm's run
+    arm.clients_cpu_ms_request = sum(r.cpu_s for r in results) / total * 1e3
     if gw is not None:
         cpu1 = await asyncio.to_thread(settle_tree, gw.pid)
-        total = rate * (warmup_s + measure_s)
-        arm.cpu_ms_request = (cpu1 - cpu0) / max(total, 1) * 1e3
+        arm.cpu_ms_request = (cpu1 - cpu0) / total * 1e3
+    if up is not None:  # idle once the gateway is (its last answers are in)
+        arm.upstream_cpu_ms_request = (tree_cpu_seconds(up.pid) - up0) / total * 1e3
     return arm
 
 
@@ -643,17 +659,19 @@ async def b6(
         f"{len(clients)} client processes",
         "",
         "| rate /s | path | reached /s | first event p50 ms | p99 ms | **added p99 ms** | "
-        "failures | client lag p99 ms | gateway CPU ms per request |",
+        "failures | client lag p99 ms | CPU ms per request: gateway / upstream / clients |",
         "|---|---|---|---|---|---|---|---|---|",
     )
     best = 0.0
     over = 0
+    runs: list[dict[str, RateArm]] = []
     for rate in rates:
         got: dict[str, RateArm] = {}
         for t in arms:
             got[t.name] = await rate_arm(
-                clients, t, rate, warmup_s, measure_s, gw if t.name == "gateway" else None
+                clients, t, rate, warmup_s, measure_s, gw if t.name == "gateway" else None, up
             )
+        runs.append(got)
         d = got["direct"]
         added = {
             name: pct(a.ttft_ms, 99) - pct(d.ttft_ms, 99) for name, a in got.items() if a is not d
@@ -661,7 +679,8 @@ async def b6(
         for name, a in got.items():
             fails = "; ".join(f"{k} ×{v}" for k, v in sorted(a.failures.items())) or "0"
             add = f"**{added[name]:+.2f}**" if name in added else ""
-            cpu = f"{a.cpu_ms_request:.2f}" if name == "gateway" else ""
+            gw_cpu = f"{a.cpu_ms_request:.2f}" if name == "gateway" else "–"
+            cpu = f"{gw_cpu} / {a.upstream_cpu_ms_request:.2f} / {a.clients_cpu_ms_request:.2f}"
             rep.add(
                 f"| {rate:,.0f} | {name} | {a.reached:,.0f} | {median(a.ttft_ms):.2f} | "
                 f"{pct(a.ttft_ms, 99):.2f} | {add} | {fails} | {a.late_p99_ms:.2f} | {cpu} |"
@@ -682,8 +701,21 @@ async def b6(
         "chunk with content), as B1 measures it, on kept-alive connections. Added p99: the "
         "path's p99 minus the direct arm's at the same rate. Client lag: how late the "
         "client processes wrote a request against its schedule (their own saturation). "
-        "CPU per request: the gateway process's utime + stime over the rate's requests, "
-        "until it is idle again (artifacts included).",
+        "CPU per request: each process's utime + stime over the rate's requests, warm-up "
+        "included (the gateway's until it is idle again, artifacts included; the clients' "
+        "summed over their processes).",
+        "",
+    )
+    ceiling = b6_ceiling(runs, len(os.sched_getaffinity(0)))
+    rep.facts.update({f"b6_ceiling_{name}": v for name, v in ceiling.items()})
+    rep.add(
+        f"The machine's ceiling, from the CPU each path's request costs every process on it "
+        f"(median over the rates run), {len(os.sched_getaffinity(0))} usable CPUs over it: "
+        f"direct {ceiling['direct']:,.0f}/s, bare relay {ceiling['relay']:,.0f}/s, gateway "
+        f"{ceiling['gateway']:,.0f}/s; the gateway's process alone on a CPU of its own: "
+        f"{ceiling['gateway_alone']:,.0f}/s. A rate above a path's ceiling queues whatever "
+        "the code does: on a machine that also runs the upstream and the clients, B6's rate "
+        "is bounded by the sum.",
         "",
     )
     rep.target(
@@ -691,6 +723,29 @@ async def b6(
         f"{best:,.0f} requests/s ≥ 2000",
         best >= 2000,
     )
+
+
+def b6_ceiling(runs: list[dict[str, RateArm]], cpus: int) -> dict[str, float]:
+    """Requests per second each path could reach if CPU were all it took: ``cpus`` over
+    the CPU one request costs the processes it passes through (the clients and the
+    upstream always; the gateway on its path; the bare relay's own CPU is not measured,
+    so its figure is an upper bound), each the median over ``runs``. ``gateway_alone``:
+    the gateway's process on one CPU of its own."""
+
+    def per_request(name: str, *parts: str) -> float:
+        return sum(median([getattr(got[name], p) for got in runs]) for p in parts)
+
+    both = ("upstream_cpu_ms_request", "clients_cpu_ms_request")
+
+    def rate(ms: float, on: int) -> float:
+        return on * 1e3 / ms if ms > 0 else float("inf")
+
+    return {
+        "direct": rate(per_request("direct", *both), cpus),
+        "relay": rate(per_request("relay", *both), cpus),
+        "gateway": rate(per_request("gateway", "cpu_ms_request", *both), cpus),
+        "gateway_alone": rate(per_request("gateway", "cpu_ms_request"), 1),
+    }
 
 
 # -- the run ---------------------------------------------------------------------------
