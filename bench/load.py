@@ -26,9 +26,11 @@ children inherit it.
   on kept-alive connections (a new one whenever none is free), at increasing rates; at each
   rate the direct upstream, the bare relay and the gateway's ``/v1/stream`` in turn, a
   warm-up then a measured window. Reported per rate: time to first ``text.delta`` (first
-  content chunk direct) p50/p99, the rate reached, failures, and the gateway's CPU per
-  request; the highest rate whose added p99 (gateway minus direct, at the same rate) stays
-  at or under 5 ms.
+  content chunk direct) p50/p99, the rate reached, failures, and the CPU per request of
+  the gateway, the upstream and the client processes; the highest rate whose added p99
+  (gateway minus direct, at the same rate) stays at or under 5 ms; and each path's
+  ceiling on this machine (the usable CPUs over what one request costs every process on
+  its path), so that a missed rate says whether the code or the machine ran out.
 - ``--workers N`` (N > 1): B5 also on one worker with Redis (what the resume buffers cost)
   and on ``toolforge serve --workers N`` with a ``redis-server`` of the bench's own
   (``bench.workers``), each N beside one worker and the direct upstream in the same run;
