@@ -130,6 +130,20 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
 
     limits: ClassVar[ServerLimits] = ServerLimits()
 
+    # Slots, not the instance dict: uvicorn's protocol sets 28 attributes, and CPython
+    # shares one key table among a class's instances only while it has fewer than 30
+    # names; past that each connection gets a dict of its own, about 1.3 KB more
+    # (docs/performance.md, "Memory per stream").
+    __slots__ = (
+        "_deadline",
+        "_dropping",
+        "_head_bytes",
+        "_head_lines",
+        "_in_head",
+        "_refusal",
+        "_requests",
+    )
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.timeout_keep_alive = self.limits.keepalive_timeout_s  # type: ignore[assignment]

@@ -118,6 +118,50 @@ _USAGE_AFTER_END_S: Final = 0.25
 class StreamSession:
     """The producer of one stream and the log its readers follow."""
 
+    # Slots, not an instance dict: CPython shares one key table among a class's instances
+    # only while it has fewer than 30 attribute names, and a session has more; each would
+    # carry a dict of its own, about 1.3 KB more per stream (docs/performance.md, "Memory
+    # per stream"). A new attribute goes here too (AttributeError otherwise).
+    __slots__ = (
+        "_answered",
+        "_approvals",
+        "_artifacts",
+        "_cancel_reason",
+        "_client_calls",
+        "_clock",
+        "_counter",
+        "_end_waiters",
+        "_ended",
+        "_executor",
+        "_fault",
+        "_flow",
+        "_followers",
+        "_grace",
+        "_handoff",
+        "_limits",
+        "_metrics",
+        "_opening",
+        "_orphaned",
+        "_pause_limit",
+        "_paused_at",
+        "_paused_total",
+        "_record",
+        "_scope",
+        "_span",
+        "_task",
+        "_tracing",
+        "_unpaused",
+        "_upstream",
+        "conversation",
+        "delivered",
+        "finished_at",
+        "id",
+        "log",
+        "plan",
+        "reason",
+        "stats",
+    )
+
     def __init__(
         self,
         plan: StreamPlan,

@@ -58,8 +58,9 @@ def normalised(value: Any, key: str = "") -> Any:
 
 async def _frames(
     case: Case, relay: bool, monkeypatch: pytest.MonkeyPatch
-) -> tuple[str, list[Any], int]:
-    """The case's verdict, its frames, and how many socket reads the read callback took."""
+) -> tuple[str, list[str], list[Any], int]:
+    """The case's verdict and what failed in it, its frames, and how many socket reads
+    the read callback took."""
     taken = 0
     data = ChatStream.data
 
@@ -72,7 +73,7 @@ async def _frames(
     with monkeypatch.context() as patch:
         patch.setattr(ChatStream, "data", counted)
         result = await run_case(varied)
-    return result.status, [normalised(f) for f in result.frames], taken
+    return result.status, result.failures, [normalised(f) for f in result.frames], taken
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
@@ -80,10 +81,10 @@ async def test_relay_and_queue_write_the_same_stream(
     case: Case, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     split = split_upstream(case, case.name)
-    queued_status, queued, queued_taken = await _frames(split, False, monkeypatch)
-    relay_status, relayed, _ = await _frames(split, True, monkeypatch)
+    queued_status, queued_failed, queued, queued_taken = await _frames(split, False, monkeypatch)
+    relay_status, relay_failed, relayed, _ = await _frames(split, True, monkeypatch)
     assert queued_taken == 0  # the queued path reads every byte in the task
-    assert relay_status == queued_status
+    assert relay_status == queued_status, {"queued": queued_failed, "relay": relay_failed}
     if case.mode in _TIMED_MODES:
         n = min(len(queued), len(relayed)) - 1
         queued, relayed = queued[:n], relayed[:n]
