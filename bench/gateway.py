@@ -36,10 +36,11 @@ arm's format, read by the same code, plus one role chunk first.
   as ratios to ``/v1/stream`` (``bench.formats``); the budget: each format at most 10 %
   more gateway CPU per token than ``/v1/stream``.
 
-Targets (issue text): B1 added p50 ≤ 0.5 ms, p99 ≤ 1.2 ms, for ``/v1/stream`` and the proxy
-(B1p) alike (an earlier 1 ms / 3 ms, tightened for one worker's load); B2 ratio ≥ 0.5 (aim 0.8) and
-≤ 15 µs gateway CPU per plain-text token; B3 p99 |Δgap| ≤ 1 ms and zero bursts; B4 ≥ 99 %
-delivered, ≤ 50 KB RSS per stream, zero active streams and upstream sockets afterwards.
+Targets (issue text): B1 added p50 ≤ 0.5 ms, p99 ≤ 1.2 ms, for ``/v1/stream`` and the
+proxy (B1p) alike (an earlier 1 ms / 3 ms, tightened for one worker's load); B2 ratio ≥ 0.5
+(aim 0.8) and ≤ 15 µs gateway CPU per plain-text token; B3 p99 |Δgap| ≤ 1 ms and zero
+bursts; B4 ≥ 99 % delivered, ≤ 50 KB RSS per stream, zero active streams and upstream
+sockets afterwards.
 The proxy (B2p): plain-text throughput ratio ≥ 0.8.
 """
 

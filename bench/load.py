@@ -708,11 +708,12 @@ async def b6(
         "summed over their processes).",
         "",
     )
-    ceiling = b6_ceiling(runs, len(os.sched_getaffinity(0)))
+    cpus = len(os.sched_getaffinity(0))
+    ceiling = b6_ceiling(runs, cpus)
     rep.facts.update({f"b6_ceiling_{name}": v for name, v in ceiling.items()})
     rep.add(
         f"The machine's ceiling, from the CPU each path's request costs every process on it "
-        f"(median over the rates run), {len(os.sched_getaffinity(0))} usable CPUs over it: "
+        f"(median over the rates run), {cpus} usable CPUs over it: "
         f"direct {ceiling['direct']:,.0f}/s, bare relay {ceiling['relay']:,.0f}/s, gateway "
         f"{ceiling['gateway']:,.0f}/s; the gateway's process alone on a CPU of its own: "
         f"{ceiling['gateway_alone']:,.0f}/s. A rate above a path's ceiling queues whatever "
