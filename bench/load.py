@@ -609,13 +609,13 @@ async def rate_arm(
     warmup_s: float,
     measure_s: float,
     gw: Proc | None,
-    up: Proc | None = None,
+    up: Proc,
 ) -> RateArm:
     start = _start_at()
     share = len(clients)
     specs = [RateSpec(t, rate / share, warmup_s, measure_s, start) for _ in range(share)]
     cpu0 = tree_cpu_seconds(gw.pid) if gw is not None else 0.0
-    up0 = tree_cpu_seconds(up.pid) if up is not None else 0.0
+    up0 = tree_cpu_seconds(up.pid)
     results: list[RateResult] = await clients.map(run_rate, specs)
     failures: dict[str, int] = {}
     for r in results:
@@ -634,8 +634,8 @@ async def rate_arm(
     if gw is not None:
         cpu1 = await asyncio.to_thread(settle_tree, gw.pid)
         arm.cpu_ms_request = (cpu1 - cpu0) / total * 1e3
-    if up is not None:  # idle once the gateway is (its last answers are in)
-        arm.upstream_cpu_ms_request = (tree_cpu_seconds(up.pid) - up0) / total * 1e3
+    # The upstream is idle once the gateway is (its last answers are in).
+    arm.upstream_cpu_ms_request = (tree_cpu_seconds(up.pid) - up0) / total * 1e3
     return arm
 
 
